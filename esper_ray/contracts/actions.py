@@ -1,0 +1,194 @@
+"""The factored action: operations, blueprints, blend styles and alpha schedule choices (DOMAIN.md section 5).
+
+Indices are part of the policy's contract (they index logits and embeddings), so they are fixed here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Op(IntEnum):
+    WAIT = 0
+    GERMINATE = 1
+    SET_ALPHA_TARGET = 2
+    PRUNE = 3
+    FOSSILIZE = 4
+    ADVANCE = 5
+
+
+class Blueprint(IntEnum):
+    """Blueprint ids; the value is the embedding index. NOOP is never legal (it adds nothing)."""
+
+    NOOP = 0
+    CONV_LIGHT = 1
+    ATTENTION = 2
+    NORM = 3
+    DEPTHWISE = 4
+    BOTTLENECK = 5
+    CONV_SMALL = 6
+    CONV_HEAVY = 7
+    LORA = 8
+    LORA_LARGE = 9
+    MLP_SMALL = 10
+    MLP = 11
+    FLEX_ATTENTION = 12
+
+    @property
+    def key(self) -> str:
+        """The lower-case name used in configs and on the command line (`conv_light`)."""
+        return self.name.lower()
+
+
+# Embedding index for "no seed in this slot".
+BLUEPRINT_NONE_INDEX = len(Blueprint)
+
+CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
+    Blueprint.NORM,
+    Blueprint.ATTENTION,
+    Blueprint.DEPTHWISE,
+    Blueprint.BOTTLENECK,
+    Blueprint.CONV_SMALL,
+    Blueprint.CONV_LIGHT,
+    Blueprint.CONV_HEAVY,
+)
+
+
+class BlendAlgorithm(IntEnum):
+    ADD = 1
+    MULTIPLY = 2
+    GATE = 3
+
+
+class AlphaCurve(IntEnum):
+    LINEAR = 0
+    COSINE = 1
+    SIGMOID_GENTLE = 2
+    SIGMOID = 3
+    SIGMOID_SHARP = 4
+
+
+# Steepness of the normalised logistic curves.
+SIGMOID_STEEPNESS: dict[AlphaCurve, float] = {
+    AlphaCurve.SIGMOID_GENTLE: 6.0,
+    AlphaCurve.SIGMOID: 12.0,
+    AlphaCurve.SIGMOID_SHARP: 24.0,
+}
+
+
+class Style(IntEnum):
+    """Germination style: which blend operator and which curve the initial blend-in uses."""
+
+    LINEAR_ADD = 0
+    LINEAR_MULTIPLY = 1
+    SIGMOID_ADD = 2
+    GATED_GATE = 3
+
+    @property
+    def algorithm(self) -> BlendAlgorithm:
+        return {
+            Style.LINEAR_ADD: BlendAlgorithm.ADD,
+            Style.LINEAR_MULTIPLY: BlendAlgorithm.MULTIPLY,
+            Style.SIGMOID_ADD: BlendAlgorithm.ADD,
+            Style.GATED_GATE: BlendAlgorithm.GATE,
+        }[self]
+
+    @property
+    def curve(self) -> AlphaCurve:
+        return AlphaCurve.SIGMOID if self is Style.SIGMOID_ADD else AlphaCurve.LINEAR
+
+
+class Tempo(IntEnum):
+    """Blend-in duration choice; `epochs` is the ramp length."""
+
+    FAST = 0
+    STANDARD = 1
+    SLOW = 2
+
+    @property
+    def epochs(self) -> int:
+        return (3, 5, 8)[self]
+
+
+class AlphaTarget(IntEnum):
+    HALF = 0
+    SEVENTY = 1
+    FULL = 2
+
+    @property
+    def alpha(self) -> float:
+        return (0.5, 0.7, 1.0)[self]
+
+
+class AlphaSpeed(IntEnum):
+    """Ramp length (ticks) of a re-target or a prune's blend-out; INSTANT jumps at once."""
+
+    INSTANT = 0
+    FAST = 1
+    MEDIUM = 2
+    SLOW = 3
+
+    @property
+    def ticks(self) -> int:
+        return (0, 3, 5, 8)[self]
+
+
+@dataclass(frozen=True)
+class FactoredAction:
+    """One decision, decoded from the policy's MultiDiscrete action.
+
+    `slot` is None for WAIT. Heads that do not matter for `op` keep their canonical defaults.
+    """
+
+    op: Op
+    slot: str | None = None
+    blueprint: Blueprint = Blueprint.NOOP
+    style: Style = Style.SIGMOID_ADD
+    tempo: Tempo = Tempo.STANDARD
+    alpha_target: AlphaTarget = AlphaTarget.FULL
+    alpha_speed: AlphaSpeed = AlphaSpeed.INSTANT
+    alpha_curve: AlphaCurve = AlphaCurve.LINEAR
+
+
+# Which non-joint heads each op reads (DOMAIN.md "causal relevance"). Heads outside this set neither
+# change what the env does nor enter the log-probability or the entropy. SET_ALPHA_TARGET does not read
+# `style`: a seed's blend operator is fixed at germination in esper-ray.
+HEAD_NAMES: tuple[str, ...] = ("op_slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
+HEAD_SIZES_AFTER_JOINT: tuple[int, ...] = (len(Blueprint), len(Style), len(Tempo), len(AlphaTarget), len(AlphaSpeed), len(AlphaCurve))
+
+RELEVANT_HEADS: dict[Op, frozenset[str]] = {
+    Op.WAIT: frozenset(),
+    Op.GERMINATE: frozenset({"blueprint", "style", "tempo", "alpha_target"}),
+    Op.SET_ALPHA_TARGET: frozenset({"alpha_target", "alpha_speed", "alpha_curve"}),
+    Op.PRUNE: frozenset({"alpha_speed", "alpha_curve"}),
+    Op.FOSSILIZE: frozenset(),
+    Op.ADVANCE: frozenset(),
+}
+
+
+# The joint (op, slot) head: index 0 is WAIT (which needs no slot); then one entry per (op, slot) for the
+# other ops, op-major: 1 + (op - 1) * num_slots + slot_index.
+SLOTTED_OPS: tuple[Op, ...] = tuple(op for op in Op if op is not Op.WAIT)
+
+
+def joint_size(num_slots: int) -> int:
+    return 1 + len(SLOTTED_OPS) * num_slots
+
+
+def encode_joint(op: Op, slot_index: int | None, num_slots: int) -> int:
+    if op is Op.WAIT:
+        return 0
+    if slot_index is None or not 0 <= slot_index < num_slots:
+        raise ValueError(f"op {op.name} needs a slot index in [0, {num_slots}), got {slot_index}")
+    return 1 + (op - 1) * num_slots + slot_index
+
+
+def decode_joint(index: int, num_slots: int) -> tuple[Op, int | None]:
+    if not 0 <= index < joint_size(num_slots):
+        raise ValueError(f"joint op/slot index {index} is outside [0, {joint_size(num_slots)}) for {num_slots} slots")
+    if index == 0:
+        return Op.WAIT, None
+    op_offset, slot_index = divmod(index - 1, num_slots)
+    return Op(op_offset + 1), slot_index

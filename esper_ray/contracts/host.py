@@ -1,0 +1,44 @@
+"""Host network shape (DOMAIN.md section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    in_channels: int
+    """Image channels (1 for digits, 3 for CIFAR-10)."""
+    image_size: int
+    """Side of the square input image in pixels."""
+    num_classes: int = 10
+    base_channels: int = 8
+    """Channels of block 0; block i has base * 2**i."""
+    blocks: int = 3
+    kernel_size: int = 3
+    """Conv kernel side (1 for the starved `impaired` hosts)."""
+    pool_layers: int = 3
+    """2x2 max-pool after each of the first `pool_layers` blocks; row-1 slots exist only there."""
+
+    def __post_init__(self) -> None:
+        for name in ("in_channels", "image_size", "num_classes", "base_channels", "blocks", "kernel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if not 0 <= self.pool_layers <= self.blocks:
+            raise ValueError(f"pool_layers={self.pool_layers!r}: must be in [0, blocks={self.blocks}]")
+        if self.image_size < 2**self.pool_layers:
+            raise ValueError(
+                f"pool_layers={self.pool_layers} halves image_size={self.image_size} below 1 pixel; "
+                f"use at most {self.image_size.bit_length() - 1} pooling layers"
+            )
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size={self.kernel_size}: must be odd so that 'same' padding keeps the shape")
+
+    def channels(self, block: int) -> int:
+        return self.base_channels * 2**block
+
+    def spatial(self, block: int, after_pool: bool) -> int:
+        """Feature map side after block `block` (before or after its pooling)."""
+        pools = min(block, self.pool_layers) + (1 if after_pool and block < self.pool_layers else 0)
+        return self.image_size // 2**pools

@@ -1,0 +1,51 @@
+"""Lifecycle settings: gate thresholds, durations and auto-forward switches (DOMAIN.md section 1).
+
+Accuracies are fractions in [0, 1] everywhere in code; "0.5 pp" in DOMAIN.md is 0.005 here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class GateMode(str, Enum):
+    PERMISSIVE = "permissive"
+    STRICT = "strict"
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    gate_mode: GateMode = GateMode.PERMISSIVE
+    """permissive (RL default) or strict gates G2/G3/G5."""
+    min_training_epochs: int = 10
+    """G2: epochs a seed must spend in TRAINING before it may blend."""
+    strict_min_improvement: float = 0.005
+    """G2 strict: validation accuracy gain since TRAINING began (fraction; 0.5 pp)."""
+    strict_min_grad_ratio: float = 0.10
+    """G2 strict: parameter-normalised seed/host gradient ratio."""
+    min_gradient_health: float = 0.7
+    """G2 permissive: gradient health score in [0, 1]."""
+    strict_min_blending_epochs: int = 10
+    """G3 strict: epochs in BLENDING before HOLDING."""
+    strict_min_fossilize_contribution: float = 0.01
+    """G5 strict: counterfactual contribution (fraction; 1 pp)."""
+    min_prune_age: int = 5
+    """A seed younger than this (epochs since germination) may not be pruned."""
+    embargo_epochs: int = 5
+    """Ticks a slot stays EMBARGOED after a prune."""
+    auto_forward: bool = True
+    """Advance GERMINATED->TRAINING->BLENDING->HOLDING automatically when gates pass (as every shipped
+    config of the original did). When on, the ADVANCE op is masked out."""
+    seed_lr: float = 0.01
+    """SGD learning rate of each seed's own optimizer (momentum 0.9)."""
+    seed_momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))
+        for name in ("min_training_epochs", "strict_min_blending_epochs", "min_prune_age", "embargo_epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+        if not self.seed_lr > 0:
+            raise ValueError(f"seed_lr={self.seed_lr!r}: must be > 0")

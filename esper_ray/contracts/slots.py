@@ -1,0 +1,46 @@
+"""Slot ids `r{row}c{col}`: row 0 sits after block `col` before its pooling, row 1 after that pooling."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+_SLOT_RE = re.compile(r"^r([01])c(\d+)$")
+
+
+def parse_slot_id(slot_id: str) -> tuple[int, int]:
+    """Return (row, col) of a slot id, or raise ValueError explaining the format."""
+    match = _SLOT_RE.match(slot_id) if isinstance(slot_id, str) else None
+    if match is None:
+        raise ValueError(
+            f"bad slot name {slot_id!r}: slots are named r{{row}}c{{col}} with row 0 (before pooling) "
+            f"or 1 (after pooling), e.g. 'r0c1'"
+        )
+    return int(match.group(1)), int(match.group(2))
+
+
+def slot_id(row: int, col: int) -> str:
+    return f"r{row}c{col}"
+
+
+def forward_order(slot_ids: Iterable[str]) -> list[str]:
+    """Slots in the order the forward pass meets them: r0c0, r1c0, r0c1, r1c1, ..."""
+    return sorted(slot_ids, key=lambda s: (parse_slot_id(s)[1], parse_slot_id(s)[0]))
+
+
+def action_order(slot_ids: Iterable[str]) -> list[str]:
+    """Slots in the order of the action head and the observation: row-major (r0c*, then r1c*)."""
+    return sorted(slot_ids, key=parse_slot_id)
+
+
+def check_slots(requested: Sequence[str], available: Sequence[str]) -> list[str]:
+    """Validate a slot selection against what a host offers; return it in action order."""
+    if len(requested) == 0:
+        raise ValueError(f"slots: at least one slot is needed; this host offers {list(available)}")
+    for s in requested:
+        parse_slot_id(s)
+        if s not in available:
+            raise ValueError(f"slot {s!r} does not exist in this host; available slots: {list(available)}")
+    if len(set(requested)) != len(requested):
+        raise ValueError(f"slots: {list(requested)} names a slot twice")
+    return action_order(requested)

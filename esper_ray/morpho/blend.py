@@ -1,0 +1,44 @@
+"""Blend operators that combine host features h with seed output s at amplitude alpha (DOMAIN.md section 2).
+
+alpha is a tensor broadcastable to h: a scalar for the live slot or one value per sample ([B, 1, 1, 1])
+for counterfactual passes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from esper_ray.contracts.actions import BlendAlgorithm
+
+
+class GatedBlend(nn.Module):
+    """Per-sample learnable gate: pool -> Linear(C, max(8, C/4)) -> ReLU -> Linear(1) -> sigmoid."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        hidden = max(8, channels // 4)
+        self.net = nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.net(x.mean(dim=(2, 3))))[:, :, None, None]  # [B, 1, 1, 1]
+
+
+def blend(
+    algorithm: BlendAlgorithm,
+    host: torch.Tensor,
+    seed_out: torch.Tensor,
+    seed_in: torch.Tensor,
+    alpha: torch.Tensor,
+    gate: GatedBlend | None,
+) -> torch.Tensor:
+    if algorithm is BlendAlgorithm.ADD:
+        return host + alpha * (seed_out - host)
+    if algorithm is BlendAlgorithm.MULTIPLY:
+        # A bounded valve: identity at alpha 0 or zero modulation, in [1 - alpha, 1 + alpha] x host.
+        return host * (1.0 + alpha * torch.tanh(seed_out - seed_in))
+    if algorithm is BlendAlgorithm.GATE:
+        if gate is None:
+            raise ValueError("GATE blending needs the seed's gate module")
+        return host + alpha * gate(seed_in) * (seed_out - host)
+    raise ValueError(f"unknown blend algorithm {algorithm!r}")

@@ -1,0 +1,157 @@
+"""The seven CNN seed blueprints (DOMAIN.md section 4). Every seed maps [B, C, H, W] to the same shape.
+
+Seeds are residual (`s = x + delta(x)`) unless stated; `norm`, `conv_small` and `bottleneck` are exact
+identities at birth, `attention` multiplies by sigmoid(3) ~ 0.95, and `depthwise`, `conv_light`,
+`conv_heavy` start from the default init (not identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with the largest of 32/16/8/4/2 groups that leaves >= 16 channels per group, else 1."""
+    groups = next((g for g in (32, 16, 8, 4, 2) if channels % g == 0 and channels // g >= 16), 1)
+    return nn.GroupNorm(groups, channels)
+
+
+class NormSeed(nn.Module):
+    """x + tanh(s) * (GroupNorm(x) - x); s starts at 0, so the seed is the identity at birth."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = group_norm(channels)
+        self.scale = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.scale) * (self.norm(x) - x)
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.scale
+
+
+class AttentionSeed(nn.Module):
+    """Squeeze-excite: x * sigmoid(W2 relu(W1 pool(x)) + b2), W2 = 0 and b2 = 3 at birth (x * 0.95)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        hidden = max(1, channels // 4)
+        self.squeeze = nn.Linear(channels, hidden, bias=False)
+        self.excite = nn.Linear(hidden, channels)
+        nn.init.zeros_(self.excite.weight)
+        nn.init.constant_(self.excite.bias, 3.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.sigmoid(self.excite(torch.relu(self.squeeze(x.mean(dim=(2, 3))))))  # [B, C]
+        return x * weights[:, :, None, None]
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.excite.weight
+
+
+class DepthwiseSeed(nn.Module):
+    """x + relu(GN(pointwise(depthwise3x3(x))))."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.pointwise = nn.Conv2d(channels, channels, 1, bias=False)
+        self.norm = group_norm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.norm(self.pointwise(self.depthwise(x))))
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.pointwise
+
+
+class BottleneckSeed(nn.Module):
+    """x + GN(up1x1(relu(conv3x3(relu(down1x1(x)))))); `up` is zero at birth, so the seed is the identity."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        hidden = max(8, channels // 4)
+        self.down = nn.Conv2d(channels, hidden, 1, bias=False)
+        self.conv = nn.Conv2d(hidden, hidden, 3, padding=1, bias=False)
+        self.up = nn.Conv2d(hidden, channels, 1, bias=False)
+        self.norm = group_norm(channels)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.norm(self.up(torch.relu(self.conv(torch.relu(self.down(x))))))
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.up
+
+
+class ConvSeed(nn.Module):
+    """x + relu(GN(conv_kxk(x))) repeated `depth` times inside one residual."""
+
+    def __init__(self, channels: int, kernel_size: int, depth: int = 1, zero_init: bool = False) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [
+                nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, bias=False),
+                group_norm(channels),
+                nn.ReLU(),
+            ]
+        self.body = nn.Sequential(*layers)
+        if zero_init:
+            nn.init.zeros_(self.body[-3].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.body[-3]
+
+
+_BUILDERS: dict[Blueprint, Callable[[int], nn.Module]] = {
+    Blueprint.NORM: NormSeed,
+    Blueprint.ATTENTION: AttentionSeed,
+    Blueprint.DEPTHWISE: DepthwiseSeed,
+    Blueprint.BOTTLENECK: BottleneckSeed,
+    Blueprint.CONV_SMALL: lambda c: ConvSeed(c, kernel_size=1, zero_init=True),
+    Blueprint.CONV_LIGHT: lambda c: ConvSeed(c, kernel_size=3),
+    Blueprint.CONV_HEAVY: lambda c: ConvSeed(c, kernel_size=3, depth=2),
+}
+assert tuple(sorted(_BUILDERS)) == tuple(sorted(CNN_BLUEPRINTS)), "every CNN blueprint needs a builder"
+
+
+def resolve_blueprint(name: str | Blueprint) -> Blueprint:
+    """Accept a Blueprint or its lower-case name; raise ValueError naming the CNN blueprints otherwise."""
+    available = ", ".join(b.key for b in CNN_BLUEPRINTS)
+    if isinstance(name, Blueprint):
+        blueprint = name
+    else:
+        try:
+            blueprint = Blueprint[str(name).upper()]
+        except KeyError:
+            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
+    if blueprint not in _BUILDERS:
+        raise ValueError(f"blueprint {blueprint.key!r} is not available for CNN hosts; available: {available}")
+    return blueprint
+
+
+def build_seed(blueprint: str | Blueprint, channels: int) -> nn.Module:
+    """A fresh seed module for a slot with `channels` channels. No silent fallback for unknown names."""
+    return _BUILDERS[resolve_blueprint(blueprint)](channels)
+
+
+def zero_last_affine(seed: nn.Module) -> None:
+    """Zero the seed's last affine layer (used when it is germinated with the MULTIPLY operator)."""
+    target = seed.last_affine()  # type: ignore[operator]
+    with torch.no_grad():
+        for p in [target] if isinstance(target, nn.Parameter) else list(target.parameters(recurse=False)):
+            p.zero_()
+
+
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,87 @@
+"""CNN host network with named injection slots (DOMAIN.md section 3), and the per-task presets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from esper_ray.contracts.host import HostConfig
+from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
+
+HOST_PRESETS: dict[str, HostConfig] = {
+    # 8x8 grey digits: 8/16/32 channels, two 2x2 pools (8 -> 4 -> 2).
+    "digits": HostConfig(in_channels=1, image_size=8, base_channels=8, blocks=3, kernel_size=3, pool_layers=2),
+    # A starved host that seeds can rescue: 1x1 kernels see no neighbourhood, 2/4/8 channels.
+    "digits-impaired": HostConfig(in_channels=1, image_size=8, base_channels=2, blocks=3, kernel_size=1, pool_layers=2),
+    # The original's cifar_baseline host: 8/16/32 channels, 3x3, pooled after every block (~6.4K params).
+    "cifar10": HostConfig(in_channels=3, image_size=32, base_channels=8, blocks=3, kernel_size=3, pool_layers=3),
+}
+HOST_PRESETS["synthetic"] = HOST_PRESETS["cifar10"]
+
+SlotHook = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def host_preset(name: str) -> HostConfig:
+    if name not in HOST_PRESETS:
+        raise ValueError(f"unknown host preset {name!r}; available: {', '.join(sorted(HOST_PRESETS))}")
+    return HOST_PRESETS[name]
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
+        self.norm = nn.BatchNorm2d(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x)))
+
+
+class CNNHost(nn.Module):
+    """Blocks of conv -> BN -> ReLU with 2x2 max-pooling after the first `pool_layers`, then a linear head.
+
+    Slot r0c{i} sees block i's output before its pooling, r1c{i} after it.
+    """
+
+    def __init__(self, cfg: HostConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        channels_in = cfg.in_channels
+        blocks = []
+        for i in range(cfg.blocks):
+            blocks.append(ConvBlock(channels_in, cfg.channels(i), cfg.kernel_size))
+            channels_in = cfg.channels(i)
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(channels_in, cfg.num_classes)
+
+    @property
+    def slot_ids(self) -> list[str]:
+        ids = [slot_id(0, i) for i in range(self.cfg.blocks)]
+        ids += [slot_id(1, i) for i in range(self.cfg.pool_layers)]
+        return action_order(ids)
+
+    def slot_channels(self, slot: str) -> int:
+        if slot not in self.slot_ids:
+            parse_slot_id(slot)
+            raise ValueError(f"slot {slot!r} does not exist in this host; available slots: {self.slot_ids}")
+        return self.cfg.channels(parse_slot_id(slot)[1])
+
+    def slot_shape(self, slot: str) -> tuple[int, int, int]:
+        """(C, H, W) of the features a slot sees."""
+        row, col = parse_slot_id(slot)
+        side = self.cfg.spatial(col, after_pool=row == 1)
+        return self.slot_channels(slot), side, side
+
+    def forward(self, x: torch.Tensor, at_slot: SlotHook | None = None) -> torch.Tensor:
+        """Logits [B, classes] for images [B, C, H, W]; `at_slot(slot_id, h)` may replace features at a slot."""
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if at_slot is not None:
+                x = at_slot(slot_id(0, i), x)
+            if i < self.cfg.pool_layers:
+                x = nn.functional.max_pool2d(x, 2)
+                if at_slot is not None:
+                    x = at_slot(slot_id(1, i), x)
+        return self.head(x.mean(dim=(2, 3)))
