@@ -6,7 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import json
+
+from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import CNN_BLUEPRINTS
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost, host_preset
 
@@ -23,6 +27,23 @@ def _cmd_host(args: argparse.Namespace) -> int:
     return 0
 
 
+ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
+
+
+def _cmd_heuristic(args: argparse.Namespace) -> int:
+    from esper_ray.train.episodes import format_summary
+    from esper_ray.train.heuristic import run_heuristic
+
+    env_config = given(args, args.env_fields)
+    summaries = run_heuristic(env_config, args.episodes, progress=not args.json)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in summaries], indent=2))
+    else:
+        for s in summaries:
+            print(format_summary(s))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper-ray",
@@ -32,12 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
     host = sub.add_parser("host", help="show a task's host network: its slots and each blueprint's parameter count")
     host.add_argument("--task", default="digits", choices=sorted(HOST_PRESETS), help="task preset (default: digits)")
     host.set_defaults(func=_cmd_host)
+
+    heuristic = sub.add_parser(
+        "heuristic",
+        help="run the heuristic controller and print each episode's outcome",
+        description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
+        "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
+        "germinated/fossilized/pruned.",
+    )
+    heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
+    heuristic.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
+    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError) as err:  # bad settings or missing data: one clear line, no traceback
+        parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
 
 
 if __name__ == "__main__":

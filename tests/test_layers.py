@@ -8,8 +8,8 @@ from pathlib import Path
 import esper_ray
 
 PACKAGE = Path(esper_ray.__file__).parent
-LAYER = {"contracts": 0, "morpho": 1, "data": 1, "rewards": 1, "env": 2, "policy": 3, "train": 4, "experiments": 5, "cli": 6}
-RAY_ALLOWED = {"policy", "train", "experiments", "cli"}
+LAYER = {"cli_args": 6, "cli": 7, "contracts": 0, "morpho": 1, "data": 1, "rewards": 1, "env": 2, "policy": 3, "train": 4, "experiments": 5}
+RAY_ALLOWED = {"policy", "train", "experiments", "cli", "cli_args"}
 
 
 def imports_of(path: Path) -> set[str]:

@@ -266,11 +266,13 @@ class SeedSlot(nn.Module):
     def record_gradient_norms(self, seed_norms: list[float], host_norm: float, host_params: int) -> None:
         """Turn per-parameter norms (already on the host) into the G2 telemetry."""
         n = len(seed_norms)
-        seed_norm = math.sqrt(sum(v * v for v in seed_norms))
+        seed_norm = math.sqrt(sum(v * v for v in seed_norms))  # inf or nan if any gradient was not finite
         vanishing = sum(v < VANISHING_GRAD_NORM for v in seed_norms) / n
-        exploding = sum(v > EXPLODING_GRAD_NORM for v in seed_norms) / n
+        exploding = sum(not v <= EXPLODING_GRAD_NORM for v in seed_norms) / n  # a NaN gradient counts as exploding
+        if not math.isfinite(seed_norm):
+            seed_norm = math.inf
         ratio = 0.0
-        if host_norm > 0 and self.seed_params > 0:
+        if math.isfinite(seed_norm) and host_norm > 0 and self.seed_params > 0:
             ratio = min((seed_norm / host_norm) * math.sqrt(host_params / self.seed_params), GRAD_RATIO_CLAMP)
         self.metrics.record_gradients(
             GradientStats(

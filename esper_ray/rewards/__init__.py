@@ -1,0 +1,23 @@
+"""Reward modes, one module each; `compute_reward` picks the one a RewardConfig names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from esper_ray.contracts.rewards import RewardBreakdown, RewardConfig, RewardFamily, RewardMode, StepSignal
+from esper_ray.rewards import basic, escrow, loss, shaped, simplified, sparse
+
+_CONTRIBUTION_MODES: dict[RewardMode, Callable[[StepSignal, RewardConfig], RewardBreakdown]] = {
+    RewardMode.SHAPED: shaped.compute,
+    RewardMode.SIMPLIFIED: simplified.compute,
+    RewardMode.SPARSE: sparse.compute,
+    RewardMode.BASIC: basic.compute,
+    RewardMode.ESCROW: escrow.compute,
+}
+
+
+def compute_reward(signal: StepSignal, cfg: RewardConfig) -> RewardBreakdown:
+    """The reward of one env step under `cfg`, with its components."""
+    if cfg.family is RewardFamily.LOSS:
+        return loss.compute(signal, cfg)
+    return _CONTRIBUTION_MODES[cfg.mode](signal, cfg)

@@ -1,0 +1,142 @@
+"""Settings of one MorphogeneticEnv, validated from the mapping RLlib passes as `env_config`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
+from esper_ray.contracts.rewards import RewardConfig
+
+TASKS = ("digits", "digits-impaired", "cifar10", "synthetic")
+AMP_MODES = ("off", "bf16", "fp16")
+
+# Per-task defaults where the tasks differ (batch per env, host learning rate, augmentation).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": {"batch_size": 64, "host_lr": 0.05, "augment": False},
+    "digits-impaired": {"batch_size": 64, "host_lr": 0.05, "augment": False},
+    "cifar10": {"batch_size": 512, "host_lr": 0.01, "augment": True},
+    "synthetic": {"batch_size": 512, "host_lr": 0.01, "augment": False},
+}
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    task: str = "digits"
+    """One of digits (embedded, default), digits-impaired, cifar10 (needs data_dir), synthetic."""
+    slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
+    """Enabled injection slots, `r{row}c{col}`."""
+    max_epochs: int = 150
+    """Episode length: host epochs per episode (the episode is truncated after this many steps)."""
+    reward_mode: str = "shaped"
+    """shaped, simplified, sparse, basic or escrow."""
+    reward_family: str = "contribution"
+    """contribution (counterfactual accuracy) or loss (validation loss; shaped only)."""
+    gamma: float = 0.995
+    """Discount for reward shaping; the trainer sets it to PPO's gamma."""
+    batch_size: int | None = None
+    """Training batch per env; None takes the task default (64 digits, 512 CIFAR)."""
+    host_lr: float | None = None
+    """Host SGD learning rate (momentum 0.9, weight decay 5e-4); None takes the task default."""
+    seed_lr: float = 0.01
+    """Learning rate of each seed's own SGD optimizer."""
+    max_grad_norm: float = 1.0
+    """Gradient clip for the host and for each seed, separately."""
+    amp: str = "off"
+    """Mixed precision on CUDA: off, bf16 (no scaler) or fp16 (one GradScaler per env)."""
+    device: str = "auto"
+    """auto (CUDA when visible, else CPU), cpu, cuda or cuda:N."""
+    seed: int = 0
+    """Base seed: with the shard it fixes host initialization and data order, the same in every A/B arm."""
+    shard: int = 0
+    """This env's data shard (RLlib: env-runner index - 1)."""
+    num_shards: int = 1
+    """Number of disjoint training shards (RLlib: number of env runners)."""
+    data_dir: str | None = None
+    """Folder holding CIFAR-10 in torchvision's format (cifar-10-batches-py/) for task cifar10."""
+    synthetic_size: int = 10_000
+    """Training samples of the synthetic task (validation gets a fifth of that)."""
+    augment: bool | None = None
+    """Random crop and flip on the device; None takes the task default (on for cifar10)."""
+    gate_mode: str = "permissive"
+    """Lifecycle gates: permissive (RL default) or strict."""
+    auto_forward: bool = True
+    """Advance seeds through the lifecycle when gates pass; masks the ADVANCE op when on."""
+    max_seeds: int | None = None
+    """Most live seeds at once; None = one per enabled slot."""
+    val_batch_size: int = 1024
+    """Validation samples per fused forward chunk (each chunk runs all counterfactual configurations)."""
+    governor: bool = True
+    """Roll back to the last good snapshot on NaN/Inf or diverging validation loss."""
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r}: unknown; choose one of {list(TASKS)}")
+        if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
+            raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
+        object.__setattr__(self, "slots", tuple(self.slots))
+        _check_int(self, "max_epochs", 1)
+        _check_int(self, "seed", 0)
+        _check_int(self, "shard", 0)
+        _check_int(self, "num_shards", 1)
+        _check_int(self, "synthetic_size", 10)
+        _check_int(self, "val_batch_size", 1)
+        if self.shard >= self.num_shards:
+            raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
+        for name in ("batch_size", "max_seeds"):
+            if getattr(self, name) is not None:
+                _check_int(self, name, 1)
+        for name in ("host_lr", "seed_lr", "max_grad_norm"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name}={value!r}: must be a number > 0")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp={self.amp!r}: choose one of {list(AMP_MODES)}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
+        if self.gate_mode not in [m.value for m in GateMode]:
+            raise ValueError(f"gate_mode={self.gate_mode!r}: choose one of {[m.value for m in GateMode]}")
+        self.reward_config  # validates reward_mode / reward_family / gamma together
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> EnvConfig:
+        """Build from a plain mapping (RLlib's env_config); unknown keys are errors that list the valid ones."""
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(mapping) - valid)
+        if unknown:
+            raise ValueError(f"unknown env_config key(s) {unknown}; valid keys: {sorted(valid)}")
+        return cls(**dict(mapping))
+
+    # ------------------------------------------------------------- derived
+    @property
+    def reward_config(self) -> RewardConfig:
+        """A fresh RewardConfig for this env (each env holds its own copy)."""
+        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma)  # type: ignore[arg-type]
+
+    @property
+    def lifecycle(self) -> LifecycleConfig:
+        return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr)  # type: ignore[arg-type]
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size if self.batch_size is not None else TASK_DEFAULTS[self.task]["batch_size"]
+
+    @property
+    def effective_host_lr(self) -> float:
+        return self.host_lr if self.host_lr is not None else TASK_DEFAULTS[self.task]["host_lr"]
+
+    @property
+    def effective_augment(self) -> bool:
+        return self.augment if self.augment is not None else TASK_DEFAULTS[self.task]["augment"]
+
+    @property
+    def effective_max_seeds(self) -> int:
+        return self.max_seeds if self.max_seeds is not None else len(self.slots)
+
+
+def _check_int(cfg: EnvConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")

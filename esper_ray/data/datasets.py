@@ -1,0 +1,111 @@
+"""Task data: the embedded digits, CIFAR-10 from disk in torchvision's format, and synthetic images.
+
+Images are kept compact (uint8 where the source is) and turned into normalised floats on the device, batch
+by batch (`TaskData.prepare`). Train/validation splits depend only on the task, never on the run's seed, so
+every env and every A/B arm validates on the same samples.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPLIT_SEED = 20_251_227
+DIGITS_VAL_FRACTION = 0.2
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+CIFAR_HELP = (
+    "Download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and extract it there "
+    "(`tar xzf cifar-10-python.tar.gz -C DIR`), or run "
+    "`python -c \"import torchvision; torchvision.datasets.CIFAR10('DIR', download=True)\"`."
+)
+
+
+@dataclass(frozen=True)
+class TaskData:
+    name: str
+    train_x: torch.Tensor
+    """[N, C, H, W] raw images (uint8 or float32)."""
+    train_y: torch.Tensor
+    """[N] int64 labels."""
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    num_classes: int
+    scale: float
+    """Divide raw values by this to get [0, 1] (16 for digits, 255 for CIFAR, 1 for synthetic)."""
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw batch -> normalised float32 on x's device."""
+        mean = torch.tensor(self.mean, device=x.device)[None, :, None, None]
+        std = torch.tensor(self.std, device=x.device)[None, :, None, None]
+        return (x.float() / self.scale - mean) / std
+
+
+def load_digits() -> TaskData:
+    """scikit-learn's bundled 8x8 handwritten digits: 1,797 real images, values 0..16."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    x = torch.from_numpy(bunch.images.astype(np.uint8))[:, None]  # [1797, 1, 8, 8]
+    y = torch.from_numpy(bunch.target.astype(np.int64))
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    n_val = int(round(DIGITS_VAL_FRACTION * len(y)))
+    val, train = order[:n_val], order[n_val:]
+    return TaskData("digits", x[train], y[train], x[val], y[val], 10, 16.0, (0.3,), (0.38,))
+
+
+def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    with path.open("rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return torch.from_numpy(data.copy()), torch.tensor(batch[b"labels"], dtype=torch.int64)
+
+
+def load_cifar10(data_dir: str | None) -> TaskData:
+    """CIFAR-10 as torchvision stores it: DIR/cifar-10-batches-py/data_batch_{1..5} and test_batch."""
+    if data_dir is None:
+        raise FileNotFoundError(f"task cifar10 needs data_dir (--data-dir DIR) holding cifar-10-batches-py/. {CIFAR_HELP}")
+    root = Path(data_dir).expanduser() / "cifar-10-batches-py"
+    train_files = [root / f"data_batch_{i}" for i in range(1, 6)]
+    missing = [p.name for p in [*train_files, root / "test_batch"] if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"CIFAR-10 not found: looked in {root} for {', '.join(missing)}. {CIFAR_HELP}")
+    parts = [_read_cifar_batch(p) for p in train_files]
+    val_x, val_y = _read_cifar_batch(root / "test_batch")
+    train_x = torch.cat([x for x, _ in parts])
+    train_y = torch.cat([y for _, y in parts])
+    return TaskData("cifar10", train_x, train_y, val_x, val_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD)
+
+
+def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10) -> TaskData:
+    """Learnable CIFAR-shaped data: each class is a smooth random prototype; samples add noise and a gain."""
+    gen = torch.Generator().manual_seed(SPLIT_SEED)
+    coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
+    prototypes = torch.nn.functional.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False)
+    val_size = max(train_size // 5, num_classes)
+
+    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.randint(num_classes, (n,), generator=gen)
+        gain = 0.5 + torch.rand(n, 1, 1, 1, generator=gen)
+        x = gain * prototypes[y] + 1.5 * torch.randn(n, channels, image_size, image_size, generator=gen)
+        return x, y
+
+    train_x, train_y = sample(train_size)
+    val_x, val_y = sample(val_size)
+    return TaskData("synthetic", train_x, train_y, val_x, val_y, num_classes, 1.0, (0.0,) * channels, (1.0,) * channels)
+
+
+def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000) -> TaskData:
+    if task in ("digits", "digits-impaired"):
+        return load_digits()
+    if task == "cifar10":
+        return load_cifar10(data_dir)
+    if task == "synthetic":
+        return make_synthetic(synthetic_size)
+    raise ValueError(f"unknown task {task!r}; choose one of digits, digits-impaired, cifar10, synthetic")

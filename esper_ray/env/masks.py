@@ -1,0 +1,110 @@
+"""Which actions are legal now (DOMAIN.md section 5), as one flat mask over the MultiDiscrete heads.
+
+The joint (op, slot) head allows exactly the legal pairs; the mask is read off the slots' own predicates,
+so the mask and what a slot accepts cannot drift apart. Other heads: blueprint allows the CNN blueprints,
+the rest allow every value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from esper_ray.contracts.actions import (
+    CNN_BLUEPRINTS,
+    HEAD_NAMES,
+    HEAD_SIZES_AFTER_JOINT,
+    RELEVANT_HEADS,
+    FactoredAction,
+    AlphaCurve,
+    AlphaSpeed,
+    AlphaTarget,
+    Blueprint,
+    Op,
+    Style,
+    Tempo,
+    decode_joint,
+    encode_joint,
+    joint_size,
+)
+from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
+from esper_ray.morpho.slot import SeedSlot
+
+# Germination waits while any seed is still young or any slot cools down (rule "D3": one seed develops
+# at a time; a BLENDING seed may finish while the next one trains).
+BLOCKS_GERMINATION = frozenset({Stage.GERMINATED, Stage.TRAINING}) | COOLDOWN_STAGES
+
+
+def action_nvec(num_slots: int) -> list[int]:
+    return [joint_size(num_slots), *HEAD_SIZES_AFTER_JOINT]
+
+
+def head_offsets(num_slots: int) -> dict[str, slice]:
+    offsets, start = {}, 0
+    for name, size in zip(HEAD_NAMES, action_nvec(num_slots)):
+        offsets[name] = slice(start, start + size)
+        start += size
+    return offsets
+
+
+def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int) -> set[Op]:
+    ops: set[Op] = set()
+    live = sum(s.is_live for s in slots)
+    if slot.stage is Stage.DORMANT and live < max_seeds and not any(s.stage in BLOCKS_GERMINATION for s in slots):
+        ops.add(Op.GERMINATE)
+    if slot.can_set_alpha_target():
+        ops.add(Op.SET_ALPHA_TARGET)
+    if slot.can_prune():
+        ops.add(Op.PRUNE)
+    if slot.stage is Stage.HOLDING:
+        ops.add(Op.FOSSILIZE)
+    if not auto_forward and slot.stage in LIVE_STAGES - {Stage.HOLDING} and not slot.pruning:
+        ops.add(Op.ADVANCE)
+    return ops
+
+
+def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int) -> np.ndarray:
+    n = len(slots)
+    offsets = head_offsets(n)
+    mask = np.zeros(sum(action_nvec(n)), dtype=np.int8)
+    joint = np.zeros(joint_size(n), dtype=np.int8)
+    joint[encode_joint(Op.WAIT, None, n)] = 1
+    for i, slot in enumerate(slots):
+        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds):
+            joint[encode_joint(op, i, n)] = 1
+    mask[offsets["op_slot"]] = joint
+    blueprint = np.zeros(len(Blueprint), dtype=np.int8)
+    blueprint[[int(b) for b in CNN_BLUEPRINTS]] = 1
+    mask[offsets["blueprint"]] = blueprint
+    for name in HEAD_NAMES[2:]:
+        mask[offsets[name]] = 1
+    return mask
+
+
+def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[str]) -> FactoredAction:
+    """Decode a MultiDiscrete action; raise ValueError if it picks a masked value of a head that matters."""
+    n = len(slot_ids)
+    offsets = head_offsets(n)
+    values = [int(v) for v in action]
+    if len(values) != len(HEAD_NAMES):
+        raise ValueError(f"action has {len(values)} components; expected {len(HEAD_NAMES)} ({', '.join(HEAD_NAMES)})")
+    op, slot_index = decode_joint(values[0], n)
+    if not mask[offsets["op_slot"]][values[0]]:
+        where = f" on slot {slot_ids[slot_index]}" if slot_index is not None else ""
+        raise ValueError(f"masked action: {op.name}{where} is not legal now (joint index {values[0]})")
+    for name, value in zip(HEAD_NAMES[1:], values[1:]):
+        if name in RELEVANT_HEADS[op] and not mask[offsets[name]][value]:
+            raise ValueError(f"masked action: head {name}={value} is not legal for {op.name}")
+    relevant = RELEVANT_HEADS[op]
+    default = FactoredAction(op=op)
+    return FactoredAction(
+        op=op,
+        slot=slot_ids[slot_index] if slot_index is not None else None,
+        blueprint=Blueprint(values[1]) if "blueprint" in relevant else default.blueprint,
+        style=Style(values[2]) if "style" in relevant else default.style,
+        tempo=Tempo(values[3]) if "tempo" in relevant else default.tempo,
+        alpha_target=AlphaTarget(values[4]) if "alpha_target" in relevant else default.alpha_target,
+        alpha_speed=AlphaSpeed(values[5]) if "alpha_speed" in relevant else default.alpha_speed,
+        alpha_curve=AlphaCurve(values[6]) if "alpha_curve" in relevant else default.alpha_curve,
+    )

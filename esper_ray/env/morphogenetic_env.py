@@ -1,0 +1,331 @@
+"""MorphogeneticEnv: one RL step = apply one decision, train one host epoch, validate, tick, reward.
+
+Each env owns everything it trains with: its device and CUDA stream (all of its GPU work is issued there),
+its data shard (resident on the device), its model and optimizers, its GradScaler (amp=fp16), its reward
+config and its RNGs, seeded from (seed, shard). Nothing is shared with other envs.
+
+Episodes end with `truncated=True` after `max_epochs` steps (the learner bootstraps V(s_T)), or with
+`terminated=True` when the governor rolls the model back (no bootstrap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, FactoredAction, Op
+from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
+from esper_ray.contracts.slots import check_slots
+from esper_ray.contracts.stages import Stage
+from esper_ray.data.augment import crop_and_flip
+from esper_ray.data.datasets import TaskData, load_task_data
+from esper_ray.data.sharding import DeviceShard, shard_indices
+from esper_ray.env.epoch import Precision, TrainStats, ValStats, train_epoch, validate_fused
+from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
+from esper_ray.env.gradient_telemetry import GradientCapture
+from esper_ray.env.masks import action_nvec, compute_mask, decode_action
+from esper_ray.env.spaces import MaskedMultiDiscrete
+from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size
+from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
+from esper_ray.morpho.host import CNNHost, host_preset
+from esper_ray.morpho.model import MorphogeneticModel
+from esper_ray.rewards import compute_reward
+
+HOST_MOMENTUM = 0.9
+HOST_WEIGHT_DECAY = 5e-4
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: CUDA is not available here; use device='cpu' or 'auto'")
+    return device
+
+
+def _precision(amp: str, device: torch.device) -> Precision:
+    if amp == "off" or device.type != "cuda":
+        return Precision()
+    if amp == "bf16":
+        if not torch.cuda.is_bf16_supported():
+            raise ValueError("amp='bf16': this GPU has no bf16 support; use amp='fp16' or 'off'")
+        return Precision(dtype=torch.bfloat16)
+    return Precision(dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))
+
+
+class MorphogeneticEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.cfg = EnvConfig.from_mapping(dict(config or {}))
+        self.reward_config = self.cfg.reward_config  # this env's own copy
+        self.device = resolve_device(self.cfg.device)
+        self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        self.precision = _precision(self.cfg.amp, self.device)
+        self._host_cfg = host_preset(self.cfg.task)
+        self.slot_ids: list[str] = check_slots(list(self.cfg.slots), CNNHost(self._host_cfg).slot_ids)
+        self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size)
+        idx = shard_indices(len(self.data.train_y), self.cfg.shard, self.cfg.num_shards)
+        with self._on_stream():
+            self.shard = DeviceShard(self.data.train_x[idx], self.data.train_y[idx], self.device)
+            self.val_x = self.data.val_x.to(self.device)
+            self.val_y = self.data.val_y.to(self.device)
+        self.random_guess_loss = math.log(self.data.num_classes)
+        n = len(self.slot_ids)
+        self.action_space = MaskedMultiDiscrete(action_nvec(n), mask_provider=self._current_mask)
+        self.observation_space = gym.spaces.Dict({
+            "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(n),), dtype=np.float32),
+            "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * n),
+            "action_mask": gym.spaces.MultiBinary(int(sum(action_nvec(n)))),
+        })
+        self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
+        self.model: MorphogeneticModel | None = None
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        with self._on_stream():
+            return self._reset(seed)
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self.model is None:
+            raise RuntimeError("step() called before reset()")
+        with self._on_stream():
+            return self._step(action)
+
+    # ------------------------------------------------------------------ phases
+    def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if seed is not None:
+            self._episode_rng = np.random.default_rng([seed, self.cfg.shard])
+        episode_seed = int(self._episode_rng.integers(2**31))
+        self._episode_seed = episode_seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(episode_seed)
+            model = MorphogeneticModel(CNNHost(self._host_cfg), self.slot_ids, self.cfg.lifecycle)
+        self.model = model.to(self.device)
+        if self.device.type == "cuda":
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.host_optimizer = torch.optim.SGD(
+            self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY
+        )
+        self.data_generator = torch.Generator(device=self.device).manual_seed(episode_seed)
+        self.epoch = 0
+        self.loss_history: list[float] = []
+        self.accuracy_history: list[float] = []
+        self.last_op: Op | None = None
+        self.last_success = True
+        self.escrow_credits = {s: 0.0 for s in self.slot_ids}
+        self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0}
+        self.governor = Governor(self.random_guess_loss)
+        self.plan = build_plan(self.model)
+        self.val = self._validate(self.plan)
+        self.initial_accuracy = self.val.accuracy()
+        self._record_validation(self.plan, self.val)
+        self.governor.check(self.val.loss())
+        self.governor.snapshot(self.model, self.epoch)
+        return self._observation(), self._info(reward=None, timings={}, train=None)
+
+    def _step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        assert self.model is not None
+        timings: dict[str, float] = {}
+        with _timed(timings, "decision"):
+            decision = decode_action(action, self._mask(), self.slot_ids)
+            before = self._slot_snapshot()
+            success = self._apply_decision(decision)
+        with _timed(timings, "train"):
+            train = self._train_epoch()
+        with _timed(timings, "val"):
+            plan = build_plan(self.model)
+            val = self._validate(plan)
+            prev_val = self.val
+            self._record_validation(plan, val)
+        with _timed(timings, "lifecycle"):
+            self.model.step_epoch()
+            verdict = self.governor.check(val.loss()) if self.cfg.governor else None
+            rollback = verdict is not None and verdict.rollback
+            if rollback:
+                self._roll_back()
+            elif math.isfinite(val.loss()) and (self.epoch % SNAPSHOT_EVERY == 0 or (decision.op is Op.FOSSILIZE and success)):
+                self.governor.snapshot(self.model, self.epoch)
+        with _timed(timings, "reward"):
+            signal = self._signal(decision, success, before, plan, val, prev_val)
+            reward = self._reward(signal, rollback)
+        with _timed(timings, "observation"):
+            self.last_op, self.last_success = decision.op, success
+            obs = self._observation()
+        truncated = self.epoch >= self.cfg.max_epochs and not rollback
+        info = self._info(reward=reward, timings=timings, train=train, rollback_reason=verdict.reason if rollback else "")
+        return obs, float(reward.total), bool(rollback), bool(truncated), info
+
+    def _apply_decision(self, decision: FactoredAction) -> bool:
+        if decision.op is Op.WAIT:
+            return True
+        slot = self.model.slot(decision.slot)  # type: ignore[union-attr, arg-type]
+        if decision.op is Op.GERMINATE:
+            with torch.random.fork_rng(devices=[]):  # seed init is reproducible from (seed, shard, epoch)
+                torch.manual_seed(self._episode_seed + 7919 * (self.epoch + 1))
+                result = slot.germinate(decision.blueprint, decision.style, decision.tempo, decision.alpha_target)
+            self.counts["germinated"] += 1
+        elif decision.op is Op.SET_ALPHA_TARGET:
+            result = slot.set_alpha_target(decision.alpha_target, decision.alpha_speed, decision.alpha_curve)
+        elif decision.op is Op.PRUNE:
+            result = slot.prune(decision.alpha_speed, decision.alpha_curve)
+            self.counts["pruned"] += int(result.passed)
+        elif decision.op is Op.FOSSILIZE:
+            result = slot.fossilize()
+            self.counts["fossilized"] += int(result.passed)
+        else:
+            result = slot.advance()
+        return result.passed
+
+    def _train_epoch(self) -> TrainStats:
+        assert self.model is not None
+        capture = GradientCapture(self.model)
+        stats = train_epoch(
+            self.model, self.host_optimizer, self.shard,
+            batch_size=self.cfg.effective_batch_size, generator=self.data_generator, prepare=self._prepare_train,
+            precision=self.precision, max_grad_norm=self.cfg.max_grad_norm, on_last_batch=capture,
+        )
+        capture.publish()
+        self.epoch += 1
+        return stats
+
+    def _validate(self, plan: CounterfactualPlan) -> ValStats:
+        return validate_fused(
+            self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
+            chunk=self.cfg.val_batch_size, prepare=self.data.prepare, precision=self.precision,
+        )
+
+    def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:
+        assert self.model is not None
+        self.val, self.plan = val, plan
+        main = val.accuracy(0)
+        for i, slot_id in enumerate(plan.ablated_slots, start=1):
+            self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(i))
+        self.model.observe_accuracy(main)
+        self.loss_history.append(val.loss(0))
+        self.accuracy_history.append(main)
+
+    def _roll_back(self) -> None:
+        """Restore the snapshot, prune live seeds, drop host momentum, and re-measure the restored model."""
+        assert self.model is not None
+        self.governor.restore(self.model)
+        self.host_optimizer.state.clear()  # momentum from the bad trajectory must not carry over
+        self.counts["rollbacks"] += 1
+        self.loss_history.pop()
+        self.accuracy_history.pop()
+        plan = build_plan(self.model)
+        self._record_validation(plan, self._validate(plan))
+
+    def _reward(self, signal: StepSignal, rollback: bool) -> RewardBreakdown:
+        if rollback:
+            return RewardBreakdown(self.reward_config.rollback_penalty, {"rollback": self.reward_config.rollback_penalty})
+        reward = compute_reward(signal, self.reward_config)
+        self.escrow_credits.update(reward.escrow_credits)
+        return reward
+
+    # ----------------------------------------------------------------- helpers
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        """Issue GPU work on this env's own stream (a no-op on CPU)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def _prepare_train(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.data.prepare(x)
+        if self.cfg.effective_augment:
+            x = crop_and_flip(x, self.data_generator)
+        return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" else x
+
+    def _current_mask(self) -> np.ndarray | None:
+        return self._mask() if self.model is not None else None
+
+    def _mask(self) -> np.ndarray:
+        assert self.model is not None
+        return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds)
+
+    def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
+        assert self.model is not None
+        return {
+            s.slot_id: {
+                "stage": s.stage, "epochs_in_stage": s.metrics.epochs_in_stage, "alpha": s.alpha.alpha,
+                "contribution": s.metrics.contribution, "age": s.metrics.age,
+                "accuracy_at_germination": s.metrics.accuracy_at_germination, "seed_params": s.seed_params,
+            }
+            for s in self.model.seed_slots()
+        }
+
+    def _signal(
+        self, decision: FactoredAction, success: bool, before: dict[str, dict[str, Any]],
+        plan: CounterfactualPlan, val: ValStats, prev_val: ValStats,
+    ) -> StepSignal:
+        assert self.model is not None
+        slots = []
+        for s in self.model.seed_slots():
+            b = before[s.slot_id]
+            slots.append(SlotSignal(
+                slot_id=s.slot_id, stage_before=b["stage"], stage_after=s.stage,
+                epochs_in_stage_before=b["epochs_in_stage"], epochs_in_stage_after=s.metrics.epochs_in_stage,
+                age=s.metrics.age if s.is_live or s.stage is Stage.FOSSILIZED else b["age"],
+                contribution=b["contribution"], contribution_after=s.metrics.contribution,
+                accuracy_at_germination=b["accuracy_at_germination"] if b["stage"] is not Stage.DORMANT else s.metrics.accuracy_at_germination,
+                seed_params=max(s.seed_params, b["seed_params"]), alpha_before=b["alpha"], alpha_after=s.alpha.alpha,
+                interaction_sum=s.metrics.interaction_sum, escrow_credit=self.escrow_credits[s.slot_id],
+            ))
+        return StepSignal(
+            epoch=self.epoch, max_epochs=self.cfg.max_epochs, op=decision.op, target_slot=decision.slot,
+            action_success=success, val_accuracy=val.accuracy(0), prev_val_accuracy=prev_val.accuracy(0),
+            initial_val_accuracy=self.initial_accuracy, val_loss=val.loss(0), prev_val_loss=prev_val.loss(0),
+            random_guess_loss=self.random_guess_loss, committed_accuracy=val.accuracy(plan.committed_index),
+            all_off_accuracy=val.accuracy(plan.committed_index), host_params=self.model.host_params, slots=tuple(slots),
+        )
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        assert self.model is not None
+        view = EpochView(
+            epoch=self.epoch, max_epochs=self.cfg.max_epochs, val_loss=self.val.loss(), val_accuracy=self.val.accuracy(),
+            loss_history=self.loss_history, accuracy_history=self.accuracy_history,
+            last_action_success=self.last_success, last_op=self.last_op,
+        )
+        slots = self.model.seed_slots()
+        return {"features": build_features(view, slots), "blueprint_ids": blueprint_ids(slots), "action_mask": self._mask()}
+
+    def _info(self, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None, rollback_reason: str = "") -> dict[str, Any]:
+        assert self.model is not None
+        info: dict[str, Any] = {
+            "epoch": self.epoch,
+            "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
+            "val_correct": self.val.correct[0], "val_total": self.val.samples,
+            "host_params": self.model.host_params, "seed_params": self.model.seed_params,
+            "total_params": self.model.host_params + self.model.seed_params,
+            "stages": {s.slot_id: s.stage.name for s in self.model.seed_slots()},
+            "last_op": self.last_op.name if self.last_op is not None else "NONE",
+            "action_success": self.last_success,
+            "rollback": rollback_reason,
+            **{f"count/{k}": v for k, v in self.counts.items()},
+            **{f"time/{k}": v for k, v in timings.items()},
+        }
+        if train is not None:
+            info.update(train_accuracy=train.accuracy, train_loss=train.loss, train_correct=train.correct,
+                        train_total=train.samples, train_batches=train.batches)
+        if reward is not None:
+            info.update({f"reward/{k}": v for k, v in reward.components.items()})
+        if self.precision.scaler is not None:
+            info["grad_scale"] = float(self.precision.scaler.get_scale())
+        return info
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str):  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[phase] = time.perf_counter() - start

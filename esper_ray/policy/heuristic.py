@@ -1,0 +1,207 @@
+"""The heuristic controller (DOMAIN.md section 12), reading the same observation and mask as the policy.
+
+Germinate when the host has stabilised and plateaued and no seed is alive; advance seeds when the
+lifecycle needs a push (only when auto-forward is off); prune a seed whose stage made accuracy fall by 2 pp;
+fossilize a holding seed whose counterfactual contribution exceeds 0.5 pp, otherwise prune it.
+Blueprints rotate, skipping those recently pruned (penalty +2 per prune, halved every epoch, skip at >= 3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from esper_ray.contracts.actions import (
+    CNN_BLUEPRINTS,
+    AlphaCurve,
+    AlphaSpeed,
+    AlphaTarget,
+    Blueprint,
+    Op,
+    Style,
+    Tempo,
+    encode_joint,
+)
+from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
+from esper_ray.env.masks import head_offsets
+from esper_ray.env.observation import (
+    BASE_EPOCH,
+    BASE_VAL_ACCURACY,
+    BASE_VAL_LOSS,
+    SLOT_ALPHA,
+    SLOT_EPOCHS_IN_STAGE,
+    SLOT_FEATURES,
+    blueprint_of,
+    decode_contribution,
+    decode_stage,
+    slot_offset,
+)
+
+DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
+
+
+@dataclass(frozen=True)
+class HeuristicConfig:
+    min_epoch: int = 5
+    """No germination before this epoch."""
+    plateau_threshold: float = 0.005
+    """An epoch whose accuracy gain is below this (fraction; 0.5 pp) counts towards a plateau."""
+    plateau_epochs: int = 3
+    stable_epochs: int = 3
+    """Consecutive epochs of small relative loss change that latch "host stabilised"."""
+    embargo_epochs: int = 5
+    """Epochs after a prune before germinating again."""
+    prune_drop: float = 0.02
+    """Prune a TRAINING/BLENDING seed whose stage lost this much accuracy (fraction; 2 pp)..."""
+    prune_patience: int = 5
+    """...after at least this many epochs in the stage."""
+    fossilize_contribution: float = 0.005
+    """Fossilize a holding seed contributing more than this (fraction; 0.5 pp)."""
+    ransomware_contribution: float = 0.001
+    rotation: tuple[Blueprint, ...] = DEFAULT_ROTATION
+    penalty_per_prune: float = 2.0
+    penalty_skip: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not self.rotation:
+            raise ValueError("rotation: needs at least one blueprint")
+        bad = [b for b in self.rotation if b not in CNN_BLUEPRINTS]
+        if bad:
+            raise ValueError(f"rotation: {[b.key for b in bad]} are not CNN blueprints; choose from {[b.key for b in CNN_BLUEPRINTS]}")
+
+
+@dataclass
+class _SlotTrack:
+    stage: Stage = Stage.DORMANT
+    blueprint: Blueprint | None = None
+    accuracy_at_germination: float = 0.0
+    accuracy_at_stage_start: float = 0.0
+
+
+@dataclass
+class _Tracker:
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    stable_run: int = 0
+    stabilised: bool = False
+    plateau_run: int = 0
+    last_prune_epoch: int | None = None
+    penalties: dict[Blueprint, float] = field(default_factory=dict)
+    rotation_index: int = 0
+    slots: list[_SlotTrack] = field(default_factory=list)
+
+
+class HeuristicController:
+    def __init__(self, slot_ids: Sequence[str], max_epochs: int, cfg: HeuristicConfig | None = None) -> None:
+        self.slot_ids = list(slot_ids)
+        self.max_epochs = max_epochs
+        self.cfg = cfg or HeuristicConfig()
+        self.offsets = head_offsets(len(self.slot_ids))
+        self.reset()
+
+    def reset(self) -> None:
+        self.t = _Tracker(slots=[_SlotTrack() for _ in self.slot_ids])
+
+    # ---------------------------------------------------------------- tracking
+    def _observe(self, features: np.ndarray, blueprints: np.ndarray) -> tuple[int, float]:
+        cfg, t = self.cfg, self.t
+        epoch = int(round(float(features[BASE_EPOCH]) * self.max_epochs))
+        scaled = float(features[BASE_VAL_LOSS]) * 7.0
+        loss = math.copysign(math.expm1(abs(scaled)), scaled)
+        accuracy = float(features[BASE_VAL_ACCURACY])
+        if t.losses:
+            change = (t.losses[-1] - loss) / max(t.losses[-1], 1e-8)
+            t.stable_run = t.stable_run + 1 if -0.05 < change < 0.03 else 0
+            t.stabilised = t.stabilised or t.stable_run >= cfg.stable_epochs
+            gain = accuracy - t.accuracies[-1]
+            t.plateau_run = t.plateau_run + 1 if gain < cfg.plateau_threshold else 0
+        t.losses.append(loss)
+        t.accuracies.append(accuracy)
+        t.penalties = {b: p * 0.5 for b, p in t.penalties.items() if p * 0.5 >= 0.1}
+        for i, track in enumerate(t.slots):
+            stage = decode_stage(features[slot_offset(i) : slot_offset(i) + SLOT_FEATURES])
+            if stage is not track.stage:
+                if track.stage is Stage.DORMANT and stage in LIVE_STAGES:
+                    track.accuracy_at_germination = accuracy
+                    track.blueprint = blueprint_of(int(blueprints[i]))
+                if stage in COOLDOWN_STAGES and track.stage in LIVE_STAGES:
+                    t.last_prune_epoch = epoch
+                    if track.blueprint is not None:
+                        t.penalties[track.blueprint] = t.penalties.get(track.blueprint, 0.0) + cfg.penalty_per_prune
+                track.stage, track.accuracy_at_stage_start = stage, accuracy
+        return epoch, accuracy
+
+    # ---------------------------------------------------------------- deciding
+    def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        features, mask = obs["features"], obs["action_mask"]
+        epoch, accuracy = self._observe(features, obs["blueprint_ids"])
+        joint_mask = mask[self.offsets["op_slot"]]
+        n = len(self.slot_ids)
+
+        def legal(op: Op, i: int) -> bool:
+            return bool(joint_mask[encode_joint(op, i, n)])
+
+        for i, track in enumerate(self.t.slots):
+            block = features[slot_offset(i) : slot_offset(i) + SLOT_FEATURES]
+            op = self._decide_for_seed(track, block, accuracy)
+            if op is not None and legal(op, i):
+                return self._action(op, i)
+        if self._wants_germination(epoch):
+            blueprint = self._next_blueprint()
+            for i in range(n):
+                if blueprint is not None and legal(Op.GERMINATE, i):
+                    self.t.rotation_index += 1
+                    return self._action(Op.GERMINATE, i, blueprint)
+        return self._action(Op.WAIT, None)
+
+    def _decide_for_seed(self, track: _SlotTrack, block: np.ndarray, accuracy: float) -> Op | None:
+        cfg = self.cfg
+        stage = track.stage
+        if stage is Stage.GERMINATED:
+            return Op.ADVANCE
+        if stage in (Stage.TRAINING, Stage.BLENDING):
+            epochs_in_stage = float(block[SLOT_EPOCHS_IN_STAGE]) * self.max_epochs
+            if epochs_in_stage >= cfg.prune_patience and accuracy - track.accuracy_at_stage_start < -cfg.prune_drop:
+                return Op.PRUNE
+            if stage is Stage.TRAINING or float(block[SLOT_ALPHA]) >= 1.0:
+                return Op.ADVANCE
+            return None
+        if stage is Stage.HOLDING:
+            contribution = decode_contribution(block)
+            if contribution is None:
+                return None
+            if contribution > cfg.ransomware_contribution and accuracy - track.accuracy_at_germination < 0:
+                return Op.PRUNE
+            return Op.FOSSILIZE if contribution > cfg.fossilize_contribution else Op.PRUNE
+        return None
+
+    def _wants_germination(self, epoch: int) -> bool:
+        cfg, t = self.cfg, self.t
+        if any(s.stage in LIVE_STAGES for s in t.slots):
+            return False
+        if t.last_prune_epoch is not None and epoch - t.last_prune_epoch < cfg.embargo_epochs:
+            return False
+        return t.stabilised and epoch >= cfg.min_epoch and t.plateau_run >= cfg.plateau_epochs
+
+    def _next_blueprint(self) -> Blueprint | None:
+        rotation = self.cfg.rotation
+        for k in range(len(rotation)):
+            candidate = rotation[(self.t.rotation_index + k) % len(rotation)]
+            if self.t.penalties.get(candidate, 0.0) < self.cfg.penalty_skip:
+                self.t.rotation_index += k
+                return candidate
+        return None
+
+    def _action(self, op: Op, slot_index: int | None, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
+        return np.array([
+            encode_joint(op, slot_index, len(self.slot_ids)),
+            int(blueprint),
+            int(Style.SIGMOID_ADD),
+            int(Tempo.STANDARD),
+            int(AlphaTarget.FULL),
+            int(AlphaSpeed.INSTANT),
+            int(AlphaCurve.LINEAR),
+        ], dtype=np.int64)

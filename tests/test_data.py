@@ -1,0 +1,117 @@
+"""Data: exact shards (seed doc 000), fixed splits, CIFAR-10 on-disk format, synthetic data, augmentation."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from esper_ray.data.augment import crop_and_flip
+from esper_ray.data.datasets import load_cifar10, load_digits, make_synthetic
+from esper_ray.data.sharding import DeviceShard, shard_indices
+from esper_ray.env.epoch import Precision, train_epoch
+from tests.morpho_helpers import make_model
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 500), shards=st.integers(1, 12))
+def test_shards_are_disjoint_and_cover_the_training_set(n, shards):
+    if shards > n:
+        with pytest.raises(ValueError, match="exceeds"):
+            shard_indices(n, 0, shards)
+        return
+    parts = [shard_indices(n, k, shards).tolist() for k in range(shards)]
+    flat = [i for p in parts for i in p]
+    assert sorted(flat) == list(range(n)) and len(set(flat)) == n
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_seed_doc_000_ten_samples_three_shards_batch_two_keeps_every_sample():
+    """Seed doc 000: 10 samples, 3 envs, batch 2. No tail is dropped; counts and means use what was processed."""
+    torch.manual_seed(0)
+    x = torch.randn(10, 1, 8, 8)
+    y = torch.arange(10) % 10
+    model = make_model(["r0c0"])
+    total_samples, total_batches = 0, 0
+    for k in range(3):
+        idx = shard_indices(10, k, 3)
+        shard = DeviceShard(x[idx], y[idx], torch.device("cpu"))
+        delivered = list(shard.batches(2, torch.Generator().manual_seed(k)))
+        # A frozen model (lr 0): the epoch's mean must be the per-sample mean over the batches delivered,
+        # not a mean of batch means or a division by a nominal batch count.
+        frozen = torch.optim.SGD(model.host.parameters(), lr=0.0)
+        model.train()
+        with torch.no_grad():
+            per_sample = torch.cat([
+                torch.nn.functional.cross_entropy(model(xb), yb, reduction="none") for xb, yb in delivered
+            ])
+        stats = train_epoch(
+            model, frozen, shard, batch_size=2, generator=torch.Generator().manual_seed(k),
+            prepare=lambda t: t, precision=Precision(), max_grad_norm=1.0,
+        )
+        assert stats.batches == len(delivered) == -(-len(idx) // 2)
+        assert stats.samples == len(idx) == sum(len(b[1]) for b in delivered)
+        assert stats.loss == pytest.approx(float(per_sample.mean()), rel=1e-5)
+        total_samples += stats.samples
+        total_batches += stats.batches
+    assert total_samples == 10 and total_batches == 2 + 2 + 2  # shard sizes 4, 3, 3 -> 2 + 2 + 2 batches
+
+
+def test_digits_split_is_fixed_disjoint_and_real():
+    a, b = load_digits(), load_digits()
+    assert torch.equal(a.val_x, b.val_x) and torch.equal(a.train_y, b.train_y)
+    assert len(a.train_y) + len(a.val_y) == 1797 and len(a.val_y) == 359
+    train_rows = {tuple(r) for r in a.train_x.flatten(1).tolist()}
+    overlap = sum(tuple(r) in train_rows for r in a.val_x.flatten(1).tolist())
+    assert overlap < 10  # the digits set has a handful of exact duplicate images, nothing more
+    prepared = a.prepare(a.train_x[:100])
+    assert prepared.dtype == torch.float32 and abs(float(prepared.mean())) < 0.5
+
+
+def _write_cifar(root, n_per_batch: int = 6):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, size=(n_per_batch, 3072), dtype=np.uint8)
+        with (folder / name).open("wb") as f:
+            pickle.dump({b"data": data, b"labels": list(rng.integers(0, 10, n_per_batch))}, f)
+    return folder
+
+
+def test_cifar10_loads_torchvision_format_from_data_dir(tmp_path):
+    folder = _write_cifar(tmp_path)
+    data = load_cifar10(str(tmp_path))
+    assert data.train_x.shape == (30, 3, 32, 32) and data.val_x.shape == (6, 3, 32, 32)
+    with (folder / "data_batch_1").open("rb") as f:
+        first = pickle.load(f, encoding="bytes")
+    # channel planes are R, G, B of 1024 pixels each, row-major
+    assert data.train_x[0, 1, 0, 5] == first[b"data"][0][1024 + 5]
+
+
+def test_cifar10_missing_says_where_it_looked_and_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"looked in .*cifar-10-batches-py.*cifar-10-python.tar.gz"):
+        load_cifar10(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="needs data_dir"):
+        load_cifar10(None)
+
+
+def test_synthetic_data_is_learnable_by_nearest_class_mean():
+    data = make_synthetic(2000)
+    means = torch.stack([data.train_x[data.train_y == c].mean(0) for c in range(10)])
+    distances = ((data.val_x[:, None] - means[None]) ** 2).flatten(2).sum(-1)
+    accuracy = float((distances.argmin(1) == data.val_y).float().mean())
+    assert accuracy > 0.5 and data.train_x.shape[1:] == (3, 32, 32)
+
+
+def test_crop_and_flip_moves_content_within_the_padding():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8) + 1
+    out = crop_and_flip(x, torch.Generator().manual_seed(1), padding=2)
+    assert out.shape == x.shape
+    for i in range(2):
+        values = set(out[i].flatten().tolist()) - {0.0}
+        assert values <= set(x[i].flatten().tolist()) and len(values) >= 3 * 6 * 6

@@ -1,0 +1,165 @@
+"""MorphogeneticEnv: gymnasium API, config validation, masks, truncation, governor rollback, reproducibility."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from esper_ray.contracts.actions import AlphaTarget, Blueprint, Op, Style, Tempo, encode_joint
+from esper_ray.env import ENV_ID, MorphogeneticEnv
+from esper_ray.env.masks import head_offsets
+from esper_ray.env.observation import feature_size
+
+
+def wait() -> np.ndarray:
+    return np.array([0, 0, Style.SIGMOID_ADD, Tempo.STANDARD, AlphaTarget.FULL, 0, 0])
+
+
+def germinate(env: MorphogeneticEnv, slot: str, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
+    action = wait()
+    action[0] = encode_joint(Op.GERMINATE, env.slot_ids.index(slot), len(env.slot_ids))
+    action[1] = blueprint
+    return action
+
+
+def test_gymnasium_env_checker_passes():
+    env = gym.make(ENV_ID, config={"task": "digits", "max_epochs": 4, "num_shards": 4}, disable_env_checker=True).unwrapped
+    check_env(env, skip_render_check=True)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"max_epoch": 5}, r"unknown env_config key\(s\) \['max_epoch'\]; valid keys: .*'max_epochs'"),
+    ({"max_epochs": 0}, "max_epochs=0: must be an integer >= 1"),
+    ({"task": "mnist"}, r"task='mnist': unknown; choose one of \['digits'"),
+    ({"amp": "fp8"}, "amp='fp8'"),
+    ({"reward_mode": "sparse", "reward_family": "loss"}, "reward_family='loss' works only with reward_mode='shaped'"),
+    ({"reward_mode": "greedy"}, "reward_mode='greedy': unknown"),
+    ({"slots": ["r0c9"]}, "slot 'r0c9' does not exist"),
+    ({"shard": 3, "num_shards": 3}, "shard=3: must be < num_shards=3"),
+    ({"host_lr": -1.0}, "host_lr=-1.0: must be a number > 0"),
+])
+def test_bad_config_names_the_key_and_what_is_allowed(bad, match):
+    with pytest.raises(ValueError, match=match):
+        MorphogeneticEnv(bad)
+
+
+def test_each_env_owns_its_reward_config():
+    config = {"reward_mode": "escrow", "max_epochs": 3}
+    a, b = MorphogeneticEnv(config), MorphogeneticEnv(config)
+    assert a.reward_config == b.reward_config and a.reward_config is not b.reward_config
+
+
+def test_random_legal_policy_for_200_steps_never_trips_the_mask_check():
+    env = MorphogeneticEnv({"max_epochs": 25, "num_shards": 6, "auto_forward": False, "slots": ["r0c0", "r0c1", "r1c0"]})
+    env.action_space.seed(0)
+    obs, _ = env.reset(seed=1)
+    ops_seen = set()
+    for _ in range(200):
+        assert env.observation_space.contains(obs)
+        action = env.action_space.sample()  # mask-aware sampling
+        obs, reward, terminated, truncated, info = env.step(action)
+        ops_seen.add(info["last_op"])
+        assert np.isfinite(reward)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    assert {"WAIT", "GERMINATE", "ADVANCE", "PRUNE"} <= ops_seen
+
+
+def test_a_masked_action_raises_and_names_the_op():
+    env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6})
+    env.reset(seed=0)
+    fossilize = wait()
+    fossilize[0] = encode_joint(Op.FOSSILIZE, 1, 3)
+    with pytest.raises(ValueError, match="masked action: FOSSILIZE on slot r0c1"):
+        env.step(fossilize)
+    bad_blueprint = germinate(env, "r0c0", Blueprint.LORA)
+    with pytest.raises(ValueError, match="head blueprint=8 is not legal for GERMINATE"):
+        env.step(bad_blueprint)
+
+
+def test_mask_allows_exactly_the_legal_op_slot_pairs():
+    env = MorphogeneticEnv({"max_epochs": 30, "num_shards": 6, "auto_forward": True})
+    obs, _ = env.reset(seed=0)
+    joint = obs["action_mask"][head_offsets(3)["op_slot"]]
+    assert np.flatnonzero(joint).tolist() == [0, 1, 2, 3]  # WAIT, GERMINATE on each empty slot
+    obs, *_ = env.step(germinate(env, "r0c1"))
+    joint = obs["action_mask"][head_offsets(3)["op_slot"]]
+    assert np.flatnonzero(joint).tolist() == [0]  # a TRAINING seed blocks germination; ADVANCE is auto
+    assert obs["features"].shape == (feature_size(3),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT), 13]
+
+
+def test_episode_truncates_at_max_epochs_and_reports_real_counts():
+    env = MorphogeneticEnv({"max_epochs": 3, "num_shards": 4, "shard": 1})
+    env.reset(seed=0)
+    results = [env.step(wait()) for _ in range(3)]
+    assert [r[2:4] for r in results] == [(False, False), (False, False), (False, True)]
+    info = results[-1][4]
+    assert info["val_total"] == 359 and 0.0 <= info["val_accuracy"] <= 1.0
+    assert info["train_total"] == len(env.shard) == 360  # shard 1 of 4 of the 1,438 training images
+
+
+def test_info_carries_accuracies_counts_params_stages_rewards_and_phase_times():
+    env = MorphogeneticEnv({"max_epochs": 4, "num_shards": 3})
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(germinate(env, "r0c0"))
+    assert 0 <= info["train_accuracy"] <= 1 and 0 <= info["val_accuracy"] <= 1
+    assert info["train_total"] == len(env.shard) and info["train_correct"] <= info["train_total"]
+    assert info["train_batches"] == -(-len(env.shard) // env.cfg.effective_batch_size)
+    assert info["seed_params"] == 592 and info["total_params"] == info["host_params"] + 592
+    assert info["stages"] == {"r0c0": "TRAINING", "r0c1": "DORMANT", "r0c2": "DORMANT"}
+    components = {k: v for k, v in info.items() if k.startswith("reward/")}
+    assert components and sum(components.values()) == pytest.approx(reward)
+    assert {"time/decision", "time/train", "time/val", "time/lifecycle", "time/reward"} <= set(info)
+
+
+def test_same_seed_gives_same_host_init_and_data_order_in_every_reward_mode():
+    a = MorphogeneticEnv({"reward_mode": "shaped", "max_epochs": 3, "seed": 7, "num_shards": 3})
+    b = MorphogeneticEnv({"reward_mode": "sparse", "max_epochs": 3, "seed": 7, "num_shards": 3})
+    c = MorphogeneticEnv({"reward_mode": "shaped", "max_epochs": 3, "seed": 8, "num_shards": 3})
+    for env in (a, b, c):
+        env.reset()
+        env.step(wait())
+    for (name, pa), pb, pc in zip(a.model.state_dict().items(), b.model.state_dict().values(), c.model.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert any(not torch.equal(pa, pc) for pa, pc in zip(a.model.parameters(), c.model.parameters()))
+
+
+def test_observations_and_rewards_reproduce_on_cpu_for_a_fixed_seed():
+    runs = []
+    for _ in range(2):
+        env = MorphogeneticEnv({"max_epochs": 6, "num_shards": 4})
+        obs, _ = env.reset(seed=3)
+        trace = [obs["features"].copy()]
+        for t in range(6):
+            obs, reward, *_ = env.step(germinate(env, "r0c2") if t == 0 else wait())
+            trace += [obs["features"].copy(), np.float32(reward)]
+        runs.append(trace)
+    assert all(np.array_equal(x, y) for x, y in zip(*runs))
+
+
+def test_nan_in_the_host_rolls_back_to_the_snapshot_and_ends_the_episode():
+    env = MorphogeneticEnv({"max_epochs": 12, "num_shards": 3})
+    env.reset(seed=0)
+    for _ in range(6):  # a snapshot is taken at epoch 5
+        _, _, terminated, _, _ = env.step(wait())
+        assert not terminated
+    env.step(germinate(env, "r0c0"))
+    assert env.governor.snapshot_epoch == 5
+    snapshot = {k: v.clone() for k, v in env.governor.host_state.items()}
+    with torch.no_grad():
+        env.model.host.blocks[0].conv.weight[0, 0, 0, 0] = float("nan")  # poisons the loss of every batch
+    obs, reward, terminated, truncated, info = env.step(wait())
+    assert terminated and not truncated and info["rollback"] == "nan" and reward == -10.0
+    restored = env.model.host.state_dict()
+    assert all(torch.equal(restored[k], v) for k, v in snapshot.items())
+    assert info["stages"]["r0c0"] == "PRUNED" and np.isfinite(obs["features"]).all()
+
+
+def test_env_runs_with_fp16_scaler_only_on_cuda():
+    env = MorphogeneticEnv({"amp": "fp16", "device": "cpu", "max_epochs": 2, "num_shards": 6})
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(wait())
+    assert env.precision.scaler is None and "grad_scale" not in info  # CPU runs in fp32
