@@ -7,10 +7,15 @@ import sys
 from collections.abc import Sequence
 
 import json
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import CNN_BLUEPRINTS
 from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost, host_preset
 
@@ -44,6 +49,70 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {pair!r}: expected KEY=VALUE, e.g. --env batch_size=128")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def load_yaml_mapping(path: str) -> dict[str, Any]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"config file {file} does not exist")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a mapping of settings at the top level, got {type(data).__name__}")
+    return data
+
+
+def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path | None]:
+    """defaults < --config file < flags; with --resume, the checkpoint's settings (only rounds/output may change)."""
+    flags = given(args, args.train_fields)
+    env = _parse_env_overrides(args.env)
+    if args.resume is not None:
+        from esper_ray.train.runner import load_checkpoint_config, resolve_checkpoint
+
+        checkpoint = resolve_checkpoint(args.resume)
+        changed = sorted(set(flags) - {"rounds", "output", "address"}) + (["env"] if env else []) + (["config"] if args.config else [])
+        if changed:
+            raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may change (got {changed})")
+        stored = load_checkpoint_config(checkpoint).to_dict()
+        return TrainConfig.from_mapping({**stored, **flags}), checkpoint
+    mapping = load_yaml_mapping(args.config) if args.config else {}
+    merged_env = {**dict(mapping.pop("env", {}) or {}), **env}
+    return TrainConfig.from_mapping({**mapping, **flags, "env": merged_env}), None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from esper_ray.train.runner import format_outcome, run_training
+
+    cfg, resume = train_config_from_args(args)
+    print(f"esper-ray train: task {cfg.task}, {cfg.envs} envs x {cfg.episodes_per_env} episode(s) of {cfg.max_epochs} epochs "
+          f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
+    outcome = run_training(cfg, resume=resume)
+    print(format_outcome(outcome))
+    return 130 if outcome.interrupted else 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from esper_ray.train.episodes import format_summary
+    from esper_ray.train.evaluate import run_evaluation
+    from esper_ray.train.runner import resolve_checkpoint
+
+    summaries = run_evaluation(resolve_checkpoint(args.checkpoint), args.episodes, seed=args.seed,
+                               env_overrides=_parse_env_overrides(args.env), progress=not args.json)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in summaries], indent=2))
+    else:
+        for s in summaries:
+            print(format_summary(s))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper-ray",
@@ -65,6 +134,31 @@ def build_parser() -> argparse.ArgumentParser:
     heuristic.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
+
+    train = sub.add_parser(
+        "train",
+        help="train the controller with PPO on Ray (defaults: digits, local CPU, a few minutes)",
+        description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
+        "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
+        "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
+    )
+    train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
+    train.add_argument("--resume", metavar="DIR", help="continue from a checkpoint folder or a training output folder")
+    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda")
+    train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
+
+    evaluate = sub.add_parser(
+        "eval",
+        help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does)",
+        description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
+        "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`.",
+    )
+    evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")
+    evaluate.add_argument("--episodes", type=int, default=3, help="episodes to run (default: 3)")
+    evaluate.add_argument("--seed", type=int, default=None, help="env seed (default: the training seed)")
+    evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
+    evaluate.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    evaluate.set_defaults(func=_cmd_eval)
     return parser
 
 

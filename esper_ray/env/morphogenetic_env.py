@@ -85,7 +85,9 @@ class MorphogeneticEnv(gym.Env):
         self.observation_space = gym.spaces.Dict({
             "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(n),), dtype=np.float32),
             "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * n),
-            "action_mask": gym.spaces.MultiBinary(int(sum(action_nvec(n)))),
+            # 0/1 per action value. MultiDiscrete rather than MultiBinary so that observation filters, which
+            # leave discrete parts alone, never rescale the mask.
+            "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec(n))), 2), dtype=np.int8),
         })
         self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
         self.model: MorphogeneticModel | None = None
@@ -301,6 +303,7 @@ class MorphogeneticEnv(gym.Env):
         assert self.model is not None
         info: dict[str, Any] = {
             "epoch": self.epoch,
+            "episode_seed": self._episode_seed,
             "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
             "val_correct": self.val.correct[0], "val_total": self.val.samples,
             "host_params": self.model.host_params, "seed_params": self.model.seed_params,

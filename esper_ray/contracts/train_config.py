@@ -1,0 +1,124 @@
+"""Settings of one PPO training run (`esper-ray train`, one Tune trial). Flags and YAML keys use these names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from esper_ray.contracts.env_config import EnvConfig
+
+MODEL_PRESET_NAMES = ("cpu", "gpu")
+# Env settings that TrainConfig sets itself; `env` may not override them.
+TRAIN_OWNED_ENV_KEYS = frozenset({"task", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: str = "digits"
+    """Task: digits (embedded, default), digits-impaired, cifar10 (needs env.data_dir), synthetic."""
+    slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
+    """Enabled seed slots."""
+    max_epochs: int = 20
+    """Episode length in host epochs (the original used 150; the CPU default is short)."""
+    reward_mode: str = "shaped"
+    """shaped, simplified, sparse, basic or escrow."""
+    reward_family: str = "contribution"
+    """contribution or loss (loss only with shaped)."""
+    envs: int = 2
+    """Env-runner actors, one environment each; env k trains on data shard k."""
+    episodes_per_env: int = 1
+    """Episodes each env runner collects per round (per PPO update)."""
+    rounds: int = 10
+    """Training rounds (RLlib iterations): collect episodes, then one PPO update."""
+    gpus_per_env: float = 0.0
+    """GPU share of each env runner (0.25 puts four envs on one GPU)."""
+    cpus_per_env: float = 1.0
+    """CPU share of each env runner."""
+    learners: int = 1
+    """0: learner in the driver; 1: a remote learner actor; K > 1: K learners with DDP."""
+    learner_gpus: float = 0.0
+    """GPUs per learner."""
+    seed: int = 0
+    """Seed for the policy, env runners and envs (host init and data order)."""
+    lr: float = 3e-4
+    """Adam learning rate of the policy."""
+    gamma: float = 0.995
+    """Discount (also used by the reward's potential-based shaping)."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_param: float = 0.2
+    """PPO ratio clip."""
+    entropy_coeff: float = 0.05
+    """Entropy bonus coefficient (of the causal entropy: heads the op ignores do not count)."""
+    vf_loss_coeff: float = 0.5
+    """Value loss coefficient."""
+    ppo_epochs: int = 4
+    """Passes over each round's batch (the whole batch is one minibatch of full-episode sequences)."""
+    grad_clip: float = 5.0
+    """Global gradient-norm clip of the policy update."""
+    model: str = "cpu"
+    """Network size preset: cpu (64-unit LSTM) or gpu (512, the original's sizes)."""
+    checkpoint_every: int = 5
+    """Save a checkpoint every this many rounds (0: only at the end and on Ctrl-C)."""
+    output: str = "esper_runs/train"
+    """Folder for checkpoints, metrics and TensorBoard logs."""
+    address: str | None = None
+    """Ray cluster to join: auto or HOST:PORT; None starts a local Ray."""
+    env: Mapping[str, Any] = field(default_factory=dict)
+    """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slots", tuple(self.slots))
+        object.__setattr__(self, "env", dict(self.env))
+        for name, minimum in (("envs", 1), ("episodes_per_env", 1), ("rounds", 1), ("learners", 0), ("ppo_epochs", 1),
+                              ("checkpoint_every", 0), ("seed", 0), ("max_epochs", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+        for name in ("gpus_per_env", "learner_gpus"):
+            if not 0 <= getattr(self, name):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
+        for name in ("cpus_per_env", "lr", "clip_param", "grad_clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
+        if self.gpus_per_env > 1 and self.gpus_per_env != int(self.gpus_per_env):
+            raise ValueError(f"gpus_per_env={self.gpus_per_env}: a fraction must be < 1 (0.25, 0.5) or a whole number")
+        if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ValueError(f"gamma={self.gamma}, gae_lambda={self.gae_lambda}: gamma in (0, 1], gae_lambda in [0, 1]")
+        if self.model not in MODEL_PRESET_NAMES:
+            raise ValueError(f"model={self.model!r}: choose one of {list(MODEL_PRESET_NAMES)}")
+        owned = sorted(TRAIN_OWNED_ENV_KEYS & set(self.env))
+        if owned:
+            raise ValueError(f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env")
+        EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1))  # fail now, not inside an actor
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> TrainConfig:
+        """Strict: unknown keys are errors that list the valid ones."""
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(mapping) - valid)
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {unknown}; valid keys: {sorted(valid)}")
+        return cls(**dict(mapping))
+
+    def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:
+        """The env_config every env runner receives (shard and num_shards are filled in per runner)."""
+        config: dict[str, Any] = {
+            "task": self.task, "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
+            "reward_family": self.reward_family, "gamma": self.gamma, "seed": self.seed, **self.env,
+        }
+        if shard is not None:
+            config.update(shard=shard, num_shards=num_shards)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["slots"] = list(self.slots)
+        out["env"] = dict(self.env)
+        return out
+
+    @property
+    def episode_steps_per_round(self) -> int:
+        return self.envs * self.episodes_per_env * self.max_epochs

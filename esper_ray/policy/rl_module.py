@@ -1,0 +1,106 @@
+"""The controller network: features + blueprint embeddings -> MLP -> LSTM -> one head per action part, and V(s).
+
+Illegal values are masked in the logits (the mask travels in the observation), and the action distribution
+ignores the heads that the chosen op does not read (see `distribution.py`). Observations arrive already
+normalised by the env-to-module connector; the module does no normalisation of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch import nn
+
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX
+from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
+
+# A masked logit: finite (so 0 * logit stays 0 in entropies) and far below any real logit.
+MASKED_LOGIT = -1e9
+
+# Network sizes. "cpu" is small enough for the CPU quick start; "gpu" follows the original (DOMAIN.md s7).
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "cpu": {"hidden_size": 64, "lstm_cell_size": 64, "head_hidden": 32, "blueprint_embedding": 4},
+    "gpu": {"hidden_size": 512, "lstm_cell_size": 512, "head_hidden": 256, "blueprint_embedding": 4},
+}
+
+
+def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequential:
+    head = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
+    nn.init.orthogonal_(head[0].weight, gain=2**0.5)
+    nn.init.orthogonal_(head[2].weight, gain=gain)  # small gain: near-uniform policy, near-zero values at start
+    nn.init.zeros_(head[0].bias)
+    nn.init.zeros_(head[2].bias)
+    return head
+
+
+class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
+    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS)."""
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        cfg = self.model_config
+        spaces = self.observation_space.spaces  # type: ignore[union-attr]
+        self.num_slots = int(spaces["blueprint_ids"].shape[0])
+        features = int(spaces["features"].shape[0])
+        self.nvec = [int(n) for n in self.action_space.nvec]  # type: ignore[union-attr]
+        self.cell = int(cfg["lstm_cell_size"])
+        self.embedding = nn.Embedding(BLUEPRINT_NONE_INDEX + 1, int(cfg["blueprint_embedding"]))
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.encoder = nn.Sequential(
+            nn.Linear(features + self.num_slots * int(cfg["blueprint_embedding"]), int(cfg["hidden_size"])),
+            nn.LayerNorm(int(cfg["hidden_size"])),
+            nn.ReLU(),
+        )
+        self.lstm = nn.LSTM(int(cfg["hidden_size"]), self.cell, batch_first=True)
+        self.policy_heads = nn.ModuleList([_mlp_head(self.cell, int(cfg["head_hidden"]), n, 0.01) for n in self.nvec])
+        self.value_head = _mlp_head(self.cell, int(cfg["head_hidden"]), 1, 1.0)
+        self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(
+            input_lens=self.nvec, relevance=relevance_matrix(self.num_slots, self.nvec[0])
+        )
+
+    @override(TorchRLModule)
+    def get_initial_state(self) -> dict[str, np.ndarray]:
+        return {"h": np.zeros(self.cell, np.float32), "c": np.zeros(self.cell, np.float32)}
+
+    def _embed(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        obs = batch[Columns.OBS]
+        features = obs["features"].float()  # [B, T, F]
+        blueprints = self.embedding(obs["blueprint_ids"].long()).flatten(-2)  # [B, T, S * E]
+        x = self.encoder(torch.cat([features, blueprints], dim=-1))
+        state = batch[Columns.STATE_IN]
+        out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
+        return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
+
+    def _logits(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = torch.cat([head(embeddings) for head in self.policy_heads], dim=-1)
+        return logits.masked_fill(mask == 0, MASKED_LOGIT)
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        embeddings, state_out = self._embed(batch)
+        return {
+            Columns.ACTION_DIST_INPUTS: self._logits(embeddings, batch[Columns.OBS]["action_mask"]),
+            Columns.STATE_OUT: state_out,
+        }
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        embeddings, state_out = self._embed(batch)
+        return {
+            Columns.ACTION_DIST_INPUTS: self._logits(embeddings, batch[Columns.OBS]["action_mask"]),
+            Columns.STATE_OUT: state_out,
+            Columns.EMBEDDINGS: embeddings,
+        }
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        """V(s): [B, T] (the last dimension squeezed)."""
+        if embeddings is None:
+            embeddings, _ = self._embed(batch)
+        return self.value_head(embeddings).squeeze(-1)

@@ -1,0 +1,42 @@
+"""Per-episode metrics, logged from each env runner through RLlib's MetricsLogger (so they reach Tune and
+TensorBoard): final host accuracy (mean/min/max), parameters added, seeds per outcome, op counts, per-phase
+seconds summed over all epochs of the episode, and each env's GradScaler scale (min/max across envs)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from esper_ray.contracts import metrics as m
+from esper_ray.contracts.actions import Op
+
+
+class MorphoMetrics(RLlibCallback):
+    def on_episode_end(self, *, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **kwargs: Any) -> None:
+        chunks = [*(prev_episode_chunks or []), episode]  # `episode` is only the last chunk
+        infos = [info for chunk in chunks for info in chunk.get_infos()]
+        first, final = infos[0], infos[-1]
+        log = metrics_logger.log_value
+        log(m.FINAL_ACCURACY, final["val_accuracy"], reduce="mean")
+        log(m.FINAL_ACCURACY_MIN, final["val_accuracy"], reduce="min")
+        log(m.FINAL_ACCURACY_MAX, final["val_accuracy"], reduce="max")
+        log(m.INITIAL_ACCURACY, first["val_accuracy"], reduce="mean")
+        log(m.PARAMS_ADDED, final["seed_params"], reduce="mean")
+        log(m.SEEDS_GERMINATED, final["count/germinated"], reduce="mean")
+        log(m.SEEDS_FOSSILIZED, final["count/fossilized"], reduce="mean")
+        log(m.SEEDS_PRUNED, final["count/pruned"], reduce="mean")
+        log(m.ROLLBACKS, final["count/rollbacks"], reduce="sum")
+        log(m.EPISODES, 1, reduce="sum")
+        ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
+        for op in Op:
+            log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="sum")
+        phases: Counter[str] = Counter()
+        for info in infos[1:]:
+            phases.update({k.removeprefix("time/"): v for k, v in info.items() if k.startswith("time/")})
+        for phase, seconds in phases.items():
+            log(m.PHASE_TIME_PREFIX + phase, seconds, reduce="mean")
+        if "grad_scale" in final:
+            log(m.GRAD_SCALE_MIN, final["grad_scale"], reduce="min")
+            log(m.GRAD_SCALE_MAX, final["grad_scale"], reduce="max")

@@ -1,0 +1,80 @@
+"""Build RLlib's PPOConfig (new API stack) from a TrainConfig.
+
+Choices and where they differ from the original's PPO defaults (DOMAIN.md section 10), and why:
+- One env per env runner; each collects `episodes_per_env` complete episodes per round, so a round's batch
+  is whole episodes and every round reports finished episodes.
+- LSTM sequences are whole episodes: `max_seq_len = max_epochs + 1`, because RLlib's learner appends one
+  bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
+- `ppo_epochs` (default 4) full-batch passes (see train/learner.py). The original did 1 pass; with
+  RLlib's stored-state sequences several passes are safe, and they learn faster from expensive episodes.
+- No KL penalty (`use_kl_loss=False`), as in the original; an approximate KL is still logged.
+- No value-loss clipping (`vf_clip_param=inf`): RLlib clips the squared error at 10 by default, which
+  silently zeroes the value gradient for returns of this scale.
+- The original's per-head ratio clipping, probability floors and EMA value normaliser are not reproduced:
+  RLlib's joint-ratio PPO with advantage standardisation per batch is used as it is.
+- Observations are normalised once, by a MeanStdFilter connector on the env runners (policy/feature_filter.py),
+  which writes the normalised observation back into the episode: the learner trains on exactly what the
+  policy saw. Its running statistics are merged across env runners every round and saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.policy.feature_filter import FeatureMeanStdFilter
+from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+from esper_ray.train.callbacks import MorphoMetrics
+from esper_ray.train.env_factory import ShardedMorphogeneticEnv
+from esper_ray.train.learner import MorphoPPOLearner
+
+
+def observation_filter(env: object, spaces: object, device: object) -> FeatureMeanStdFilter:
+    """Normalise the observation's features; the mask and blueprint ids pass through untouched."""
+    return FeatureMeanStdFilter(clip_by_value=10.0)
+
+
+def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
+    steps_per_runner = cfg.episodes_per_env * cfg.max_epochs
+    batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
+    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1)
+    return (
+        PPOConfig()
+        .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
+        .env_runners(
+            num_env_runners=cfg.envs,
+            num_envs_per_env_runner=1,
+            num_cpus_per_env_runner=cfg.cpus_per_env,
+            num_gpus_per_env_runner=cfg.gpus_per_env,
+            rollout_fragment_length=steps_per_runner,
+            batch_mode="truncate_episodes",
+            sample_timeout_s=None,  # an env step is a whole host epoch: never give up on a slow runner
+            env_to_module_connector=observation_filter,
+        )
+        .learners(
+            num_learners=cfg.learners,
+            num_gpus_per_learner=cfg.learner_gpus,
+            learner_class=MorphoPPOLearner,
+        )
+        .training(
+            lr=cfg.lr,
+            gamma=cfg.gamma,
+            lambda_=cfg.gae_lambda,
+            clip_param=cfg.clip_param,
+            entropy_coeff=cfg.entropy_coeff,
+            vf_loss_coeff=cfg.vf_loss_coeff,
+            vf_clip_param=float("inf"),
+            use_kl_loss=False,
+            grad_clip=cfg.grad_clip,
+            num_epochs=cfg.ppo_epochs,
+            train_batch_size_per_learner=batch_per_learner,
+            minibatch_size=None,  # MorphoPPOLearner steps on the whole batch, `ppo_epochs` times
+        )
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=MorphoPolicyModule, model_config=model_config))
+        .callbacks(MorphoMetrics)
+        .fault_tolerance(restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=5.0)
+        .debugging(seed=cfg.seed)
+    )

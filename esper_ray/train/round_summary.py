@@ -1,0 +1,91 @@
+"""One training round's figures, read out of RLlib's result dict, and the progress line that shows them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from esper_ray.contracts import metrics as m
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    round: int
+    env_steps: int
+    env_steps_lifetime: int
+    episodes: int
+    episode_return: float
+    final_accuracy: float
+    final_accuracy_min: float
+    final_accuracy_max: float
+    params_added: float
+    germinated: float
+    fossilized: float
+    pruned: float
+    rollbacks: int
+    failed_env_steps: int
+    steps_per_second: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _number(group: dict[str, Any], key: str, default: float = math.nan) -> float:
+    """A metric that RLlib omits until the first episode ends (and this round may have none)."""
+    value = group[key] if key in group else default
+    return float(value)
+
+
+def summarize_round(result: dict[str, Any]) -> RoundSummary:
+    runners = result[m.ENV_RUNNERS] if m.ENV_RUNNERS in result else {}
+    seconds = float(result["time_this_iter_s"])
+    steps = int(_number(runners, m.ENV_STEPS_SAMPLED, 0))
+    return RoundSummary(
+        round=int(result["training_iteration"]),
+        env_steps=steps,
+        env_steps_lifetime=int(result["num_env_steps_sampled_lifetime"]),
+        episodes=int(_number(runners, m.EPISODES, 0)),
+        episode_return=_number(runners, m.EPISODE_RETURN_MEAN),
+        final_accuracy=_number(runners, m.FINAL_ACCURACY),
+        final_accuracy_min=_number(runners, m.FINAL_ACCURACY_MIN),
+        final_accuracy_max=_number(runners, m.FINAL_ACCURACY_MAX),
+        params_added=_number(runners, m.PARAMS_ADDED),
+        germinated=_number(runners, m.SEEDS_GERMINATED),
+        fossilized=_number(runners, m.SEEDS_FOSSILIZED),
+        pruned=_number(runners, m.SEEDS_PRUNED),
+        rollbacks=int(_number(runners, m.ROLLBACKS, 0)),
+        failed_env_steps=int(_number(runners, m.ENV_STEP_FAILURES, 0)),
+        steps_per_second=steps / seconds if seconds > 0 else math.nan,
+        seconds=seconds,
+    )
+
+
+def progress_line(s: RoundSummary, total_rounds: int) -> str:
+    line = (
+        f"round {s.round}/{total_rounds} | env steps {s.env_steps} ({s.episodes} episodes) | "
+        f"return {s.episode_return:.2f} | final acc {100 * s.final_accuracy:.1f}% "
+        f"(min {100 * s.final_accuracy_min:.1f}, max {100 * s.final_accuracy_max:.1f}) | "
+        f"params +{s.params_added:,.0f} | seeds/ep germ {s.germinated:.1f} foss {s.fossilized:.1f} "
+        f"prune {s.pruned:.1f} | {s.steps_per_second:.1f} steps/s | {s.seconds:.1f}s"
+    )
+    if s.rollbacks:
+        line += f" | rollbacks {s.rollbacks}"
+    if s.failed_env_steps:
+        line += f" | FAILED env steps {s.failed_env_steps}"
+    return line
+
+
+def flatten_numbers(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Every numeric leaf of a nested result dict, keyed by its slash-joined path (for TensorBoard)."""
+    out: dict[str, float] = {}
+    for key, value in tree.items():
+        path = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten_numbers(value, path))
+        elif isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+            out[path] = float(value)
+    return out

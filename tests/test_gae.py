@@ -1,0 +1,81 @@
+"""GAE in RLlib's learner connector pipeline against a hand-worked GAE (seed doc 004).
+
+A time-limit truncation must bootstrap with V(s_T); a governor rollback (terminated) with 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.evaluation.postprocessing import Postprocessing
+
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.train.ppo_config import build_ppo_config
+
+T = 5
+GAMMA, LAMBDA = 0.9, 0.8
+REWARDS = [0.5, -1.0, 2.0, 0.25, 1.5]
+
+
+def record_episode(env: MorphogeneticEnv, *, terminated: bool) -> SingleAgentEpisode:
+    obs, _ = env.reset(seed=0)
+    controller = HeuristicController(env.slot_ids, T)
+    observations, actions = [obs], []
+    for _ in range(T):
+        action = controller.act(obs)
+        obs, *_ = env.step(action)
+        observations.append(obs)
+        actions.append(action)
+    cell = 64
+    extra = {
+        Columns.ACTION_LOGP: np.zeros(T, np.float32),
+        Columns.ACTION_DIST_INPUTS: np.zeros((T, int(sum(env.action_space.nvec))), np.float32),
+        Columns.STATE_OUT: {"h": np.zeros((T, cell), np.float32), "c": np.zeros((T, cell), np.float32)},
+    }
+    episode = SingleAgentEpisode(
+        observations=observations, actions=actions, rewards=REWARDS, extra_model_outputs=extra,
+        terminated=terminated, truncated=not terminated, observation_space=env.observation_space,
+        action_space=env.action_space, len_lookback_buffer=0,
+    )
+    return episode.to_numpy()
+
+
+def hand_gae(values: list[float], *, bootstrap: bool) -> list[float]:
+    """Value targets by the textbook recursion; values has T + 1 entries (the last is V(s_T))."""
+    targets, gae = [0.0] * T, 0.0
+    for t in reversed(range(T)):
+        next_value = values[t + 1] if (t < T - 1 or bootstrap) else 0.0
+        delta = REWARDS[t] + GAMMA * next_value - values[t]
+        gae = delta + GAMMA * LAMBDA * gae
+        targets[t] = gae + values[t]
+    return targets
+
+
+def test_learner_connector_bootstraps_truncation_with_v_of_s_t_and_termination_with_zero():
+    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA)
+    env = MorphogeneticEnv(cfg.env_config(shard=0, num_shards=6))
+    spaces = {"__env__": (env.observation_space, env.action_space), "default_policy": (env.observation_space, env.action_space)}
+    learner = build_ppo_config(cfg).build_learner(spaces=spaces)  # PPOLearner.build() adds AddOneTs... and GAE
+    episodes = [record_episode(env, terminated=False), record_episode(env, terminated=True)]
+    observations = [e.get_observations() for e in episodes]  # before the connector appends its phantom step
+
+    batch = learner._learner_connector(rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics)
+    targets = batch["default_policy"][Postprocessing.VALUE_TARGETS]
+    assert batch["default_policy"][Columns.SEQ_LENS].tolist() == [T + 1, T + 1]  # one chunk per episode
+
+    module = learner.module["default_policy"]
+    for row, (obs, bootstrap) in enumerate(zip(observations, (True, False))):
+        sequence = {k: torch.as_tensor(v)[None] for k, v in obs.items()}  # [1, T + 1, ...]
+        state = {k: torch.as_tensor(v)[None] for k, v in module.get_initial_state().items()}
+        with torch.no_grad():
+            values = module.compute_values({Columns.OBS: sequence, Columns.STATE_IN: state})[0].tolist()
+        expected = hand_gae(values, bootstrap=bootstrap)
+        assert targets[row, :T].tolist() == pytest.approx(expected, abs=1e-5)
+    # the two episodes share states and rewards; only the last step's bootstrap differs: gamma * V(s_T)
+    assert float(targets[0, T - 1] - targets[1, T - 1]) == pytest.approx(GAMMA * values[T], abs=1e-5)
+    assert abs(values[T]) > 1e-3

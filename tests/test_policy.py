@@ -1,0 +1,94 @@
+"""The factored action distribution and the policy module, checked against independent computations."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core.columns import Columns
+
+from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.env.masks import action_nvec
+from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
+from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+
+NUM_SLOTS = 2
+NVEC = action_nvec(NUM_SLOTS)
+
+
+def make_dist(seed: int, scale: float = 1.0, batch: int | None = None) -> CausalFactoredDistribution:
+    logits = scale * torch.randn(sum(NVEC), generator=torch.Generator().manual_seed(seed))
+    if batch is not None:
+        logits = logits.expand(batch, -1)
+    return CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+
+
+def test_heads_the_op_ignores_do_not_change_the_log_probability():
+    dist = make_dist(0)
+    prune = torch.tensor([encode_joint(Op.PRUNE, 1, NUM_SLOTS), 3, 1, 0, 2, 1, 4])
+    other_blueprint = prune.clone()
+    other_blueprint[1] = 5  # blueprint does not matter for PRUNE
+    other_speed = prune.clone()
+    other_speed[5] = 2  # alpha_speed does
+    assert torch.equal(dist.logp(prune), dist.logp(other_blueprint))
+    assert not torch.equal(dist.logp(prune), dist.logp(other_speed))
+    germinate = torch.tensor([encode_joint(Op.GERMINATE, 0, NUM_SLOTS), 3, 1, 0, 2, 1, 4])
+    germinate_other = germinate.clone()
+    germinate_other[1] = 5
+    assert not torch.equal(dist.logp(germinate), dist.logp(germinate_other))
+    wait = torch.tensor([0, 3, 1, 0, 2, 1, 4])
+    assert torch.allclose(dist.logp(wait), torch.log_softmax(dist.heads[0].logits, -1)[0])
+
+
+def test_entropy_and_kl_match_monte_carlo_estimates_over_executed_actions():
+    n = 200_000
+    p, q = make_dist(1, scale=1.5, batch=n), make_dist(2, scale=1.5, batch=n)
+    torch.manual_seed(0)
+    samples = p.sample()  # [n, heads]
+    logp_p, logp_q = p.logp(samples), q.logp(samples)
+    assert float(-logp_p.mean()) == pytest.approx(float(p.entropy()[0]), abs=0.02)
+    assert float((logp_p - logp_q).mean()) == pytest.approx(float(p.kl(q)[0]), abs=0.02)
+
+
+def test_per_head_entropies_sum_to_the_entropy_and_weight_argument_heads_by_use():
+    dist = make_dist(3)
+    parts = dist.head_entropies()
+    assert float(sum(parts.values())) == pytest.approx(float(dist.entropy()))
+    read = dist.read_probability()
+    probs = torch.softmax(dist.heads[0].logits, -1)
+    germinate_prob = sum(float(probs[j]) for j in range(NVEC[0]) if decode_joint(j, NUM_SLOTS)[0] is Op.GERMINATE)
+    assert float(read[0]) == pytest.approx(germinate_prob)  # blueprint is read only by GERMINATE
+
+
+def _module() -> tuple[MorphoPolicyModule, MorphogeneticEnv]:
+    env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6, "slots": ["r0c0", "r1c0"]})
+    torch.manual_seed(0)
+    module = MorphoPolicyModule(
+        observation_space=env.observation_space, action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+        model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=6),
+    )
+    return module, env
+
+
+def _batch(obs: dict[str, np.ndarray], module: MorphoPolicyModule, batch: int = 1, time: int = 1) -> dict:
+    state = {k: torch.as_tensor(v)[None].repeat(batch, 1) for k, v in module.get_initial_state().items()}
+    tensors = {k: torch.as_tensor(np.asarray(v))[None, None].repeat(batch, time, *([1] * np.asarray(v).ndim)) for k, v in obs.items()}
+    return {Columns.OBS: tensors, Columns.STATE_IN: state}
+
+
+def test_module_never_samples_a_masked_action_and_values_have_shape_b_t():
+    module, env = _module()
+    obs, _ = env.reset(seed=0)
+    with torch.no_grad():
+        out = module.forward_exploration(_batch(obs, module, batch=512))
+        values = module.compute_values(_batch(obs, module, batch=3, time=4))
+    assert values.shape == (3, 4)
+    dist = module.get_exploration_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
+    actions = dist.sample()[:, 0]  # [512, heads]
+    joint_mask = obs["action_mask"][: NVEC[0]]
+    assert all(joint_mask[j] for j in actions[:, 0].tolist())
+    blueprint_mask = obs["action_mask"][NVEC[0] : NVEC[0] + len(Blueprint)]
+    assert all(blueprint_mask[b] for b in actions[:, 1].tolist())
+    assert len(set(actions[:, 0].tolist())) > 1  # it explores among the legal ones
