@@ -34,11 +34,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-shards", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     env = MorphogeneticEnv({"task": args.task, "max_epochs": args.steps, "device": args.device,
-                            "num_shards": args.num_shards, "batch_size": args.batch_size})
+                            "num_shards": args.num_shards, "batch_size": args.batch_size, "amp": args.amp})
     controller = HeuristicController(env.slot_ids, args.steps)
     obs, _ = env.reset(seed=0)
     phases: dict[str, list[float]] = {}
@@ -58,7 +58,7 @@ def main() -> None:
         return
     print(f"machine: {machine()}")
     print(f"task {args.task}, shard of {samples} training samples, batch {env.cfg.effective_batch_size}, "
-          f"{args.steps} steps on {env.device}")
+          f"amp {args.amp}, {args.steps} steps on {env.device}")
     print(f"seconds per env step: {wall:.4f}  ({samples / means['train']:,.0f} training samples/s in the train phase)")
     for name, value in means.items():
         print(f"  {name:<12}{value:.4f} s  ({100 * value / wall:.1f} %)")
