@@ -113,6 +113,32 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ab(args: argparse.Namespace) -> int:
+    from esper_ray.experiments.runner import run_experiment
+    from esper_ray.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec.from_yaml(args.experiment)
+    output = Path(args.output) if args.output else Path("esper_runs") / spec.name
+    trials = len(spec.trials())
+    print(f"esper-ray ab: {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds = {trials} trials of "
+          f"{spec.rounds} rounds, up to {spec.max_concurrent_trials} at once; output {output}", flush=True)
+    done = run_experiment(spec, output, resume=args.resume, address=args.address)
+    print((done / "report.md").read_text())
+    print(f"report: {done / 'report.md'}; data: {done / 'results.json'}; plots: {done / 'metric_by_arm.png'}, "
+          f"{done / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {done / 'tune'}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from esper_ray.experiments.report import write_report
+    from esper_ray.experiments.results import collect_trials
+
+    run_dir = Path(args.run_dir).expanduser().resolve()
+    write_report(run_dir, collect_trials(run_dir))
+    print((run_dir / "report.md").read_text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper-ray",
@@ -159,6 +185,24 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
     evaluate.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
     evaluate.set_defaults(func=_cmd_eval)
+
+    ab = sub.add_parser(
+        "ab",
+        help="A/B experiment between reward modes on Ray Tune, with statistics and a report",
+        description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
+        "allow, started in a recorded random order; then compare the arms on a metric common to all of them "
+        "(Mann-Whitney U, effect sizes, bootstrap intervals, Wilcoxon on seed pairs, Holm for > 2 arms).",
+    )
+    ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
+    ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
+    ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
+    ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
+    ab.set_defaults(func=_cmd_ab)
+
+    report = sub.add_parser("report", help="rebuild an A/B report from a finished or partial run",
+                            description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)")
+    report.set_defaults(func=_cmd_report)
     return parser
 
 
@@ -167,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError) as err:  # bad settings or missing data: one clear line, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from esper_ray.contracts.env_config import EnvConfig
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
+PLACEMENTS = ("PACK", "SPREAD")
 # Env settings that TrainConfig sets itself; `env` may not override them.
 TRAIN_OWNED_ENV_KEYS = frozenset({"task", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
 
@@ -40,6 +41,12 @@ class TrainConfig:
     """0: learner in the driver; 1: a remote learner actor; K > 1: K learners with DDP."""
     learner_gpus: float = 0.0
     """GPUs per learner."""
+    learner_cpus: float | None = None
+    """CPUs per learner; None: 1 for a CPU learner, 0 for a GPU learner (RLlib's default)."""
+    driver_cpus: float = 1.0
+    """CPUs reserved for the process that drives the algorithm (a Tune trial's own process in `esper-ray ab`)."""
+    placement: str = "PACK"
+    """Placement of a trial's actors across nodes under Tune: PACK (fill a node first) or SPREAD."""
     seed: int = 0
     """Seed for the policy, env runners and envs (host init and data order)."""
     lr: float = 3e-4
@@ -77,16 +84,18 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-        for name in ("gpus_per_env", "learner_gpus"):
-            if not 0 <= getattr(self, name):
+        for name in ("gpus_per_env", "learner_gpus", "learner_cpus"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
-        for name in ("cpus_per_env", "lr", "clip_param", "grad_clip"):
+        for name in ("cpus_per_env", "driver_cpus", "lr", "clip_param", "grad_clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
         if self.gpus_per_env > 1 and self.gpus_per_env != int(self.gpus_per_env):
             raise ValueError(f"gpus_per_env={self.gpus_per_env}: a fraction must be < 1 (0.25, 0.5) or a whole number")
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError(f"gamma={self.gamma}, gae_lambda={self.gae_lambda}: gamma in (0, 1], gae_lambda in [0, 1]")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:
             raise ValueError(f"model={self.model!r}: choose one of {list(MODEL_PRESET_NAMES)}")
         owned = sorted(TRAIN_OWNED_ENV_KEYS & set(self.env))
@@ -118,6 +127,12 @@ class TrainConfig:
         out["slots"] = list(self.slots)
         out["env"] = dict(self.env)
         return out
+
+    @property
+    def effective_learner_cpus(self) -> float:
+        if self.learner_cpus is not None:
+            return self.learner_cpus
+        return 1.0 if self.learner_gpus == 0 else 0.0
 
     @property
     def episode_steps_per_round(self) -> int:

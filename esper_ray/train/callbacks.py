@@ -24,6 +24,7 @@ class MorphoMetrics(RLlibCallback):
         log(m.FINAL_ACCURACY_MAX, final["val_accuracy"], reduce="max")
         log(m.INITIAL_ACCURACY, first["val_accuracy"], reduce="mean")
         log(m.PARAMS_ADDED, final["seed_params"], reduce="mean")
+        log(m.HOST_PARAMS, final["host_params"], reduce="mean")
         log(m.SEEDS_GERMINATED, final["count/germinated"], reduce="mean")
         log(m.SEEDS_FOSSILIZED, final["count/fossilized"], reduce="mean")
         log(m.SEEDS_PRUNED, final["count/pruned"], reduce="mean")

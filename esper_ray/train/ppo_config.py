@@ -57,6 +57,7 @@ def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
         .learners(
             num_learners=cfg.learners,
             num_gpus_per_learner=cfg.learner_gpus,
+            num_cpus_per_learner=cfg.effective_learner_cpus,
             learner_class=MorphoPPOLearner,
         )
         .training(
@@ -74,6 +75,7 @@ def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
             minibatch_size=None,  # MorphoPPOLearner steps on the whole batch, `ppo_epochs` times
         )
         .rl_module(rl_module_spec=RLModuleSpec(module_class=MorphoPolicyModule, model_config=model_config))
+        .resources(num_cpus_for_main_process=cfg.driver_cpus, placement_strategy=cfg.placement)
         .callbacks(MorphoMetrics)
         .fault_tolerance(restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=5.0)
         .debugging(seed=cfg.seed)

@@ -22,6 +22,7 @@ class RoundSummary:
     final_accuracy_min: float
     final_accuracy_max: float
     params_added: float
+    host_params: float
     germinated: float
     fossilized: float
     pruned: float
@@ -54,6 +55,7 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         final_accuracy_min=_number(runners, m.FINAL_ACCURACY_MIN),
         final_accuracy_max=_number(runners, m.FINAL_ACCURACY_MAX),
         params_added=_number(runners, m.PARAMS_ADDED),
+        host_params=_number(runners, m.HOST_PARAMS),
         germinated=_number(runners, m.SEEDS_GERMINATED),
         fossilized=_number(runners, m.SEEDS_FOSSILIZED),
         pruned=_number(runners, m.SEEDS_PRUNED),

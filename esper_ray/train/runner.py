@@ -39,8 +39,8 @@ class TrainingOutcome:
 
 
 def required_resources(cfg: TrainConfig) -> tuple[float, float]:
-    """(CPUs, GPUs) the run's actors ask for. A CPU learner takes a CPU; a GPU learner takes none."""
-    cpus = cfg.envs * cfg.cpus_per_env + (cfg.learners if cfg.learner_gpus == 0 else 0)
+    """(CPUs, GPUs) the run's actors ask for (learners=0 runs the learner in this process)."""
+    cpus = cfg.envs * cfg.cpus_per_env + cfg.learners * cfg.effective_learner_cpus
     gpus = cfg.envs * cfg.gpus_per_env + cfg.learners * cfg.learner_gpus
     return cpus, gpus
 
