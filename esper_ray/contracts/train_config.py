@@ -46,7 +46,7 @@ class TrainConfig:
     driver_cpus: float = 1.0
     """CPUs reserved for the process that drives the algorithm (a Tune trial's own process in `esper-ray ab`)."""
     placement: str = "PACK"
-    """Placement of a trial's actors across nodes under Tune: PACK (fill a node first) or SPREAD."""
+    """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
     seed: int = 0
     """Seed for the policy, env runners and envs (host init and data order)."""
     lr: float = 3e-4

@@ -6,6 +6,9 @@ Output folder:
     tensorboard/                every numeric result of every round (`tensorboard --logdir OUTPUT`)
     checkpoints/round_NNNNN/    RLlib checkpoints (weights, optimizer, observation-filter state) + train_config.json
     checkpoints/latest.json     which checkpoint is newest
+
+With `placement: SPREAD` the algorithm runs in a driver actor whose placement group spreads env runners and
+learners over nodes (algorithm_host.py); with PACK (default) it runs in this process.
 """
 
 from __future__ import annotations
@@ -18,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 import ray
-from ray.rllib.algorithms.algorithm import Algorithm
 from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.algorithm_host import AlgorithmHandle
 from esper_ray.train.round_summary import RoundSummary, flatten_numbers, progress_line, summarize_round
 
 TRAIN_CONFIG_FILE = "train_config.json"
@@ -63,11 +65,12 @@ def connect_ray(cfg: TrainConfig) -> None:
         )
 
 
-def checkpoint_round(algo: Algorithm, cfg: TrainConfig, output: Path) -> Path:
-    path = output / "checkpoints" / f"round_{algo.iteration:05d}"
-    algo.save_to_path(str(path.resolve()))
+def checkpoint_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
+    round_ = algo.iteration()
+    path = output / "checkpoints" / f"round_{round_:05d}"
+    algo.save(path)
     (path / TRAIN_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-    (output / "checkpoints" / LATEST_FILE).write_text(json.dumps({"round": algo.iteration, "path": str(path.resolve())}))
+    (output / "checkpoints" / LATEST_FILE).write_text(json.dumps({"round": round_, "path": str(path.resolve())}))
     return path
 
 
@@ -99,18 +102,18 @@ def run_training(
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     connect_ray(cfg)
+    algo = AlgorithmHandle(cfg, resume)
     if resume is not None:
-        algo = Algorithm.from_checkpoint(str(resume.resolve()))
-        log(f"resumed from {resume} at round {algo.iteration}")
-    else:
-        algo = build_ppo_config(cfg).build_algo()
+        log(f"resumed from {resume} at round {algo.iteration()}")
+    nodes = algo.env_runner_nodes()
+    log(f"placement {cfg.placement}: {len(nodes)} env runners on {len(set(nodes))} node(s)")
     writer = SummaryWriter(str(output / "tensorboard"))
     summaries: list[RoundSummary] = []
     checkpoint: Path | None = None
     interrupted = False
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
-            while algo.iteration < cfg.rounds:
+            while algo.iteration() < cfg.rounds:
                 result = algo.train()
                 summary = summarize_round(result)
                 summaries.append(summary)
@@ -120,14 +123,14 @@ def run_training(
                 for key, value in flatten_numbers(result).items():
                     if math.isfinite(value):  # e.g. a mean over no episodes this round
                         writer.add_scalar(key, value, summary.round)
-                if cfg.checkpoint_every and algo.iteration % cfg.checkpoint_every == 0:
+                if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     checkpoint = checkpoint_round(algo, cfg, output)
     except KeyboardInterrupt:
         interrupted = True
         log("interrupted: saving a checkpoint of the last finished round")
     finally:
         writer.close()
-        if checkpoint is None or not checkpoint.name.endswith(f"{algo.iteration:05d}"):
+        if checkpoint is None or not checkpoint.name.endswith(f"{algo.iteration():05d}"):
             checkpoint = checkpoint_round(algo, cfg, output)
         algo.stop()
     return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
