@@ -36,17 +36,21 @@ ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config key
 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
-    from esper_ray.train.episodes import format_summary
     from esper_ray.train.heuristic import run_heuristic
 
-    env_config = given(args, args.env_fields)
-    summaries = run_heuristic(env_config, args.episodes, progress=not args.json)
-    if args.json:
+    summaries = run_heuristic(given(args, args.env_fields), args.episodes, progress=not args.json)
+    _print_summaries(summaries, args.json)
+    return 0
+
+
+def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
+    from esper_ray.train.episodes import format_summary
+
+    if as_json:
         print(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
         for s in summaries:
             print(format_summary(s))
-    return 0
 
 
 def _parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
@@ -99,17 +103,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.episodes import format_summary
     from esper_ray.train.evaluate import run_evaluation
     from esper_ray.train.runner import resolve_checkpoint
 
     summaries = run_evaluation(resolve_checkpoint(args.checkpoint), args.episodes, seed=args.seed,
                                env_overrides=_parse_env_overrides(args.env), progress=not args.json)
-    if args.json:
-        print(json.dumps([s.as_dict() for s in summaries], indent=2))
-    else:
-        for s in summaries:
-            print(format_summary(s))
+    _print_summaries(summaries, args.json)
     return 0
 
 

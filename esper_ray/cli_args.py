@@ -12,7 +12,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from esper_ray.contracts.field_docs import field_docs
+from esper_ray.contracts.fields import field_docs
 
 
 def _base_type(hint: Any) -> tuple[Any, bool]:

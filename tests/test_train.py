@@ -143,3 +143,29 @@ def test_train_config_file_is_strict(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--config", str(owned)])
     assert "set them at the top level" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_a_checkpoint_of_the_last_finished_round(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", "50", "--envs", "1", "--cpus-per-env", "0.5",
+         "--max-epochs", "3", "--env", "batch_size=512", "--checkpoint-every", "0", "--output", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = []
+    for line in proc.stdout:  # wait until a round has finished, then press Ctrl-C
+        lines.append(line)
+        if line.startswith("round 2/50"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    printed = "".join(lines) + rest
+    assert proc.returncode == 130, printed[-3000:]
+    assert "interrupted after" in printed
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert latest["round"] >= 2 and (resolve_checkpoint(out) / "train_config.json").is_file()

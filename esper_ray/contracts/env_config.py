@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from esper_ray.contracts.fields import check_keys
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
@@ -103,10 +103,7 @@ class EnvConfig:
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> EnvConfig:
         """Build from a plain mapping (RLlib's env_config); unknown keys are errors that list the valid ones."""
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(mapping) - valid)
-        if unknown:
-            raise ValueError(f"unknown env_config key(s) {unknown}; valid keys: {sorted(valid)}")
+        check_keys(cls, mapping, "env_config key")
         return cls(**dict(mapping))
 
     # ------------------------------------------------------------- derived

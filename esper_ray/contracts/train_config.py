@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.fields import check_keys
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
 PLACEMENTS = ("PACK", "SPREAD")
@@ -106,10 +107,7 @@ class TrainConfig:
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> TrainConfig:
         """Strict: unknown keys are errors that list the valid ones."""
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(mapping) - valid)
-        if unknown:
-            raise ValueError(f"unknown training setting(s) {unknown}; valid keys: {sorted(valid)}")
+        check_keys(cls, mapping, "training setting")
         return cls(**dict(mapping))
 
     def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from esper_ray.contracts.fields import check_keys
 from esper_ray.contracts.train_config import TrainConfig
 
 METRICS = ("final_accuracy", "accuracy_per_param")
@@ -95,10 +96,7 @@ class ExperimentSpec:
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> ExperimentSpec:
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(mapping) - valid)
-        if unknown:
-            raise ValueError(f"unknown experiment key(s) {unknown}; valid keys: {sorted(valid)}")
+        check_keys(cls, mapping, "experiment key")
         missing = sorted({"name", "arms", "seeds"} - set(mapping))
         if missing:
             raise ValueError(f"experiment file is missing {missing}")

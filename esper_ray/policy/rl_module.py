@@ -81,22 +81,23 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         logits = torch.cat([head(embeddings) for head in self.policy_heads], dim=-1)
         return logits.masked_fill(mask == 0, MASKED_LOGIT)
 
-    @override(TorchRLModule)
-    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        embeddings, state_out = self._embed(batch)
-        return {
-            Columns.ACTION_DIST_INPUTS: self._logits(embeddings, batch[Columns.OBS]["action_mask"]),
-            Columns.STATE_OUT: state_out,
-        }
-
-    @override(TorchRLModule)
-    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    def _outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         embeddings, state_out = self._embed(batch)
         return {
             Columns.ACTION_DIST_INPUTS: self._logits(embeddings, batch[Columns.OBS]["action_mask"]),
             Columns.STATE_OUT: state_out,
             Columns.EMBEDDINGS: embeddings,
         }
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        outputs = self._outputs(batch)
+        del outputs[Columns.EMBEDDINGS]  # sampling stores every output in the episode: keep it lean
+        return outputs
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._outputs(batch)  # the loss reuses the embeddings for V(s)
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:

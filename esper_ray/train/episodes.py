@@ -67,6 +67,18 @@ def run_episode(
     )
 
 
+def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool) -> list[EpisodeSummary]:
+    """`episodes` episodes in a row, with a progress line on stderr."""
+    if episodes < 1:
+        raise ValueError(f"episodes={episodes}: must be >= 1")
+    bar = ProgressLine(episodes, env.cfg.max_epochs, enabled=progress)
+    summaries = []
+    for episode in range(episodes):
+        summaries.append(run_episode(env, controller, episode, on_step=bar.step))
+        bar.episode_done()
+    return summaries
+
+
 class ProgressLine:
     """A one-line progress display on stderr (rewritten in place on a terminal, throttled otherwise)."""
 

@@ -18,7 +18,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
-from esper_ray.train.episodes import EpisodeSummary, ProgressLine, run_episode
+from esper_ray.train.episodes import EpisodeSummary, run_episodes
 from esper_ray.train.runner import load_checkpoint_config
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
@@ -65,18 +65,10 @@ def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
 
 def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,
                    progress: bool = True) -> list[EpisodeSummary]:
-    if episodes < 1:
-        raise ValueError(f"episodes={episodes}: must be >= 1")
     cfg = load_checkpoint_config(checkpoint)
     env_config = {**cfg.env_config(shard=0, num_shards=1), **(env_overrides or {})}
     if seed is not None:
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
     module, feature_filter = load_policy(checkpoint)
-    controller = GreedyPolicyController(module, feature_filter)
-    bar = ProgressLine(episodes, env.cfg.max_epochs, enabled=progress)
-    summaries = []
-    for episode in range(episodes):
-        summaries.append(run_episode(env, controller, episode, on_step=bar.step))
-        bar.episode_done()
-    return summaries
+    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress)

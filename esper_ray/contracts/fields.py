@@ -1,4 +1,5 @@
-"""Read the one-line docstrings written under dataclass fields, so `--help` shows the config's own words."""
+"""Helpers for config dataclasses: strict construction from a mapping, and the docstrings under fields (so
+`--help` shows the config's own words)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from collections.abc import Mapping
 from functools import cache
+from typing import Any
 
 
 @cache
@@ -27,3 +30,11 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(following.value.value.split())
     return docs
+
+
+def check_keys(cls: type, mapping: Mapping[str, Any], what: str) -> None:
+    """Raise ValueError naming unknown keys and listing the valid ones (configs are strict)."""
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(mapping) - valid)
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {unknown}; valid keys: {sorted(valid)}")
