@@ -132,6 +132,17 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert len(rows) == 2 and all(r["steps"] == 3 and 0 <= r["final_accuracy"] <= 1 for r in rows)
 
 
+@pytest.mark.parametrize("settings, match", [
+    ({"learners": 2, "learner_gpus": 0.5}, "DDP learners need a whole GPU each"),
+    ({"gpus_per_env": 1.5}, "a fraction must be < 1"),
+    ({"placement": "STRICT"}, "placement='STRICT'"),
+    ({"env": {"batch_size": 0}}, "batch_size=0: must be an integer >= 1"),
+])
+def test_bad_training_settings_name_the_setting(settings, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**settings)
+
+
 def test_train_config_file_is_strict(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rounds: 2\nmax_epoch: 5\n")

@@ -93,6 +93,11 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0")
         if self.gpus_per_env > 1 and self.gpus_per_env != int(self.gpus_per_env):
             raise ValueError(f"gpus_per_env={self.gpus_per_env}: a fraction must be < 1 (0.25, 0.5) or a whole number")
+        if self.learners > 1 and 0 < self.learner_gpus < 1:
+            raise ValueError(
+                f"learner_gpus={self.learner_gpus} with learners={self.learners}: DDP learners need a whole GPU each "
+                f"(NCCL cannot run two ranks on one GPU); use learner_gpus=1, or learners=1 with a GPU fraction"
+            )
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError(f"gamma={self.gamma}, gae_lambda={self.gae_lambda}: gamma in (0, 1], gae_lambda in [0, 1]")
         if self.placement not in PLACEMENTS:

@@ -72,7 +72,9 @@ def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
             grad_clip=cfg.grad_clip,
             num_epochs=cfg.ppo_epochs,
             train_batch_size_per_learner=batch_per_learner,
-            minibatch_size=None,  # MorphoPPOLearner steps on the whole batch, `ppo_epochs` times
+            # MorphoPPOLearner steps on its whole batch `ppo_epochs` times; RLlib still needs a size to shard
+            # episodes over several learners.
+            minibatch_size=batch_per_learner,
         )
         .rl_module(rl_module_spec=RLModuleSpec(module_class=MorphoPolicyModule, model_config=model_config))
         .resources(num_cpus_for_main_process=cfg.driver_cpus, placement_strategy=cfg.placement)
