@@ -25,7 +25,7 @@ def slot(**kw) -> SlotSignal:
 def signal(**kw) -> StepSignal:
     base = dict(epoch=30, max_epochs=100, op=Op.WAIT, target_slot=None, action_success=True, val_accuracy=0.70,
                 prev_val_accuracy=0.69, initial_val_accuracy=0.10, val_loss=1.0, prev_val_loss=1.1,
-                random_guess_loss=math.log(10), committed_accuracy=0.67, all_off_accuracy=0.67, host_params=6000,
+                random_guess_loss=math.log(10), committed_accuracy=0.67, host_params=6000,
                 slots=(slot(),))
     base.update(kw)
     return StepSignal(**base)
@@ -51,9 +51,9 @@ def test_shaped_fossilizing_a_helpful_seed_beats_pruning_it():
 def test_shaped_pruning_a_harmful_seed_beats_fossilizing_it():
     cfg = RewardConfig(mode="shaped")
     harmful = dict(contribution=-0.02)
-    fossilize = signal(op=Op.FOSSILIZE, target_slot="r0c1", all_off_accuracy=0.72,
+    fossilize = signal(op=Op.FOSSILIZE, target_slot="r0c1", committed_accuracy=0.72,
                        slots=(slot(stage_after=Stage.FOSSILIZED, epochs_in_stage_after=0, **harmful),))
-    prune = signal(op=Op.PRUNE, target_slot="r0c1", all_off_accuracy=0.72,
+    prune = signal(op=Op.PRUNE, target_slot="r0c1", committed_accuracy=0.72,
                    slots=(slot(stage_after=Stage.PRUNED, epochs_in_stage_after=0, alpha_after=0.0, **harmful),))
     assert compute_reward(prune, cfg).total > compute_reward(fossilize, cfg).total
 

@@ -99,7 +99,6 @@ class SlotSignal:
     seed_params: int = 0
     alpha_before: float = 0.0
     alpha_after: float = 0.0
-    interaction_sum: float = 0.0
     escrow_credit: float = 0.0
     """escrow mode: credit outstanding for this slot before the step."""
 
@@ -122,9 +121,7 @@ class StepSignal:
     random_guess_loss: float
     """ln(num_classes): the loss of a uniform guess."""
     committed_accuracy: float
-    """Accuracy with only fossilized seeds on."""
-    all_off_accuracy: float
-    """Accuracy with every non-fossilized seed off (equals val_accuracy when there is none)."""
+    """Accuracy with every non-fossilized seed off, i.e. only fossils on (equals val_accuracy when there is none)."""
     host_params: int
     slots: tuple[SlotSignal, ...] = field(default_factory=tuple)
 
@@ -139,7 +136,7 @@ class StepSignal:
     @property
     def cf_total(self) -> float:
         """Improvement the non-fossilized seeds bring together (fraction)."""
-        return self.val_accuracy - self.all_off_accuracy
+        return self.val_accuracy - self.committed_accuracy
 
 
 @dataclass(frozen=True)

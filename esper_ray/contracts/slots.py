@@ -23,11 +23,6 @@ def slot_id(row: int, col: int) -> str:
     return f"r{row}c{col}"
 
 
-def forward_order(slot_ids: Iterable[str]) -> list[str]:
-    """Slots in the order the forward pass meets them: r0c0, r1c0, r0c1, r1c1, ..."""
-    return sorted(slot_ids, key=lambda s: (parse_slot_id(s)[1], parse_slot_id(s)[0]))
-
-
 def action_order(slot_ids: Iterable[str]) -> list[str]:
     """Slots in the order of the action head and the observation: row-major (r0c*, then r1c*)."""
     return sorted(slot_ids, key=parse_slot_id)

@@ -128,10 +128,9 @@ class MorphogeneticEnv(gym.Env):
         self.escrow_credits = {s: 0.0 for s in self.slot_ids}
         self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0}
         self.governor = Governor(self.random_guess_loss)
-        self.plan = build_plan(self.model)
-        self.val = self._validate(self.plan)
+        plan = build_plan(self.model)
+        self._record_validation(plan, self._validate(plan))
         self.initial_accuracy = self.val.accuracy()
-        self._record_validation(self.plan, self.val)
         self.governor.check(self.val.loss())
         self.governor.snapshot(self.model, self.epoch)
         return self._observation(), self._info(reward=None, timings={}, train=None)
@@ -209,7 +208,7 @@ class MorphogeneticEnv(gym.Env):
 
     def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:
         assert self.model is not None
-        self.val, self.plan = val, plan
+        self.val = val
         main = val.accuracy(0)
         for i, slot_id in enumerate(plan.ablated_slots, start=1):
             self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(i))
@@ -279,14 +278,14 @@ class MorphogeneticEnv(gym.Env):
                 contribution=b["contribution"], contribution_after=s.metrics.contribution,
                 accuracy_at_germination=b["accuracy_at_germination"] if b["stage"] is not Stage.DORMANT else s.metrics.accuracy_at_germination,
                 seed_params=max(s.seed_params, b["seed_params"]), alpha_before=b["alpha"], alpha_after=s.alpha.alpha,
-                interaction_sum=s.metrics.interaction_sum, escrow_credit=self.escrow_credits[s.slot_id],
+                escrow_credit=self.escrow_credits[s.slot_id],
             ))
         return StepSignal(
             epoch=self.epoch, max_epochs=self.cfg.max_epochs, op=decision.op, target_slot=decision.slot,
             action_success=success, val_accuracy=val.accuracy(0), prev_val_accuracy=prev_val.accuracy(0),
             initial_val_accuracy=self.initial_accuracy, val_loss=val.loss(0), prev_val_loss=prev_val.loss(0),
             random_guess_loss=self.random_guess_loss, committed_accuracy=val.accuracy(plan.committed_index),
-            all_off_accuracy=val.accuracy(plan.committed_index), host_params=self.model.host_params, slots=tuple(slots),
+            host_params=self.model.host_params, slots=tuple(slots),
         )
 
     def _observation(self) -> dict[str, np.ndarray]:

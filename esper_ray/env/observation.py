@@ -98,7 +98,7 @@ def slot_features(slot: SeedSlot, max_epochs: int) -> list[float]:
         a.steps_left / max_epochs,
         _clamp(velocity),
         (int(slot.algorithm) - 1) / 2.0,
-        _clamp(m.interaction_sum / 10.0),
+        0.0,  # pair interaction sum: pairs are not ablated, the column keeps DOMAIN.md's layout
         min(symlog(grads.seed_norm) / 7.0, FEATURE_BOUND) if grads else 0.0,  # inf for non-finite gradients
         grads.health if grads else 0.0,
         float(grads.has_vanishing) if grads else 0.0,
@@ -136,11 +136,8 @@ def slot_offset(slot_index: int) -> int:
 SLOT_STAGE_ONEHOT = slice(1, 11)
 SLOT_ALPHA = 11
 SLOT_CONTRIBUTION = 12
-SLOT_ALPHA_TARGET = 15
-SLOT_ALPHA_MODE = 16
 SLOT_EPOCHS_IN_STAGE = 28
 SLOT_CONTRIBUTION_FRESHNESS = 29
-SLOT_AGE = 30
 BASE_EPOCH = 0
 BASE_VAL_LOSS = 1
 BASE_VAL_ACCURACY = 2

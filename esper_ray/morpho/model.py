@@ -39,10 +39,6 @@ class MorphogeneticModel(nn.Module):
     def seed_params(self) -> int:
         return sum(s.seed_params for s in self.seed_slots())
 
-    @property
-    def fossilized_params(self) -> int:
-        return sum(s.seed_params for s in self.seed_slots() if s.stage is Stage.FOSSILIZED)
-
     def forward(self, x: torch.Tensor, alpha_overrides: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         def at_slot(slot_id: str, h: torch.Tensor) -> torch.Tensor:
             if slot_id not in self.slots:

@@ -38,19 +38,12 @@ class SeedMetrics:
     """Counterfactual contribution: accuracy with the seed as is minus with it off (fraction)."""
     contribution_velocity: float = 0.0
     epochs_since_contribution: int | None = None
-    interaction_sum: float = 0.0
 
     @property
     def stage_improvement(self) -> float | None:
         if self.current_accuracy is None or self.accuracy_at_stage_start is None:
             return None
         return self.current_accuracy - self.accuracy_at_stage_start
-
-    @property
-    def improvement_since_germination(self) -> float | None:
-        if self.current_accuracy is None or self.accuracy_at_germination is None:
-            return None
-        return self.current_accuracy - self.accuracy_at_germination
 
     @property
     def is_healthy(self) -> bool:
