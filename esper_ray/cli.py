@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import re
 import sys
 from collections.abc import Sequence
-
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import CNN_BLUEPRINTS
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost, host_preset
 
@@ -32,6 +35,7 @@ def _cmd_host(args: argparse.Namespace) -> int:
     return 0
 
 
+VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 
 
@@ -63,32 +67,41 @@ def _parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def load_yaml_mapping(path: str) -> dict[str, Any]:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"config file {file} does not exist")
-    data = yaml.safe_load(file.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: expected a mapping of settings at the top level, got {type(data).__name__}")
-    return data
-
-
 def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path | None]:
-    """defaults < --config file < flags; with --resume, the checkpoint's settings (only rounds/output may change)."""
+    """defaults < --config file < flags; with --resume, the checkpoint's settings (only rounds/output/address change).
+
+    The run folder: a fresh one. With --resume, the resumed run's own folder (continued in place) unless --output
+    names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
+    explicit --output that holds a run is refused.
+    """
+    from esper_ray.train.checkpoints import fresh_run_folder, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
+
     flags = given(args, args.train_fields)
     env = _parse_env_overrides(args.env)
     if args.resume is not None:
-        from esper_ray.train.runner import load_checkpoint_config, resolve_checkpoint
-
         checkpoint = resolve_checkpoint(args.resume)
         changed = sorted(set(flags) - {"rounds", "output", "address"}) + (["env"] if env else []) + (["config"] if args.config else [])
         if changed:
             raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may change (got {changed})")
-        stored = load_checkpoint_config(checkpoint).to_dict()
-        return TrainConfig.from_mapping({**stored, **flags}), checkpoint
-    mapping = load_yaml_mapping(args.config) if args.config else {}
+        stored = load_checkpoint_config(checkpoint)
+        done = round_of(checkpoint)
+        rounds = flags.get("rounds", stored.rounds)
+        if rounds <= done:
+            raise ValueError(f"--rounds {rounds}: --rounds is the total number of rounds, and {checkpoint} has done {done} "
+                             f"already; give --rounds {done + stored.rounds} to train {stored.rounds} more")
+        run_dir = run_folder_of(checkpoint).resolve()
+        output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
+        if output != run_dir:
+            output = fresh_run_folder(output, numbered=False)
+        return TrainConfig.from_mapping({**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}), checkpoint
+    mapping = load_mapping(args.config, "config file") if args.config else {}
+    if not isinstance(mapping.get("env", {}), dict):
+        raise ValueError(f"{args.config}: env must be a mapping of env settings")
     merged_env = {**dict(mapping.pop("env", {}) or {}), **env}
-    return TrainConfig.from_mapping({**mapping, **flags, "env": merged_env}), None
+    cfg = TrainConfig.from_mapping({**mapping, **flags, "env": merged_env})
+    explicit = "output" in flags or "output" in mapping
+    output = fresh_run_folder(Path(cfg.output).expanduser().resolve(), numbered=not explicit)
+    return dataclasses.replace(cfg, output=str(output)), None
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -97,14 +110,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg, resume = train_config_from_args(args)
     print(f"esper-ray train: task {cfg.task}, {cfg.envs} envs x {cfg.episodes_per_env} episode(s) of {cfg.max_epochs} epochs "
           f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
-    outcome = run_training(cfg, resume=resume)
+    outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
     return 130 if outcome.interrupted else 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from esper_ray.train.checkpoints import resolve_checkpoint
     from esper_ray.train.evaluate import run_evaluation
-    from esper_ray.train.runner import resolve_checkpoint
 
     summaries = run_evaluation(resolve_checkpoint(args.checkpoint), args.episodes, seed=args.seed,
                                env_overrides=_parse_env_overrides(args.env), progress=not args.json)
@@ -119,13 +132,21 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     spec = ExperimentSpec.from_yaml(args.experiment)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     trials = len(spec.trials())
-    print(f"esper-ray ab: {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds = {trials} trials of "
-          f"{spec.rounds} rounds, up to {spec.max_concurrent_trials} at once; output {output}", flush=True)
-    done = run_experiment(spec, output, resume=args.resume, address=args.address)
-    print((done / "report.md").read_text())
-    print(f"report: {done / 'report.md'}; data: {done / 'results.json'}; plots: {done / 'metric_by_arm.png'}, "
-          f"{done / 'learning_curves.png'}; TensorBoard: tensorboard --logdir {done / 'tune'}")
+    arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
+    print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
+          f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
+          flush=True)
+    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=str(Path(args.experiment).resolve()))
+    _print_report(done)
     return 0
+
+
+def _print_report(run_dir: Path) -> None:
+    from esper_ray.experiments.report import FIGURES
+
+    print((run_dir / "report.md").read_text())
+    print(f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
+          + ", ".join(str(run_dir / f) for f in FIGURES) + f"; TensorBoard: tensorboard --logdir {run_dir / 'tune'}")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -134,22 +155,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir).expanduser().resolve()
     write_report(run_dir, collect_trials(run_dir))
-    print((run_dir / "report.md").read_text())
+    _print_report(run_dir)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="esper-ray",
+        prog="esper-ray", allow_abbrev=False,
         description="Grow neural networks while they train, with a PPO controller deciding when and what to grow.",
     )
+    parser.add_argument("--verbose", action="store_true", help="show Ray's own log lines and the workers' output")
     sub = parser.add_subparsers(dest="command", required=True)
-    host = sub.add_parser("host", help="show a task's host network: its slots and each blueprint's parameter count")
+    host = sub.add_parser("host", allow_abbrev=False,
+                          help="show a task's host network: its slots and each blueprint's parameter count")
     host.add_argument("--task", default="digits", choices=sorted(HOST_PRESETS), help="task preset (default: digits)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(
-        "heuristic",
+        "heuristic", allow_abbrev=False,
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
         "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
@@ -161,19 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
 
     train = sub.add_parser(
-        "train",
-        help="train the controller with PPO on Ray (defaults: digits, local CPU, a few minutes)",
+        "train", allow_abbrev=False,
+        help="train the controller with PPO on Ray (defaults: digits-impaired, local CPU, a few minutes)",
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
     )
     train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
-    train.add_argument("--resume", metavar="DIR", help="continue from a checkpoint folder or a training output folder")
+    train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "
+                       "of its checkpoint folders); --rounds is the total, so give more than the run has done")
     train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda")
     train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
     evaluate = sub.add_parser(
-        "eval",
+        "eval", allow_abbrev=False,
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does)",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
         "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`.",
@@ -186,11 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_cmd_eval)
 
     ab = sub.add_parser(
-        "ab",
-        help="A/B experiment between reward modes on Ray Tune, with statistics and a report",
+        "ab", allow_abbrev=False,
+        help="A/B experiment between controllers or reward modes on Ray Tune, with exact statistics and a report",
         description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
-        "allow, started in a recorded random order; then compare the arms on a metric common to all of them "
-        "(Mann-Whitney U, effect sizes, bootstrap intervals, Wilcoxon on seed pairs, Holm for > 2 arms).",
+        "allow, started in a recorded random order. Each PPO arm trains, then every arm runs the same held-out "
+        "evaluation episodes (greedy policy, or the arm's heuristic/none/random controller) and is scored on a test "
+        "split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
+        "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs.",
     )
     ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
@@ -198,20 +224,45 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
     ab.set_defaults(func=_cmd_ab)
 
-    report = sub.add_parser("report", help="rebuild an A/B report from a finished or partial run",
+    report = sub.add_parser("report", allow_abbrev=False, help="rebuild an A/B report from a finished or partial run",
                             description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)")
     report.set_defaults(func=_cmd_report)
     return parser
 
 
+def remote_error_line(err: BaseException) -> str:
+    """The innermost error of a failed Ray actor or task, as its one `SomeError: message` line."""
+    inner: BaseException = err
+    while True:
+        cause = getattr(inner, "cause", None) or inner.__cause__
+        if not isinstance(cause, BaseException) or cause is inner:
+            break
+        inner = cause
+    lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b[^:]*:", line):
+            return line
+    return lines[-1] if lines else type(inner).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:
+        os.environ[VERBOSE_ENV] = "1"
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"esper-ray {args.command}: interrupted\n")
+    except Exception as err:
+        ray_exceptions = sys.modules.get("ray.exceptions")  # a Ray error needs Ray imported; `host` never imports it
+        if ray_exceptions is None or not isinstance(err, ray_exceptions.RayError):
+            raise
+        parser.exit(1, f"esper-ray {args.command}: error in a Ray worker: {remote_error_line(err)}\n"
+                       "(run with --verbose to see the workers' logs)\n")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def add_dataclass_arguments(
         hint, _ = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
+        help_text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%")  # argparse formats help with %
         if hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(hint) is tuple:

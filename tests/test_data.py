@@ -61,36 +61,54 @@ def test_seed_doc_000_ten_samples_three_shards_batch_two_keeps_every_sample():
     assert total_samples == 10 and total_batches == 2 + 2 + 2  # shard sizes 4, 3, 3 -> 2 + 2 + 2 batches
 
 
-def test_digits_split_is_fixed_disjoint_and_real():
+def test_digits_train_validation_and_test_splits_are_fixed_disjoint_and_real():
     a, b = load_digits(), load_digits()
-    assert torch.equal(a.val_x, b.val_x) and torch.equal(a.train_y, b.train_y)
-    assert len(a.train_y) + len(a.val_y) == 1797 and len(a.val_y) == 359
+    assert torch.equal(a.val_x, b.val_x) and torch.equal(a.test_x, b.test_x) and torch.equal(a.train_y, b.train_y)
+    assert (len(a.train_y), len(a.val_y), len(a.test_y)) == (1079, 359, 359)
     train_rows = {tuple(r) for r in a.train_x.flatten(1).tolist()}
-    overlap = sum(tuple(r) in train_rows for r in a.val_x.flatten(1).tolist())
-    assert overlap < 10  # the digits set has a handful of exact duplicate images, nothing more
+    val_rows = {tuple(r) for r in a.val_x.flatten(1).tolist()}
+    for held_out in (a.val_x, a.test_x):
+        overlap = sum(tuple(r) in train_rows for r in held_out.flatten(1).tolist())
+        assert overlap < 10  # the digits set has a handful of exact duplicate images, nothing more
+    assert sum(tuple(r) in val_rows for r in a.test_x.flatten(1).tolist()) < 10
     prepared = a.prepare(a.train_x[:100])
     assert prepared.dtype == torch.float32 and abs(float(prepared.mean())) < 0.5
 
 
-def _write_cifar(root, n_per_batch: int = 6):
+def _write_cifar(root, n_per_batch: int = 6, byte_keys: bool = True):
+    """CIFAR-10 batches as pickles: byte-string keys as the original Python 2 files have, or str keys as Python 3
+    writes them (both are read as torchvision reads them)."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         data = rng.integers(0, 256, size=(n_per_batch, 3072), dtype=np.uint8)
+        labels = [int(v) for v in rng.integers(0, 10, n_per_batch)]
+        batch = {b"data": data, b"labels": labels} if byte_keys else {"data": data, "labels": labels}
         with (folder / name).open("wb") as f:
-            pickle.dump({b"data": data, b"labels": list(rng.integers(0, 10, n_per_batch))}, f)
+            pickle.dump(batch, f)
     return folder
 
 
-def test_cifar10_loads_torchvision_format_from_data_dir(tmp_path):
-    folder = _write_cifar(tmp_path)
+@pytest.mark.parametrize("byte_keys", [True, False])
+def test_cifar10_loads_torchvision_format_with_a_validation_split_carved_from_training(tmp_path, byte_keys):
+    folder = _write_cifar(tmp_path, n_per_batch=20, byte_keys=byte_keys)
     data = load_cifar10(str(tmp_path))
-    assert data.train_x.shape == (30, 3, 32, 32) and data.val_x.shape == (6, 3, 32, 32)
-    with (folder / "data_batch_1").open("rb") as f:
-        first = pickle.load(f, encoding="bytes")
+    # 100 training images: 10 become the validation split; test_batch is the test split
+    assert data.train_x.shape == (90, 3, 32, 32) and data.val_x.shape == (10, 3, 32, 32) and data.test_x.shape == (20, 3, 32, 32)
+    with (folder / "test_batch").open("rb") as f:
+        test = pickle.load(f, encoding="bytes" if byte_keys else "ASCII")
     # channel planes are R, G, B of 1024 pixels each, row-major
-    assert data.train_x[0, 1, 0, 5] == first[b"data"][0][1024 + 5]
+    assert data.test_x[0, 1, 0, 5] == test[b"data" if byte_keys else "data"][0][1024 + 5]
+    train_rows = {tuple(r) for r in data.train_x.flatten(1).tolist()}
+    assert not any(tuple(r) in train_rows for r in data.val_x.flatten(1).tolist())
+
+
+def test_cifar10_with_garbage_files_says_which_folder_is_unreadable(tmp_path):
+    folder = _write_cifar(tmp_path)
+    (folder / "data_batch_3").write_bytes(b"not a pickle at all")
+    with pytest.raises(ValueError, match=r"CIFAR-10 in .*cifar-10-batches-py is unreadable"):
+        load_cifar10(str(tmp_path))
 
 
 def test_cifar10_missing_says_where_it_looked_and_how_to_get_it(tmp_path):
@@ -103,9 +121,11 @@ def test_cifar10_missing_says_where_it_looked_and_how_to_get_it(tmp_path):
 def test_synthetic_data_is_learnable_by_nearest_class_mean():
     data = make_synthetic(2000)
     means = torch.stack([data.train_x[data.train_y == c].mean(0) for c in range(10)])
-    distances = ((data.val_x[:, None] - means[None]) ** 2).flatten(2).sum(-1)
-    accuracy = float((distances.argmin(1) == data.val_y).float().mean())
-    assert accuracy > 0.5 and data.train_x.shape[1:] == (3, 32, 32)
+    for x, y in ((data.val_x, data.val_y), (data.test_x, data.test_y)):
+        distances = ((x[:, None] - means[None]) ** 2).flatten(2).sum(-1)
+        accuracy = float((distances.argmin(1) == y).float().mean())
+        assert accuracy > 0.5 and len(y) == 400
+    assert data.train_x.shape[1:] == (3, 32, 32) and not torch.equal(data.val_x, data.test_x)
 
 
 def test_crop_and_flip_moves_content_within_the_padding():

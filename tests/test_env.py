@@ -1,4 +1,4 @@
-"""MorphogeneticEnv: gymnasium API, config validation, masks, truncation, governor rollback, reproducibility."""
+"""MorphogeneticEnv: gymnasium API, config validation, masks, episode end, governor rollback, reproducibility, test split."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_each_env_owns_its_reward_config():
 
 
 def test_random_legal_policy_for_200_steps_never_trips_the_mask_check():
-    env = MorphogeneticEnv({"max_epochs": 25, "num_shards": 6, "auto_forward": False, "slots": ["r0c0", "r0c1", "r1c0"]})
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 25, "num_shards": 6, "auto_forward": False, "slots": ["r0c0", "r0c1", "r1c0"]})
     env.action_space.seed(0)
     obs, _ = env.reset(seed=1)
     ops_seen = set()
@@ -69,7 +69,7 @@ def test_random_legal_policy_for_200_steps_never_trips_the_mask_check():
 
 
 def test_a_masked_action_raises_and_names_the_op():
-    env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6})
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 5, "num_shards": 6})
     env.reset(seed=0)
     fossilize = wait()
     fossilize[0] = encode_joint(Op.FOSSILIZE, 1, 3)
@@ -81,7 +81,7 @@ def test_a_masked_action_raises_and_names_the_op():
 
 
 def test_mask_allows_exactly_the_legal_op_slot_pairs():
-    env = MorphogeneticEnv({"max_epochs": 30, "num_shards": 6, "auto_forward": True})
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 30, "num_shards": 6, "auto_forward": True})
     obs, _ = env.reset(seed=0)
     joint = obs["action_mask"][head_offsets(3)["op_slot"]]
     assert np.flatnonzero(joint).tolist() == [0, 1, 2, 3]  # WAIT, GERMINATE on each empty slot
@@ -91,18 +91,37 @@ def test_mask_allows_exactly_the_legal_op_slot_pairs():
     assert obs["features"].shape == (feature_size(3),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT), 13]
 
 
-def test_episode_truncates_at_max_epochs_and_reports_real_counts():
-    env = MorphogeneticEnv({"max_epochs": 3, "num_shards": 4, "shard": 1})
+def test_the_run_ends_terminated_at_max_epochs_and_reports_real_counts():
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 3, "num_shards": 4, "shard": 1})
     env.reset(seed=0)
     results = [env.step(wait()) for _ in range(3)]
-    assert [r[2:4] for r in results] == [(False, False), (False, False), (False, True)]
+    # the host run is over: terminated (nothing follows, no bootstrap), never truncated by the env itself
+    assert [r[2:4] for r in results] == [(False, False), (False, False), (True, False)]
     info = results[-1][4]
     assert info["val_total"] == 359 and 0.0 <= info["val_accuracy"] <= 1.0
-    assert info["train_total"] == len(env.shard) == 360  # shard 1 of 4 of the 1,438 training images
+    assert info["train_total"] == len(env.shard) == 270  # shard 1 of 4 of the 1,079 training images
+
+
+def test_the_test_split_reaches_no_observation_reward_or_info():
+    clean = MorphogeneticEnv({"task": "digits", "max_epochs": 4, "num_shards": 4})
+    poisoned = MorphogeneticEnv({"task": "digits", "max_epochs": 4, "num_shards": 4})
+    object.__setattr__(poisoned.data, "test_x", torch.full_like(poisoned.data.test_x, 255))
+    object.__setattr__(poisoned.data, "test_y", torch.zeros_like(poisoned.data.test_y))
+    traces = []
+    for env in (clean, poisoned):
+        obs, info = env.reset(seed=1)
+        trace = [obs["features"], info["val_accuracy"]]
+        for t in range(4):
+            obs, reward, _, _, info = env.step(germinate(env, "r0c1") if t == 0 else wait())
+            trace += [obs["features"], reward, info["val_accuracy"], info["val_loss"]]
+        traces.append(trace)
+    assert all(np.array_equal(x, y) for x, y in zip(*traces))
+    accuracy, loss = clean.measure_test()
+    assert 0 < accuracy <= 1 and np.isfinite(loss) and poisoned.measure_test()[0] != accuracy
 
 
 def test_info_carries_accuracies_counts_params_stages_rewards_and_phase_times():
-    env = MorphogeneticEnv({"max_epochs": 4, "num_shards": 3})
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 4, "num_shards": 3})
     env.reset(seed=0)
     _, reward, _, _, info = env.step(germinate(env, "r0c0"))
     assert 0 <= info["train_accuracy"] <= 1 and 0 <= info["val_accuracy"] <= 1
@@ -116,9 +135,9 @@ def test_info_carries_accuracies_counts_params_stages_rewards_and_phase_times():
 
 
 def test_same_seed_gives_same_host_init_and_data_order_in_every_reward_mode():
-    a = MorphogeneticEnv({"reward_mode": "shaped", "max_epochs": 3, "seed": 7, "num_shards": 3})
-    b = MorphogeneticEnv({"reward_mode": "sparse", "max_epochs": 3, "seed": 7, "num_shards": 3})
-    c = MorphogeneticEnv({"reward_mode": "shaped", "max_epochs": 3, "seed": 8, "num_shards": 3})
+    a = MorphogeneticEnv({"task": "digits", "reward_mode": "shaped", "max_epochs": 3, "seed": 7, "num_shards": 3})
+    b = MorphogeneticEnv({"task": "digits", "reward_mode": "sparse", "max_epochs": 3, "seed": 7, "num_shards": 3})
+    c = MorphogeneticEnv({"task": "digits", "reward_mode": "shaped", "max_epochs": 3, "seed": 8, "num_shards": 3})
     for env in (a, b, c):
         env.reset()
     for (name, pa), pb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
@@ -131,7 +150,7 @@ def test_same_seed_gives_same_host_init_and_data_order_in_every_reward_mode():
 def test_observations_and_rewards_reproduce_on_cpu_for_a_fixed_seed():
     runs = []
     for _ in range(2):
-        env = MorphogeneticEnv({"max_epochs": 6, "num_shards": 4, "device": "cpu"})
+        env = MorphogeneticEnv({"task": "digits", "max_epochs": 6, "num_shards": 4, "device": "cpu"})
         obs, _ = env.reset(seed=3)
         trace = [obs["features"].copy()]
         for t in range(6):
@@ -142,7 +161,7 @@ def test_observations_and_rewards_reproduce_on_cpu_for_a_fixed_seed():
 
 
 def test_nan_in_the_host_rolls_back_to_the_snapshot_and_ends_the_episode():
-    env = MorphogeneticEnv({"max_epochs": 12, "num_shards": 3})
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 12, "num_shards": 3})
     env.reset(seed=0)
     for _ in range(6):  # a snapshot is taken at epoch 5
         _, _, terminated, _, _ = env.step(wait())
@@ -160,7 +179,8 @@ def test_nan_in_the_host_rolls_back_to_the_snapshot_and_ends_the_episode():
 
 
 def test_env_runs_with_fp16_scaler_only_on_cuda():
-    env = MorphogeneticEnv({"amp": "fp16", "device": "cpu", "max_epochs": 2, "num_shards": 6})
+    with pytest.warns(UserWarning, match="amp=fp16 applies on CUDA only"):
+        env = MorphogeneticEnv({"amp": "fp16", "device": "cpu", "max_epochs": 2, "num_shards": 6})
     env.reset(seed=0)
     _, _, _, _, info = env.step(wait())
     assert env.precision.scaler is None and "grad_scale" not in info  # CPU runs in fp32

@@ -1,4 +1,5 @@
-"""A/B experiments: experiment files, the random start order, and the smoke run on a local Ray."""
+"""A/B experiments: experiment files, the start order, the report of finished/failed/missing trials, strict JSON,
+resume checks, and end-to-end runs on a local Ray (one whose arms must differ)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,33 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from esper_ray.cli import main
+from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.experiments.report import FIGURES, write_report
+from esper_ray.experiments.results import ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
 from esper_ray.experiments.spec import ExperimentSpec, start_order
+from esper_ray.train.evaluate import evaluation_episodes
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"name": "t", "arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "sparse", "lr": 1e-3}},
         "seeds": [0, 1, 2], "rounds": 2, "last_rounds": 1, "training": {"max_epochs": 3, "env": {"batch_size": 256}}}
 
 
-def test_every_arm_gets_the_same_seeds_and_its_own_overrides():
-    spec = ExperimentSpec.from_mapping(BASE)
+def test_every_arm_gets_the_same_seeds_its_own_overrides_and_its_own_copy_of_the_settings():
+    spec = ExperimentSpec.from_mapping({**BASE, "arms": {**BASE["arms"], "c": {"controller": "none"}}})
     trials = spec.trials()
-    assert [(t.arm, t.seed) for t in trials] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert [(t.arm, t.seed) for t in trials][:4] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
     b0 = next(t for t in trials if t.name == "b_seed0")
     assert b0.train["reward_mode"] == "sparse" and b0.train["lr"] == 1e-3 and b0.train["rounds"] == 2
-    assert b0.train["env"] == {"batch_size": 256} and b0.train["seed"] == 0
+    assert b0.train["env"] == {"batch_size": 256} and b0.train["seed"] == 0 and b0.controller is ControllerKind.PPO
+    assert next(t for t in trials if t.arm == "c").controller is ControllerKind.NONE
+    assert "controller" not in next(t for t in trials if t.arm == "c").train
+    trials[0].train["env"]["batch_size"] = 1  # no trial shares a dict with another, or with the spec
+    assert all(t.train["env"]["batch_size"] == 256 for t in trials[1:]) and spec.training["env"]["batch_size"] == 256
 
 
 def test_start_order_is_a_reproducible_permutation_that_depends_on_the_order_seed():
@@ -34,11 +45,28 @@ def test_start_order_is_a_reproducible_permutation_that_depends_on_the_order_see
     assert [t.name for t in first] != [t.name for t in other]
 
 
+def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
+    cfg = TrainConfig(envs=2, seed=3, reward_mode="shaped")
+    other_arm = TrainConfig(envs=2, seed=3, reward_mode="sparse", lr=1e-2)
+    plan, same = evaluation_episodes(cfg, 4), evaluation_episodes(other_arm, 4)
+    assert [e.reset_seed for e in plan] == [e.reset_seed for e in same]
+    assert [e.env_config["shard"] for e in plan] == [0, 1, 0, 1] and len({e.reset_seed for e in plan}) == 4
+    assert all(e.reset_seed >= 1_000_000 for e in plan)  # never a training reset seed
+    assert [e.reset_seed for e in evaluation_episodes(TrainConfig(envs=2, seed=4), 4)] != [e.reset_seed for e in plan]
+
+
 @pytest.mark.parametrize("change, match", [
     ({"colour": 1}, r"unknown experiment key\(s\) \['colour'\]"),
     ({"metric": "episode_return"}, "metric='episode_return'.*is never compared"),
     ({"arms": {"a": {"reward_mode": "shaped"}}}, "at least 2 arms"),
+    ({"arms": {"a": {}, "b": {"controller": "greedy"}}}, r"arms.b.controller='greedy': unknown controller; choose one of \['ppo'"),
+    ({"training": {"controller": "none"}}, "chosen per arm"),
     ({"seeds": [1, 1]}, "no repeats"),
+    ({"seeds": "0,1"}, "seeds='0,1': must be a list of integers"),
+    ({"arms": [1, 2]}, "arms=.*must map each arm name"),
+    ({"eval_episodes": 0}, "eval_episodes=0: must be an integer >= 1"),
+    ({"max_failures": -1}, "max_failures=-1"),
+    ({"alpha": 1.5}, "alpha=1.5"),
     ({"training": {"seed": 3}}, r"\['seed'\] are set by the experiment"),
     ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "nope"}}}, "reward_mode='nope'"),
     ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"max_epoch": 3}}}, r"unknown training setting\(s\) \['max_epoch'\]"),
@@ -48,17 +76,117 @@ def test_bad_experiment_files_fail_before_anything_runs(change, match):
         ExperimentSpec.from_mapping({**BASE, **change})
 
 
+def test_yaml_mistakes_name_the_file_and_line(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("name: d\narms:\n  a: {controller: none}\n  a: {controller: ppo}\nseeds: [0]\n")
+    with pytest.raises(ValueError, match=r"dup.yaml:4:3: invalid YAML: key 'a' appears twice in one mapping \(first on line 3\)"):
+        ExperimentSpec.from_yaml(dup)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [x\nseeds: 1\n")
+    with pytest.raises(ValueError, match=r"broken.yaml:2:.*invalid YAML"):
+        ExperimentSpec.from_yaml(broken)
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("*.yaml")))
 def test_shipped_experiment_files_are_valid(path):
     spec = ExperimentSpec.from_yaml(path)
     assert len(spec.arms) >= 2 and spec.seeds
 
 
+def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
+    controllers = ExperimentSpec.from_yaml(REPO / "tune_configs" / "controllers.yaml")
+    assert {controllers.controller(a) for a in controllers.arms} >= {ControllerKind.PPO, ControllerKind.HEURISTIC, ControllerKind.NONE}
+    assert len(controllers.seeds) >= 8 and controllers.training["task"] == "digits-impaired"
+    rewards = ExperimentSpec.from_yaml(REPO / "tune_configs" / "reward_modes.yaml")
+    assert {s["reward_mode"] for s in rewards.arms.values() if "reward_mode" in s} == {"shaped", "simplified", "sparse"}
+    assert len(rewards.seeds) >= 8
+
+
+# --------------------------------------------------------------------------- the report, without Ray
+def record_with(statuses: dict[tuple[str, int], str], values: dict[tuple[str, int], float]) -> ExperimentRecord:
+    spec = ExperimentSpec.from_mapping({**BASE, "arms": {"ppo": {}, "none": {"controller": "none"}}, "seeds": list(range(8))})
+    trials = []
+    for position, ((arm, seed), status) in enumerate(statuses.items()):
+        value = values[(arm, seed)]
+        evaluation = None if status in (NOT_STARTED, INCOMPLETE) and arm == "none" else {
+            "episodes": 4.0, "test_accuracy": value, "test_accuracy_std": 0.0, "test_accuracy_per_param": value,
+            "val_accuracy": value, "val_accuracy_per_param": value, "params_added": 0.0, "host_params": 100.0,
+            "fossilized": 0.0, "germinated": 0.0}
+        history = [{"round": float(r), "final_accuracy": value, "params_added": 0.0, "host_params": 100.0,
+                    "episode_return": 1.0, "episodes": 4.0, "seconds": 1.0} for r in range(1, 3)] if arm == "ppo" else []
+        trials.append(TrialResult(arm, seed, position, ControllerKind.PPO if arm == "ppo" else ControllerKind.NONE, status,
+                                  error="RuntimeError: boom" if status == ERROR else None, history=history, evaluation=evaluation))
+    return ExperimentRecord(spec, 5, False, trials, "exp.yaml")
+
+
+def test_failed_and_unfinished_trials_are_excluded_listed_and_shrink_n(tmp_path):
+    statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
+    statuses[("ppo", 3)] = ERROR        # raised, retries used up: its partial metric must not count
+    statuses[("ppo", 5)] = INCOMPLETE   # 3 of 30 rounds
+    statuses[("none", 6)] = NOT_STARTED
+    values = {(arm, s): (0.6 if arm == "ppo" else 0.4) + 0.01 * s for arm in ("ppo", "none") for s in range(8)}
+    record = record_with(statuses, values)
+    by_arm = metric_by_arm(record)
+    assert sorted(by_arm["ppo"]) == [0, 1, 2, 4, 6, 7] and sorted(by_arm["none"]) == [0, 1, 2, 3, 4, 5, 7]
+    results = write_report(tmp_path, record)
+    text = (tmp_path / "report.md").read_text()
+    assert "**n shrank:** 3 of 16 planned trials" in text and "ppo/seed 3 (error: RuntimeError: boom)" in text
+    pair = results["statistics"]["pairs"][0]
+    assert pair["n_pairs"] == 5 and pair["n_a"] == 6 and pair["n_b"] == 7  # seeds 0, 1, 2, 4, 7 in both arms
+    assert "undecidable" in results["statistics"]["verdicts"][0]  # 5 pairs cannot reach 0.05
+    assert [t["in_statistics"] for t in results["trials"]].count(False) == 3
+    for figure in FIGURES:
+        assert (tmp_path / figure).stat().st_size > 0
+
+
+def test_results_json_is_strict_json(tmp_path):
+    statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
+    values = {(arm, s): 0.5 for arm in ("ppo", "none") for s in range(8)}  # identical arms: NaN p-values inside
+    write_report(tmp_path, record_with(statuses, values))
+
+    def refuse(token: str) -> float:
+        raise AssertionError(f"{token} is not JSON")
+
+    results = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert results["statistics"]["pairs"][0]["wilcoxon_p"] is None and results["source"] == "exp.yaml"
+
+
+def test_a_clear_paired_win_is_the_verdict(tmp_path):
+    statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
+    values = {("ppo", s): 0.3 + 0.05 * s + 0.01 * (s + 1) for s in range(8)} | {("none", s): 0.3 + 0.05 * s for s in range(8)}
+    results = write_report(tmp_path, record_with(statuses, values))
+    verdict = results["statistics"]["verdicts"][0]
+    assert verdict.startswith("ppo beats none on test_accuracy") and "p=0.0078" in verdict
+
+
+def test_report_of_a_folder_that_is_not_a_run_is_one_clear_line(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    for target, message in ((tmp_path / "file.txt", "is not a folder"), (tmp_path, "holds no experiment.json")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["report", str(target)])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path, capsys):
+    (tmp_path / "tune").mkdir()
+    with pytest.raises(SystemExit):
+        main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path)])
+    assert "already holds a run: add --resume" in capsys.readouterr().err
+    smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
+    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml"}))
+    other = REPO / "tune_configs" / "controllers.yaml"
+    with pytest.raises(SystemExit):
+        main(["ab", str(other), "--output", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err
+    assert "holds a run of experiment 'smoke' from /x/smoke.yaml" in err and "controllers.yaml differs in" in err
+
+
+# ------------------------------------------------------------------------------- on a local Ray
 @pytest.mark.expensive
-def test_smoke_experiment_writes_every_report_file_with_finite_values(ray_local, tmp_path, capsys):
+def test_smoke_experiment_trains_evaluates_and_reports(ray_local, tmp_path, capsys):
     out = tmp_path / "smoke"
     assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)]) == 0
-    for name in ["results.json", "report.md", "metric_by_arm.png", "learning_curves.png", "experiment.json"]:
+    for name in ["results.json", "report.md", "experiment.json", *FIGURES]:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())
     trials = results["trials"]
@@ -66,28 +194,38 @@ def test_smoke_experiment_writes_every_report_file_with_finite_values(ray_local,
     assert [(t["arm"], t["seed"]) for t in sorted(trials, key=lambda t: t["start_position"])] == [
         (o["arm"], o["seed"]) for o in json.loads((out / "experiment.json").read_text())["start_order"]]
     for t in trials:
-        assert t["status"] == "finished" and math.isfinite(t["final_metric"]) and 0 <= t["final_metric"] <= 1
-        assert t["history"] and all(math.isfinite(v) for v in t["history"][0].values())
-    by_seed = {(t["arm"], t["seed"]): t["final_metric"] for t in trials}
-    # same seed, same host and data, and the same untrained policy in round 1: the arms match exactly
-    assert by_seed[("shaped", 0)] == by_seed[("simplified", 0)]
-    stats = results["statistics"]
-    assert [a["n"] for a in stats["arms"]] == [2, 2] and all(math.isfinite(a["mean"]) for a in stats["arms"])
-    assert "fewer than 3 runs" in " ".join(stats["pairs"][0]["notes"]) and stats["verdicts"]
+        assert t["status"] == "finished" and 0 <= t["final_metric"] <= 1 and t["evaluation"]["episodes"] == 2
+        assert len(t["history"]) == (1 if t["controller"] == "ppo" else 0)
     assert "## Verdict" in (out / "report.md").read_text()
+    printed = capsys.readouterr().out
+    assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed
 
-    capsys.readouterr()
     (out / "report.md").unlink()
     assert main(["report", str(out)]) == 0  # rebuilds the report from the run folder
     assert (out / "report.md").is_file() and "# A/B experiment `smoke`" in capsys.readouterr().out
 
     assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--resume"]) == 0
     again = json.loads((out / "results.json").read_text())
-    assert [t["history"] for t in again["trials"]] == [t["history"] for t in trials]  # nothing re-ran
+    assert [t["evaluation"] for t in again["trials"]] == [t["evaluation"] for t in trials]  # nothing re-ran
 
 
-def test_ab_refuses_to_overwrite_a_run(tmp_path, capsys):
-    (tmp_path / "tune").mkdir()
-    with pytest.raises(SystemExit):
-        main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path)])
-    assert "already holds a run: add --resume" in capsys.readouterr().err
+@pytest.mark.expensive
+def test_an_experiment_whose_arms_differ_reaches_a_paired_verdict(ray_local, tmp_path):
+    """Two fixed controllers on the same 6 seeds: the same hosts, one with a learning rate 20x lower, so every
+    seed pair differs the same way and the exact paired test reaches its floor p = 2 / 2^6."""
+    experiment = tmp_path / "lr.yaml"
+    experiment.write_text(json.dumps({
+        "name": "lr", "seeds": list(range(6)), "rounds": 1, "last_rounds": 1, "eval_episodes": 1,
+        "arms": {"none": {"controller": "none"}, "slow": {"controller": "none", "env": {"host_lr": 0.0025}}},
+        "max_concurrent_trials": 2, "order_seed": 3,
+        "training": {"task": "digits", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5},
+    }))
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    by_arm = {a: [t["final_metric"] for t in results["trials"] if t["arm"] == a] for a in ("none", "slow")}
+    assert min(by_arm["none"]) > max(by_arm["slow"])
+    pair = results["statistics"]["pairs"][0]
+    assert pair["wilcoxon_n"] == 6 and pair["wilcoxon_p"] == pytest.approx(2 / 64)
+    assert results["statistics"]["verdicts"][0].startswith("none beats slow on test_accuracy at alpha=0.05")
+    assert np.isfinite(pair["hodges_lehmann"]) and pair["hodges_lehmann"] > 0 and math.isfinite(pair["mann_whitney_p"])

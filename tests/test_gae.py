@@ -1,6 +1,7 @@
-"""GAE in RLlib's learner connector pipeline against a hand-worked GAE (seed doc 004).
+"""GAE in RLlib's learner connector pipeline against a hand-worked GAE (seed doc 004), and the reward normaliser.
 
-A time-limit truncation must bootstrap with V(s_T); a governor rollback (terminated) with 0.
+A rollout fragment cut mid-episode (truncated) must bootstrap with V(s_T); the end of a host run and a governor
+rollback (terminated) with 0.
 """
 
 from __future__ import annotations
@@ -45,26 +46,30 @@ def record_episode(env: MorphogeneticEnv, *, terminated: bool) -> SingleAgentEpi
     return episode.to_numpy()
 
 
-def hand_gae(values: list[float], *, bootstrap: bool) -> list[float]:
+def hand_gae(values: list[float], *, bootstrap: bool, rewards: list[float] = REWARDS) -> list[float]:
     """Value targets by the textbook recursion; values has T + 1 entries (the last is V(s_T))."""
     targets, gae = [0.0] * T, 0.0
     for t in reversed(range(T)):
         next_value = values[t + 1] if (t < T - 1 or bootstrap) else 0.0
-        delta = REWARDS[t] + GAMMA * next_value - values[t]
+        delta = rewards[t] + GAMMA * next_value - values[t]
         gae = delta + GAMMA * LAMBDA * gae
         targets[t] = gae + values[t]
     return targets
 
 
-def test_learner_connector_bootstraps_truncation_with_v_of_s_t_and_termination_with_zero():
-    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA)
+def value_targets(normalize: bool):
+    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA, reward_normalization=normalize)
     env = MorphogeneticEnv(cfg.env_config(shard=0, num_shards=6))
     spaces = {"__env__": (env.observation_space, env.action_space), "default_policy": (env.observation_space, env.action_space)}
     learner = build_ppo_config(cfg).build_learner(spaces=spaces)  # PPOLearner.build() adds AddOneTs... and GAE
     episodes = [record_episode(env, terminated=False), record_episode(env, terminated=True)]
     observations = [e.get_observations() for e in episodes]  # before the connector appends its phantom step
-
     batch = learner._learner_connector(rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics)
+    return learner, batch, observations
+
+
+def test_learner_connector_bootstraps_truncation_with_v_of_s_t_and_termination_with_zero():
+    learner, batch, observations = value_targets(normalize=False)
     targets = batch["default_policy"][Postprocessing.VALUE_TARGETS]
     assert batch["default_policy"][Columns.SEQ_LENS].tolist() == [T + 1, T + 1]  # one chunk per episode
 
@@ -79,3 +84,30 @@ def test_learner_connector_bootstraps_truncation_with_v_of_s_t_and_termination_w
     # the two episodes share states and rewards; only the last step's bootstrap differs: gamma * V(s_T)
     assert float(targets[0, T - 1] - targets[1, T - 1]) == pytest.approx(GAMMA * values[T], abs=1e-5)
     assert abs(values[T]) > 1e-3
+
+
+def test_reward_normaliser_divides_by_the_running_std_before_gae_and_keeps_its_state():
+    learner, batch, observations = value_targets(normalize=True)
+    std = float(np.std(REWARDS * 2))  # the 10 real rewards of the batch (padding and bootstrap steps excluded)
+    scaled = [r / std for r in REWARDS]
+    assert batch["default_policy"][Columns.REWARDS][0, :T].tolist() == pytest.approx(scaled, rel=1e-5)
+    module = learner.module["default_policy"]
+    sequence = {k: torch.as_tensor(v)[None] for k, v in observations[1].items()}
+    state = {k: torch.as_tensor(v)[None] for k, v in module.get_initial_state().items()}
+    with torch.no_grad():
+        values = module.compute_values({Columns.OBS: sequence, Columns.STATE_IN: state})[0].tolist()
+    targets = batch["default_policy"][Postprocessing.VALUE_TARGETS]
+    assert targets[1, :T].tolist() == pytest.approx(hand_gae(values, bootstrap=False, rewards=scaled), abs=1e-5)
+    saved = learner.get_state()["reward_normalizer"]
+    assert saved["count"] == 10 and saved["mean"] == pytest.approx(np.mean(REWARDS))
+
+
+def test_running_std_merges_batches_like_one_pass():
+    from esper_ray.train.reward_normalizer import RunningStd
+
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(3, 2, n) for n in (1, 7, 40, 3)]
+    running = RunningStd()
+    for part in parts:
+        running.update(part)
+    assert running.std == pytest.approx(np.std(np.concatenate(parts))) and running.count == 51

@@ -1,8 +1,12 @@
 """Task data: the embedded digits, CIFAR-10 from disk in torchvision's format, and synthetic images.
 
 Images are kept compact (uint8 where the source is) and turned into normalised floats on the device, batch
-by batch (`TaskData.prepare`). Train/validation splits depend only on the task, never on the run's seed, so
-every env and every A/B arm validates on the same samples.
+by batch (`TaskData.prepare`). Every task has three fixed, disjoint splits that depend only on the task, never
+on the run's seed, so every env and every A/B arm sees the same samples:
+    train       the env's training data (sharded across envs)
+    validation  what rewards, observations and the governor read every epoch
+    test        held out: read only by the final evaluation of an A/B trial (`esper-ray eval`, `ab`), never
+                by a reward or an observation, so the controller is never trained on it
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 
 SPLIT_SEED = 20_251_227
 DIGITS_VAL_FRACTION = 0.2
+DIGITS_TEST_FRACTION = 0.2
+CIFAR_VAL_SIZE = 5_000  # carved from the 50,000 training images; test_batch is the test split
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 CIFAR_HELP = (
@@ -34,6 +40,9 @@ class TaskData:
     """[N] int64 labels."""
     val_x: torch.Tensor
     val_y: torch.Tensor
+    test_x: torch.Tensor
+    """Held-out split: only the final evaluation reads it."""
+    test_y: torch.Tensor
     num_classes: int
     scale: float
     """Divide raw values by this to get [0, 1] (16 for digits, 255 for CIFAR, 1 for synthetic)."""
@@ -56,15 +65,23 @@ def load_digits() -> TaskData:
     y = torch.from_numpy(bunch.target.astype(np.int64))
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
     n_val = int(round(DIGITS_VAL_FRACTION * len(y)))
-    val, train = order[:n_val], order[n_val:]
-    return TaskData("digits", x[train], y[train], x[val], y[val], 10, 16.0, (0.3,), (0.38,))
+    n_test = int(round(DIGITS_TEST_FRACTION * len(y)))
+    val, test, train = order[:n_val], order[n_val : n_val + n_test], order[n_val + n_test :]
+    return TaskData("digits", x[train], y[train], x[val], y[val], x[test], y[test], 10, 16.0, (0.3,), (0.38,))
 
 
 def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pickled batch, read as torchvision reads it (latin1 turns the original Python 2 files' keys into str);
+    pickles written by Python 3 may hold str or bytes keys, and both are accepted."""
     with path.open("rb") as f:
-        batch = pickle.load(f, encoding="bytes")
-    data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    return torch.from_numpy(data.copy()), torch.tensor(batch[b"labels"], dtype=torch.int64)
+        batch = pickle.load(f, encoding="latin1")
+    if isinstance(batch, dict):
+        batch = {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in batch.items()}
+    if not isinstance(batch, dict) or "data" not in batch or "labels" not in batch:
+        keys = sorted(map(str, batch)) if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(f"{path}: not a CIFAR-10 batch (expected a dict with 'data' and 'labels', got {keys})")
+    data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return torch.from_numpy(data.copy()), torch.tensor(batch["labels"], dtype=torch.int64)
 
 
 def load_cifar10(data_dir: str | None) -> TaskData:
@@ -76,11 +93,17 @@ def load_cifar10(data_dir: str | None) -> TaskData:
     missing = [p.name for p in [*train_files, root / "test_batch"] if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"CIFAR-10 not found: looked in {root} for {', '.join(missing)}. {CIFAR_HELP}")
-    parts = [_read_cifar_batch(p) for p in train_files]
-    val_x, val_y = _read_cifar_batch(root / "test_batch")
-    train_x = torch.cat([x for x, _ in parts])
-    train_y = torch.cat([y for _, y in parts])
-    return TaskData("cifar10", train_x, train_y, val_x, val_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD)
+    try:
+        parts = [_read_cifar_batch(p) for p in train_files]
+        test_x, test_y = _read_cifar_batch(root / "test_batch")
+    except (pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise ValueError(f"CIFAR-10 in {root} is unreadable ({err}). {CIFAR_HELP}") from None
+    all_x = torch.cat([x for x, _ in parts])
+    all_y = torch.cat([y for _, y in parts])
+    order = torch.randperm(len(all_y), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    n_val = min(CIFAR_VAL_SIZE, len(all_y) // 10)  # a tenth of a (test-sized) small copy, 5,000 of the real one
+    val, train = order[:n_val], order[n_val:]
+    return TaskData("cifar10", all_x[train], all_y[train], all_x[val], all_y[val], test_x, test_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD)
 
 
 def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10) -> TaskData:
@@ -88,7 +111,7 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
     gen = torch.Generator().manual_seed(SPLIT_SEED)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
     prototypes = torch.nn.functional.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False)
-    val_size = max(train_size // 5, num_classes)
+    held_out = max(train_size // 5, num_classes)
 
     def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.randint(num_classes, (n,), generator=gen)
@@ -97,8 +120,9 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
         return x, y
 
     train_x, train_y = sample(train_size)
-    val_x, val_y = sample(val_size)
-    return TaskData("synthetic", train_x, train_y, val_x, val_y, num_classes, 1.0, (0.0,) * channels, (1.0,) * channels)
+    val_x, val_y = sample(held_out)
+    test_x, test_y = sample(held_out)
+    return TaskData("synthetic", train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 1.0, (0.0,) * channels, (1.0,) * channels)
 
 
 def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000) -> TaskData:

@@ -86,9 +86,16 @@ def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[st
     """Decode a MultiDiscrete action; raise ValueError if it picks a masked value of a head that matters."""
     n = len(slot_ids)
     offsets = head_offsets(n)
-    values = [int(v) for v in action]
-    if len(values) != len(HEAD_NAMES):
-        raise ValueError(f"action has {len(values)} components; expected {len(HEAD_NAMES)} ({', '.join(HEAD_NAMES)})")
+    raw = np.asarray(action).ravel()
+    if len(raw) != len(HEAD_NAMES):
+        raise ValueError(f"action has {len(raw)} components; expected {len(HEAD_NAMES)} ({', '.join(HEAD_NAMES)})")
+    values = []
+    for name, size, value in zip(HEAD_NAMES, action_nvec(n), raw):
+        if isinstance(value, (bool, np.bool_)) or not float(value).is_integer():
+            raise ValueError(f"action head {name}={value.item()!r}: must be a whole number in [0, {size})")
+        if not 0 <= int(value) < size:
+            raise ValueError(f"action head {name}={int(value)}: out of range [0, {size})")
+        values.append(int(value))
     op, slot_index = decode_joint(values[0], n)
     if not mask[offsets["op_slot"]][values[0]]:
         where = f" on slot {slot_ids[slot_index]}" if slot_index is not None else ""

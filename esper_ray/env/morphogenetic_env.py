@@ -4,8 +4,15 @@ Each env owns everything it trains with: its device and CUDA stream (all of its 
 its data shard (resident on the device), its model and optimizers, its GradScaler (amp=fp16), its reward
 config and its RNGs, seeded from (seed, shard). Nothing is shared with other envs.
 
-Episodes end with `truncated=True` after `max_epochs` steps (the learner bootstraps V(s_T)), or with
-`terminated=True` when the governor rolls the model back (no bootstrap).
+An episode is one whole host training run, so it ends with `terminated=True`: after `max_epochs` steps (the run
+is over; the last step pays the terminal reward and nothing follows it), or early when the governor rolls the
+model back. `truncated` stays False: the env never cuts a run short. Only the sampler cuts episodes (a rollout
+fragment ending mid-run), and RLlib bootstraps those cuts with V(s_T).
+
+Why not truncation at `max_epochs`: the learner would then bootstrap the last step with V(s_T), a state no
+loss ever trains (RLlib masks the bootstrap step), so V(s_T) follows V(s_T-1) and every value drifts to the
+fixed point of a run that never ends (about 1 / (1 - gamma) = 200 times the mean reward). Measured on
+digits-impaired: values of ~115 against returns of 13-36 and an explained variance of 0.000.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +36,7 @@ from esper_ray.contracts.stages import Stage
 from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import TaskData, load_task_data
 from esper_ray.data.sharding import DeviceShard, shard_indices
+from esper_ray.env.faults import nan_epoch, poison_with_nan
 from esper_ray.env.epoch import Precision, TrainStats, ValStats, train_epoch, validate_fused
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
@@ -53,6 +62,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _precision(amp: str, device: torch.device) -> Precision:
+    if amp != "off" and device.type != "cuda":
+        warnings.warn(f"amp={amp} applies on CUDA only; this env trains on the {device.type} in fp32", stacklevel=3)
     if amp == "off" or device.type != "cuda":
         return Precision()
     if amp == "bf16":
@@ -90,6 +101,9 @@ class MorphogeneticEnv(gym.Env):
             "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec(n))), 2), dtype=np.int8),
         })
         self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
+        self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
+        self._round: int | None = None  # set by start_round() in RLlib training
+        self._episode_in_round = 0
         self.model: MorphogeneticModel | None = None
 
     # ------------------------------------------------------------------ gym API
@@ -104,11 +118,39 @@ class MorphogeneticEnv(gym.Env):
         with self._on_stream():
             return self._step(action)
 
+    def start_round(self, round_: int) -> None:
+        """From now on, episode k of training round `round_` starts from a seed fixed by (seed, shard, round, k),
+        whatever reset() is given: a resumed run then replays the rounds an uninterrupted one would have."""
+        self._round, self._episode_in_round = round_, 0
+
+    def measure_test(self) -> tuple[float, float]:
+        """(accuracy, loss) of the model as it is now on the held-out test split.
+
+        Only a final evaluation calls this: no reward, observation or governor decision ever reads the test
+        split, so a controller is never trained on it.
+        """
+        if self.model is None:
+            raise RuntimeError("measure_test() called before reset()")
+        with self._on_stream():
+            if self._test_split is None:
+                self._test_split = (self.data.test_x.to(self.device), self.data.test_y.to(self.device))
+            test_x, test_y = self._test_split
+            stats = validate_fused(
+                self.model, test_x, test_y, self.model.current_alphas()[None],
+                chunk=self.cfg.val_batch_size, prepare=self.data.prepare, precision=self.precision,
+            )
+        return stats.accuracy(), stats.loss()
+
     # ------------------------------------------------------------------ phases
     def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        if seed is not None:
-            self._episode_rng = np.random.default_rng([seed, self.cfg.shard])
-        episode_seed = int(self._episode_rng.integers(2**31))
+        if self._round is not None:
+            rng = np.random.default_rng([self.cfg.seed, self.cfg.shard, self._round, self._episode_in_round])
+            self._episode_in_round += 1
+        else:
+            if seed is not None:
+                self._episode_rng = np.random.default_rng([seed, self.cfg.shard])
+            rng = self._episode_rng
+        episode_seed = int(rng.integers(2**31))
         self._episode_seed = episode_seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(episode_seed)
@@ -163,9 +205,9 @@ class MorphogeneticEnv(gym.Env):
         with _timed(timings, "observation"):
             self.last_op, self.last_success = decision.op, success
             obs = self._observation()
-        truncated = self.epoch >= self.cfg.max_epochs and not rollback
+        terminated = rollback or self.epoch >= self.cfg.max_epochs
         info = self._info(reward=reward, timings=timings, train=train, rollback_reason=verdict.reason if rollback else "")
-        return obs, float(reward.total), bool(rollback), bool(truncated), info
+        return obs, float(reward.total), bool(terminated), False, info
 
     def _apply_decision(self, decision: FactoredAction) -> bool:
         if decision.op is Op.WAIT:
@@ -190,6 +232,8 @@ class MorphogeneticEnv(gym.Env):
 
     def _train_epoch(self) -> TrainStats:
         assert self.model is not None
+        if self.epoch + 1 == nan_epoch():  # a test's injected fault (faults.py); never set otherwise
+            poison_with_nan(self.model.host)
         capture = GradientCapture(self.model)
         stats = train_epoch(
             self.model, self.host_optimizer, self.shard,

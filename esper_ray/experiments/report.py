@@ -1,125 +1,263 @@
-"""The A/B report: results.json, report.md, metric_by_arm.png and learning_curves.png."""
+"""The A/B report: results.json (strict JSON), report.md and three figures.
+
+    metric_by_arm.png        every finished trial's metric as a point, seeds joined across arms (the pairing),
+                             the arm's mean with its t-interval; a box only from 10 points up
+    learning_curves.png      per PPO arm, the mean training-rollout curve with its t-interval band over thin
+                             per-seed lines; baseline arms as a level with its band
+    performance_profile.png  the fraction of runs scoring above each threshold, with 95 % bootstrap bands
+                             (rliable's score distributions)
+Arms keep the experiment file's order and one colour everywhere.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import asdict
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from esper_ray.experiments.results import ExperimentRecord, as_json, metric_by_arm  # noqa: E402
-from esper_ray.experiments.statistics import compare_arms, summarize_arm, verdict  # noqa: E402
+from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
+from esper_ray.experiments.results import FINISHED, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
+from esper_ray.experiments.statistics import (  # noqa: E402
+    ArmSummary,
+    Interval,
+    PairComparison,
+    compare_arms,
+    seeds_needed,
+    summarize_arm,
+    t_interval,
+    verdict,
+)
+
+FIGURES = ("metric_by_arm.png", "learning_curves.png", "performance_profile.png")
+BOX_FROM_N = 10
+PROFILE_RESAMPLES = 2_000
+METRIC_LABELS = {
+    "test_accuracy": "test accuracy of the final host (held-out split, mean over evaluation episodes)",
+    "test_accuracy_per_param": "test accuracy per 1,000 parameters of the final model",
+    "rollout_accuracy": "validation accuracy at the end of the training rollouts (last rounds)",
+    "rollout_accuracy_per_param": "training-rollout validation accuracy per 1,000 parameters",
+}
 
 
-def _fmt(x: float, digits: int = 4) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x:.{digits}g}"
+def strict_json(value: Any) -> Any:
+    """NaN and infinities become null: results.json must be JSON that jq and every other reader accepts."""
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, Enum):
+        return value.value
+    return value
 
 
-def write_report(output: Path, record: ExperimentRecord) -> dict[str, object]:
+def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     spec = record.spec
     values = metric_by_arm(record)
-    arms = [summarize_arm(arm, list(by_seed.values())) for arm, by_seed in values.items()]
+    arms = [summarize_arm(arm, by_seed) for arm, by_seed in values.items()]
     pairs = compare_arms(values)
-    corrected = len(values) > 2
-    verdicts = [verdict(p, spec.metric, spec.alpha, corrected) for p in pairs]
+    verdicts = [verdict(p, spec.metric, spec.alpha, len(pairs)) for p in pairs]
     results = as_json(record)
     results["statistics"] = {
-        "metric": spec.metric, "alpha": spec.alpha, "holm_corrected": corrected,
+        "metric": spec.metric, "alpha": spec.alpha, "pairs_in_family": len(pairs),
+        "primary_test": "paired Wilcoxon signed-rank (exact sign-flip distribution), Holm over all pairs",
+        "secondary_test": "Mann-Whitney U (exact permutation distribution), Holm over all pairs",
         "arms": [asdict(a) for a in arms], "pairs": [asdict(p) for p in pairs], "verdicts": verdicts,
+        "excluded_trials": [{"arm": t.arm, "seed": t.seed, "status": t.status, "error": t.error} for t in record.excluded],
     }
-    (output / "results.json").write_text(json.dumps(results, indent=2, allow_nan=True))
-    (output / "report.md").write_text(_markdown(record, arms, pairs, verdicts, corrected))
-    _plot_metric_by_arm(output / "metric_by_arm.png", values, spec.metric)
-    _plot_learning_curves(output / "learning_curves.png", record)
+    (output / "results.json").write_text(json.dumps(strict_json(results), indent=2, allow_nan=False))
+    (output / "report.md").write_text(markdown(record, arms, pairs, verdicts))
+    colors = arm_colors(list(spec.arms))
+    plot_metric_by_arm(output / FIGURES[0], values, spec.metric, colors)
+    plot_learning_curves(output / FIGURES[1], record, colors)
+    plot_performance_profile(output / FIGURES[2], values, spec.metric, colors)
     return results
 
 
-def _markdown(record: ExperimentRecord, arms: list, pairs: list, verdicts: list[str], corrected: bool) -> str:
+# ------------------------------------------------------------------------------------------------ markdown
+def _fmt(x: float, digits: int = 4) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+def _ci(interval: Interval) -> str:
+    if not math.isfinite(interval.low):
+        return "n/a"
+    level = f", {100 * interval.level:.1f} %" if math.isfinite(interval.level) and abs(interval.level - 0.95) > 1e-9 else ""
+    return f"[{_fmt(interval.low)}, {_fmt(interval.high)}]{level}"
+
+
+def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str]) -> str:
     spec = record.spec
-    failed = [t for t in record.trials if t.status != "finished"]
+    planned = len(record.trials)
+    excluded = record.excluded
     lines = [
         f"# A/B experiment `{spec.name}`",
         "",
-        f"Metric: **{spec.metric}**, mean over the last {spec.last_rounds} rounds' final episodes of each trial "
-        f"(a figure common to every arm, never an arm's own reward). Alpha {spec.alpha}. {len(spec.seeds)} seeds "
-        f"shared by all arms, {spec.rounds} rounds per trial.",
+        f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
+        f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
+        f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO rounds per trial.",
+        f"Controllers: " + ", ".join(f"{a} = {spec.controller(a).value}" for a in spec.arms) + ".",
         f"Start order: a random permutation with order seed {record.order_seed}"
         f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
         "",
         "## Verdict",
         "",
+        f"The verdict rests on the seed-paired test (Wilcoxon signed-rank, exact), Holm-corrected over the {len(pairs)} "
+        f"pair(s); Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
+        f"non-zero seed pairs to reach alpha={spec.alpha}.",
+        "",
         *[f"- {v}" for v in verdicts],
+    ]
+    if excluded:
+        lines += ["", f"**n shrank:** {len(excluded)} of {planned} planned trials did not finish and are excluded from "
+                      "the statistics: " + ", ".join(f"{t.arm}/seed {t.seed} ({t.status}{': ' + t.error if t.error else ''})"
+                                                    for t in excluded) + "."]
+    lines += [
         "",
         "## Arms",
         "",
-        "| arm | n | mean | median | IQM | 95 % CI of mean |",
+        "| arm | controller | n | mean [95 % t] | median [order statistics] | IQM [95 % BCa] |",
         "|---|---|---|---|---|---|",
-        *[f"| {a.arm} | {a.n} | {_fmt(a.mean)} | {_fmt(a.median)} | {_fmt(a.iqm)} | [{_fmt(a.ci_low)}, {_fmt(a.ci_high)}] |" for a in arms],
+        *[f"| {a.arm} | {spec.controller(a.arm).value} | {a.n} | {_fmt(a.mean)} {_ci(a.mean_ci)} | "
+          f"{_fmt(a.median)} {_ci(a.median_ci)} | {_fmt(a.iqm)} {_ci(a.iqm_ci)} |" for a in arms],
         "",
         "## Pairs",
         "",
-        f"| A | B | U | p{' (Holm)' if corrected else ''} | rank-biserial | P(A > B) [95 % CI] | Wilcoxon (paired n, p) | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "Differences are A - B. Intervals are 95 % unless another coverage is given (the exact coverage that n allows).",
+        "",
+        "| A | B | seed pairs (non-zero) | paired p (Holm) | smallest possible p | Hodges-Lehmann A - B | "
+        "Mann-Whitney U | unpaired p (Holm) | P(A > B) | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in pairs:
-        p_shown = p.p_holm if corrected else p.p_value
         lines.append(
-            f"| {p.arm_a} | {p.arm_b} | {_fmt(p.u)} | {_fmt(p_shown)} | {_fmt(p.rank_biserial)} | "
-            f"{_fmt(p.prob_a_beats_b)} [{_fmt(p.prob_ci_low)}, {_fmt(p.prob_ci_high)}] | "
-            f"n={p.wilcoxon_n}, p={_fmt(p.wilcoxon_p)} | {'; '.join(p.notes)} |"
+            f"| {p.arm_a} | {p.arm_b} | {p.n_pairs} ({p.wilcoxon_n}) | {_fmt(p.wilcoxon_p)} ({_fmt(p.wilcoxon_p_holm)}) | "
+            f"{_fmt(p.wilcoxon_min_p)} | {_fmt(p.hodges_lehmann)} {_ci(p.hodges_lehmann_ci)} | {_fmt(p.u)} | "
+            f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
+            f"{'; '.join(p.notes)} |"
         )
-    lines += ["", "## Trials", "", "| position | arm | seed | status | metric | rounds |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
-        lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.status} | {_fmt(t.metric(spec.metric, spec.last_rounds))} | {len(t.history)} |")
-    if failed:
-        lines += ["", f"{len(failed)} trial(s) did not finish and are excluded where they have no metric: "
-                  + ", ".join(f"{t.arm}/{t.seed} ({t.status}{': ' + t.error if t.error else ''})" for t in failed)]
+        lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
+                     f"{_fmt(t.metric(spec.metric, spec.last_rounds))} | {len(t.history)} |")
+    lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
 
 
-def _colors(arms: list[str]) -> dict[str, str]:
+# ------------------------------------------------------------------------------------------------- figures
+def arm_colors(arms: list[str]) -> dict[str, Any]:
     palette = plt.get_cmap("tab10")
     return {arm: palette(i % 10) for i, arm in enumerate(arms)}
 
 
-def _plot_metric_by_arm(path: Path, values: dict[str, dict[int, float]], metric: str) -> None:
+def plot_metric_by_arm(path: Path, values: dict[str, dict[int, float]], metric: str, colors: dict[str, Any]) -> None:
     arms = list(values)
-    colors = _colors(arms)
-    fig, ax = plt.subplots(figsize=(1.8 + 1.4 * len(arms), 4))
-    data = [list(values[a].values()) for a in arms]
-    ax.boxplot([d if d else [math.nan] for d in data], tick_labels=arms, showfliers=False)
-    for i, (arm, d) in enumerate(zip(arms, data), start=1):
-        ax.scatter([i] * len(d), d, color=colors[arm], zorder=3)
+    fig, ax = plt.subplots(figsize=(2.0 + 1.5 * len(arms), 4.2))
+    seeds = sorted({s for by_seed in values.values() for s in by_seed})
+    for seed in seeds:  # the pairing: one faint line per seed across the arms that finished it
+        xs = [i for i, a in enumerate(arms) if seed in values[a]]
+        ax.plot(xs, [values[arms[i]][seed] for i in xs], color="0.8", linewidth=0.8, zorder=1)
+    for i, arm in enumerate(arms):
+        points = np.asarray([values[arm][s] for s in sorted(values[arm])], dtype=float)
+        if len(points) >= BOX_FROM_N:
+            ax.boxplot([points], positions=[i], widths=0.5, showfliers=False)
+        offsets = np.linspace(-0.08, 0.08, len(points)) if len(points) > 1 else np.zeros(len(points))
+        ax.scatter(i + offsets, points, color=colors[arm], zorder=3, s=22)
+        if len(points):
+            ci = t_interval(points)
+            low, high = (ci.low, ci.high) if math.isfinite(ci.low) else (points.mean(), points.mean())
+            ax.errorbar([i + 0.22], [points.mean()], yerr=[[points.mean() - low], [high - points.mean()]],
+                        fmt="D", color=colors[arm], capsize=4, zorder=4)
+    ax.set_xticks(range(len(arms)), [f"{a}\n(n={len(values[a])})" for a in arms])
+    ax.set_xlim(-0.5, len(arms) - 0.5)
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per trial, by arm")
+    ax.set_title(f"{metric} per trial (points), mean and 95 % t-interval (diamond); grey: same seed")
+    ax.title.set_fontsize(9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _plot_learning_curves(path: Path, record: ExperimentRecord) -> None:
-    colors = _colors(list(record.spec.arms))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labelled: set[str] = set()
-    for t in record.trials:
-        if not t.history:
+def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str, Any]) -> None:
+    spec = record.spec
+    per_param = spec.metric.endswith("_per_param")
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    finished = [t for t in record.trials if t.status == FINISHED]
+    for arm in spec.arms:
+        trials = sorted((t for t in finished if t.arm == arm), key=lambda t: t.seed)
+        if not trials:
             continue
-        rounds = [r["round"] for r in t.history]
-        accuracy = [r["final_accuracy"] for r in t.history]
-        ax.plot(rounds, accuracy, marker="o", markersize=3, color=colors[t.arm], alpha=0.8,
-                label=None if t.arm in labelled else t.arm)
-        labelled.add(t.arm)
+        if spec.controller(arm) is ControllerKind.PPO:
+            curves = [t.rollout_curve(per_param) for t in trials]
+            for curve in curves:
+                ax.plot(range(1, len(curve) + 1), curve, color=colors[arm], alpha=0.25, linewidth=0.8)
+            length = min(len(c) for c in curves)
+            stacked = np.asarray([c[:length] for c in curves], dtype=float)
+            mean = stacked.mean(axis=0)
+            bands = [t_interval(stacked[:, r]) for r in range(length)]
+            rounds = np.arange(1, length + 1)
+            ax.plot(rounds, mean, color=colors[arm], linewidth=2.2, label=f"{arm} (ppo, n={len(trials)})")
+            if len(trials) > 1:
+                ax.fill_between(rounds, [b.low for b in bands], [b.high for b in bands], color=colors[arm], alpha=0.2)
+        else:
+            level = np.asarray([t.metric("rollout_accuracy_per_param" if per_param else "rollout_accuracy", 1) for t in trials])
+            band = t_interval(level)
+            ax.axhline(level.mean(), color=colors[arm], linestyle="--", linewidth=1.8,
+                       label=f"{arm} ({spec.controller(arm).value}, no training, n={len(trials)})")
+            if math.isfinite(band.low):
+                ax.axhspan(band.low, band.high, color=colors[arm], alpha=0.12)
     ax.set_xlabel("round")
-    ax.set_ylabel("final host validation accuracy")
-    ax.set_title("learning curves (one line per trial)")
-    if labelled:
-        ax.legend()
+    ax.set_ylabel("rollout final validation accuracy" + (" per 1,000 params" if per_param else ""))
+    ax.set_title("training rollouts: mean over seeds with 95 % t-band, thin lines = seeds")
+    ax.title.set_fontsize(9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def performance_profile(scores: np.ndarray, taus: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fraction of runs > tau, 2.5 % band, 97.5 % band) for every tau, bands from resampling the runs."""
+    fraction = (scores[:, None] > taus[None, :]).mean(axis=0)
+    resampled = rng.choice(scores, size=(PROFILE_RESAMPLES, len(scores)), replace=True)
+    boot = (resampled[:, :, None] > taus[None, None, :]).mean(axis=1)
+    return fraction, np.percentile(boot, 2.5, axis=0), np.percentile(boot, 97.5, axis=0)
+
+
+def plot_performance_profile(path: Path, values: dict[str, dict[int, float]], metric: str, colors: dict[str, Any]) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    everything = [v for by_seed in values.values() for v in by_seed.values()]
+    if everything:
+        low, high = min(everything), max(everything)
+        pad = 0.05 * (high - low) or 0.01
+        taus = np.linspace(low - pad, high + pad, 200)
+        for arm, by_seed in values.items():
+            scores = np.asarray([by_seed[s] for s in sorted(by_seed)], dtype=float)
+            if len(scores) == 0:
+                continue
+            fraction, band_low, band_high = performance_profile(scores, taus, np.random.default_rng(0))
+            ax.plot(taus, fraction, color=colors[arm], linewidth=2, label=f"{arm} (n={len(scores)})")
+            ax.fill_between(taus, band_low, band_high, color=colors[arm], alpha=0.15)
+        ax.legend(fontsize=8)
+    ax.set_xlabel(f"{metric} threshold tau")
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("performance profile with 95 % bootstrap bands")
+    ax.title.set_fontsize(9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

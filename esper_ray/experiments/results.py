@@ -1,4 +1,9 @@
-"""Read a (finished or partial) A/B run back from disk: each trial's history and its comparison metric."""
+"""Read a (finished, partial or interrupted) A/B run back from disk: each planned trial, its status, its
+per-round history, its evaluation, and its comparison metric.
+
+Only trials that finished (every round and the evaluation, no error) enter the statistics; the others are
+listed with their status: `error` (raised, retries used up), `incomplete` (stopped part-way) or `not started`.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,16 @@ from typing import Any
 
 from ray import tune
 
+from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.spec import ExperimentSpec
-from esper_ray.experiments.trainable import SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
+from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial, per_kparam
 
 TUNE_DIR = "tune"
 EXPERIMENT_FILE = "experiment.json"
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
+EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
+                "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
+FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
 
 
 @dataclass
@@ -24,22 +33,33 @@ class TrialResult:
     seed: int
     position: int
     """Place in the planned start order."""
+    controller: ControllerKind
     status: str
-    error: str | None
+    error: str | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    """One row per PPO round (none for baseline controllers): the training rollouts' figures."""
+    evaluation: dict[str, float] | None = None
+    """Means over the held-out evaluation episodes (present once the trial finished its evaluation)."""
     started_at: float = math.nan
     """Wall-clock time of the trial's first result minus its duration (Unix seconds)."""
 
+    def rollout_curve(self, per_param: bool) -> list[float]:
+        """Per round: final validation accuracy of the training rollouts (per 1,000 parameters if asked)."""
+        if per_param:
+            return [per_kparam(r["final_accuracy"], int(r["host_params"] + r["params_added"])) for r in self.history]
+        return [r["final_accuracy"] for r in self.history]
+
     def metric(self, name: str, last_rounds: int) -> float:
-        """Mean of the last `last_rounds` rounds' final-episode figure (NaN if the trial has none)."""
-        rows = [r for r in self.history[-last_rounds:] if math.isfinite(r["final_accuracy"])]
-        if not rows:
+        """The comparison metric, NaN when the trial has none (yet)."""
+        if self.evaluation is None:
             return math.nan
-        if name == "final_accuracy":
-            values = [r["final_accuracy"] for r in rows]
-        else:  # accuracy per 1,000 parameters of the grown model
-            values = [r["final_accuracy"] / ((r["host_params"] + r["params_added"]) / 1000.0) for r in rows]
-        return sum(values) / len(values)
+        if name.startswith("test_"):
+            return self.evaluation[name]
+        per_param = name.endswith("_per_param")
+        if self.controller is not ControllerKind.PPO:  # a fixed controller: its evaluation episodes are its rollouts
+            return self.evaluation["val_accuracy_per_param" if per_param else "val_accuracy"]
+        values = [v for v in self.rollout_curve(per_param)[-last_rounds:] if math.isfinite(v)]
+        return sum(values) / len(values) if values else math.nan
 
 
 @dataclass(frozen=True)
@@ -48,57 +68,100 @@ class ExperimentRecord:
     order_seed: int
     order_seed_drawn: bool
     trials: list[TrialResult]
+    source: str | None = None
+    """The experiment file the run was started from."""
+
+    @property
+    def excluded(self) -> list[TrialResult]:
+        return [t for t in self.trials if t.status != FINISHED]
+
+
+def read_experiment_file(output: Path) -> dict[str, Any]:
+    path = output / EXPERIMENT_FILE
+    if not output.is_dir():
+        raise FileNotFoundError(f"{output} is not a folder: give the run folder `esper-ray ab` wrote (it holds {EXPERIMENT_FILE})")
+    if not path.is_file():
+        raise FileNotFoundError(f"{output} holds no {EXPERIMENT_FILE}: it is not an `esper-ray ab` run folder")
+    return json.loads(path.read_text())
+
+
+def _float(value: Any) -> float:
+    return float(value) if value is not None else math.nan
+
+
+def _history_and_evaluation(frame: Any) -> tuple[list[dict[str, float]], dict[str, float] | None, float]:
+    if frame is None or not len(frame):
+        return [], None, math.nan
+    frame = frame.sort_values("training_iteration")
+    history: list[dict[str, float]] = []
+    evaluation = None
+    for _, row in frame.iterrows():
+        if SUMMARY_PREFIX + "final_accuracy" in row and math.isfinite(_float(row[SUMMARY_PREFIX + "round"])):
+            entry = {"round": _float(row[SUMMARY_PREFIX + "round"])}
+            entry.update({c: _float(row[SUMMARY_PREFIX + c]) for c in HISTORY_COLUMNS})
+            history.append(entry)
+        if EVAL_PREFIX + "test_accuracy" in row and math.isfinite(_float(row[EVAL_PREFIX + "test_accuracy"])):
+            evaluation = {c: _float(row[EVAL_PREFIX + c]) for c in EVAL_COLUMNS}
+    first = frame.iloc[0]
+    return history, evaluation, _float(first["timestamp"]) - _float(first["time_this_iter_s"])
 
 
 def collect_trials(output: Path) -> ExperimentRecord:
-    record = json.loads((output / EXPERIMENT_FILE).read_text())
+    """Every planned trial of the run in `output`, whatever state the run is in."""
+    record = read_experiment_file(output)
     spec = ExperimentSpec.from_mapping(record["experiment"])
-    grid = tune.Tuner.restore(str(output / TUNE_DIR), trainable=MorphoTrial).get_results()
+    found: dict[tuple[str, int], TrialResult] = {}
+    tune_path = output / TUNE_DIR
+    if tune.Tuner.can_restore(str(tune_path)):
+        for result in tune.Tuner.restore(str(tune_path), trainable=MorphoTrial).get_results():
+            if result.config is None or TRIAL_KEY not in result.config:
+                continue  # a trial Tune planned but never started writes no config
+            config = result.config[TRIAL_KEY]
+            history, evaluation, started = _history_and_evaluation(result.metrics_dataframe)
+            controller = ControllerKind.parse(config["controller"])
+            if result.error is not None:
+                status = ERROR
+            elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
+                status = FINISHED
+            else:
+                status = INCOMPLETE if history or evaluation else NOT_STARTED
+            found[(config["arm"], int(config["seed"]))] = TrialResult(
+                arm=config["arm"], seed=int(config["seed"]), position=int(config["position"]), controller=controller,
+                status=status, error=None if result.error is None else (str(result.error).strip().splitlines() or [""])[-1],
+                history=history, evaluation=evaluation, started_at=started,
+            )
     trials = []
-    for result in grid:
-        config = result.config[TRIAL_KEY]
-        frame = result.metrics_dataframe
-        history: list[dict[str, float]] = []
-        started = math.nan
-        if frame is not None and len(frame):
-            frame = frame.sort_values("training_iteration")
-            for _, row in frame.iterrows():
-                entry = {"round": float(row["training_iteration"])}
-                entry.update({c: float(row[SUMMARY_PREFIX + c]) for c in HISTORY_COLUMNS})
-                history.append(entry)
-            first = frame.iloc[0]
-            started = float(first["timestamp"]) - float(first["time_this_iter_s"])
-        status = "error" if result.error is not None else ("finished" if len(history) >= spec.rounds else "incomplete")
-        trials.append(TrialResult(
-            arm=config["arm"], seed=int(config["seed"]), position=int(config["position"]), status=status,
-            error=None if result.error is None else str(result.error).splitlines()[0], history=history,
-            started_at=started,
-        ))
-    trials.sort(key=lambda t: t.position)
-    return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials)
+    for position, planned in enumerate(record["start_order"]):
+        key = (planned["arm"], int(planned["seed"]))
+        trials.append(found.get(key) or TrialResult(
+            arm=key[0], seed=key[1], position=position, controller=spec.controller(key[0]), status=NOT_STARTED))
+    return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"))
 
 
 def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
-    """{arm: {seed: metric}} over trials with a finite metric (failed and empty trials are left out)."""
+    """{arm: {seed: metric}} over finished trials only, arms in the experiment file's order."""
     out: dict[str, dict[int, float]] = {arm: {} for arm in record.spec.arms}
     for t in record.trials:
         value = t.metric(record.spec.metric, record.spec.last_rounds)
-        if math.isfinite(value):
+        if t.status == FINISHED and math.isfinite(value):
             out[t.arm][t.seed] = value
     return out
 
 
 def as_json(record: ExperimentRecord) -> dict[str, Any]:
+    configs = {(t.arm, t.seed): t.train for t in record.spec.trials()}
     return {
         "experiment": record.spec.to_dict(),
+        "source": record.source,
         "order_seed": record.order_seed,
         "order_seed_drawn": record.order_seed_drawn,
         "trials": [
             {
-                "arm": t.arm, "seed": t.seed, "start_position": t.position, "started_at": t.started_at,
-                "status": t.status, "error": t.error,
-                "config": next(tr.train for tr in record.spec.trials() if tr.arm == t.arm and tr.seed == t.seed),
-                "history": t.history, "final_metric": t.metric(record.spec.metric, record.spec.last_rounds),
+                "arm": t.arm, "seed": t.seed, "controller": t.controller.value, "start_position": t.position,
+                "started_at": t.started_at, "status": t.status, "error": t.error, "config": configs[(t.arm, t.seed)],
+                "history": t.history, "evaluation": t.evaluation,
+                "final_metric": t.metric(record.spec.metric, record.spec.last_rounds),
+                "in_statistics": t.status == FINISHED,
             }
             for t in record.trials
         ],

@@ -1,15 +1,15 @@
 """`esper-ray ab`: every (arm, seed) trial in one Ray Tune run, started in a recorded random order.
 
 Output folder (default esper_runs/<name>):
-    experiment.json                 the experiment file's settings, the order seed and the start order
+    experiment.json                 the experiment's settings, the file it came from, the order seed and start order
     tune/                           Ray Tune's experiment (one folder per trial, TensorBoard logs included)
-    results.json, report.md, metric_by_arm.png, learning_curves.png   (see report.py)
+    results.json, report.md, *.png  the report (see report.py), rewritten after every run or resume
 """
 
 from __future__ import annotations
 
 import json
-import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,17 @@ import ray
 from ray import tune
 
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.results import TUNE_DIR, EXPERIMENT_FILE, collect_trials
+from esper_ray.experiments.results import EXPERIMENT_FILE, TUNE_DIR, collect_trials, read_experiment_file
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
-from esper_ray.experiments.trainable import TRIAL_KEY, MorphoTrial
+from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.preflight import check_env_config
+from esper_ray.train.resources import connect_ray
+
+
+def _trial_label(trial: Any) -> str:
+    spec = trial.config[TRIAL_KEY]
+    return f"{spec['arm']}/seed{spec['seed']}"
 
 
 def _trial_name(trial: Any) -> str:
@@ -27,21 +35,70 @@ def _trial_name(trial: Any) -> str:
     return f"{spec['arm']}_seed{spec['seed']}_{trial.trial_id}"
 
 
-def connect(address: str | None) -> None:
-    if ray.is_initialized():
-        return
-    if address is not None:
-        ray.init(address=address)
-    else:
-        ray.init(num_cpus=os.cpu_count() or 1)
+class TrialEvents(tune.Callback):
+    """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables."""
+
+    def __init__(self, total: int, rounds: int, print_fn: Any = print) -> None:
+        self.total, self.rounds, self.print = total, rounds, print_fn
+        self.done = 0
+        self.start = time.time()
+
+    def _line(self, text: str) -> None:
+        elapsed = time.time() - self.start
+        self.print(f"[{int(elapsed // 60):3d}m{int(elapsed % 60):02d}s] {text}", flush=True)
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        running = len({t.trial_id for t in trials if t.status == "RUNNING"} | {trial.trial_id})
+        self._line(f"started  {_trial_label(trial)} ({running} running, {self.done}/{self.total} done)")
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+        parts = []
+        if SUMMARY_PREFIX + "round" in result:
+            parts.append(f"round {int(result[SUMMARY_PREFIX + 'round'])}/{self.rounds}: rollout acc "
+                         f"{100 * result[SUMMARY_PREFIX + 'final_accuracy']:.1f}%")
+        if EVAL_PREFIX + "test_accuracy" in result:
+            parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
+                         f"{int(result[EVAL_PREFIX + 'episodes'])} episodes, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
+        if parts:
+            self._line(f"         {_trial_label(trial)} " + "; ".join(parts))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.done += 1
+        self._line(f"finished {_trial_label(trial)} ({self.done}/{self.total} done)")
+
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._line(f"retrying {_trial_label(trial)} from its last checkpoint after an error")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.done += 1
+        self._line(f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics ({self.done}/{self.total} done)")
 
 
-def plan(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
+def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
+    """Every arm's env settings work (built once here), and each trial fits the machine: a trial larger than the
+    whole cluster would wait in Tune's queue for ever."""
+    have = ray.cluster_resources()
+    for arm in spec.arms:
+        trial = next(t for t in spec.trials() if t.arm == arm)
+        check_env_config(TrainConfig.from_mapping(trial.train), log=lambda _: None)
+        config = {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}
+        need = MorphoTrial.default_resource_request(config).required_resources
+        short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+        if short:
+            what = ", ".join(f"{v:g} {k} (there are {h:g})" for k, (v, h) in short.items())
+            message = f"arms.{arm}: one trial asks for {what}; lower its cpus_per_env / driver_cpus / gpus_per_env or envs"
+            if local:
+                raise ValueError(message)
+            print(f"warning: {message}; it waits for the autoscaler", flush=True)
+
+
+def plan(spec: ExperimentSpec, output: Path, source: str | None) -> list[TrialSpec]:
     """Fix and record the start order (before anything runs, so an interrupted run keeps it)."""
     order_seed = spec.order_seed if spec.order_seed is not None else draw_order_seed()
     ordered = start_order(spec.trials(), order_seed)
     record = {
         "experiment": spec.to_dict(),
+        "source": source,
         "order_seed": order_seed,
         "order_seed_drawn": spec.order_seed is None,
         "start_order": [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(ordered)],
@@ -50,20 +107,41 @@ def plan(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
     return ordered
 
 
-def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None) -> Path:
+def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None) -> None:
+    """--resume continues the run in `output` only with the experiment it was started with."""
+    stored = read_experiment_file(output)
+    if stored["experiment"] != spec.to_dict():
+        differing = sorted(k for k in set(stored["experiment"]) | set(spec.to_dict())
+                           if stored["experiment"].get(k) != spec.to_dict().get(k))
+        raise ValueError(
+            f"--resume: {output} holds a run of experiment {stored['experiment']['name']!r} from "
+            f"{stored.get('source') or 'an unrecorded file'}, but {source or 'the given experiment'} differs in {differing}; "
+            f"resume with the original file, or start a new run with another --output"
+        )
+
+
+def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
+                   source: str | None = None) -> Path:
     output = output.expanduser().resolve()
     tune_path = output / TUNE_DIR
-    connect(address)
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"--output {output} is a file; give a folder for the run")
+    events = TrialEvents(len(spec.trials()), spec.rounds)
     if resume:
+        check_same_experiment(spec, output, source)
+        connect_ray(address)
         if not tune.Tuner.can_restore(str(tune_path)):
             raise FileNotFoundError(f"--resume: no Tune experiment to resume at {tune_path}")
         tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
     else:
-        if tune_path.exists():
-            raise FileExistsError(f"{tune_path} already holds a run: add --resume to continue it, or choose another --output")
+        if tune_path.exists() or (output / EXPERIMENT_FILE).exists():
+            raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
+        connect_ray(address)
+        check_trials_fit(spec, local=address is None)
         output.mkdir(parents=True, exist_ok=True)
-        ordered = plan(spec, output)
-        trials = [{"arm": t.arm, "seed": t.seed, "position": i, "train": t.train} for i, t in enumerate(ordered)]
+        ordered = plan(spec, output, source)
+        trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
+                   "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
         tuner = tune.Tuner(
             MorphoTrial,
             param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
@@ -74,9 +152,11 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
             run_config=tune.RunConfig(
                 name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
-                failure_config=tune.FailureConfig(max_failures=1),
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                callbacks=[events], verbose=0,
             ),
         )
+    print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
     tuner.fit()
     write_report(output, collect_trials(output))
     return output

@@ -1,21 +1,23 @@
 """An A/B experiment file (`tune_configs/*.yaml`): arms, shared seeds, rounds, resources, metric, alpha.
 
-    name: shaped_vs_simplified
-    arms:                           # each arm: a reward mode plus optional overrides of any training setting
-      shaped: {reward_mode: shaped}
-      simplified: {reward_mode: simplified}
-    seeds: [0, 1, 2, 3, 4]          # one list, shared by every arm: same host init and data order per seed
-    rounds: 20
-    training: {task: digits-impaired, max_epochs: 20, envs: 1}   # settings common to all arms
-    max_concurrent_trials: 4
-    metric: final_accuracy          # or accuracy_per_param; never an arm's own reward
-    last_rounds: 3                  # the metric averages the final episodes of this many last rounds
+    name: controllers
+    arms:                           # each arm: a controller and optional overrides of any training setting
+      ppo: {controller: ppo, reward_mode: shaped}
+      heuristic: {controller: heuristic}
+      none: {controller: none}      # always WAIT: the host without growth
+    seeds: [0, 1, 2, 3, 4, 5, 6, 7] # one list, shared by every arm: same host init, data order, eval episodes
+    rounds: 20                      # PPO rounds per trial (baseline controllers do not train)
+    training: {task: digits-impaired, max_epochs: 25, envs: 2}   # settings common to all arms
+    max_concurrent_trials: 2
+    metric: test_accuracy           # held-out test accuracy of the final host over the evaluation episodes
+    eval_episodes: 4
     alpha: 0.05
     order_seed: 7                   # optional: seed of the random start order (drawn and recorded if absent)
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import secrets
 from collections.abc import Mapping
@@ -24,21 +26,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.fields import check_keys
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.yaml_file import load_mapping
 
-METRICS = ("final_accuracy", "accuracy_per_param")
+# Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
+# of the final grown model.
+METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
+ARM_ONLY_KEYS = ("controller",)
 
 
 @dataclass(frozen=True)
 class TrialSpec:
     arm: str
     seed: int
+    controller: ControllerKind
     train: dict[str, Any]
-    """TrainConfig settings of this trial."""
+    """TrainConfig settings of this trial (its own copy)."""
 
     @property
     def name(self) -> str:
@@ -50,47 +57,72 @@ class ExperimentSpec:
     name: str
     """Experiment name; results go to esper_runs/<name> unless --output says otherwise."""
     arms: Mapping[str, Mapping[str, Any]]
-    """Arm name -> training settings that differ from `training` (at least a reward_mode)."""
+    """Arm name -> `controller` (ppo, heuristic, none or random; default ppo) and the training settings that
+    differ from `training` (a reward_mode, say)."""
     seeds: tuple[int, ...]
-    """Seeds shared by every arm."""
+    """Seeds shared by every arm: seed s gives the same host initialisation, data order and evaluation episodes
+    in every arm, so the arms are compared seed by seed (paired)."""
     rounds: int = 10
-    """Training rounds per trial."""
+    """PPO training rounds per trial; baseline controllers do not train and only run the evaluation."""
     training: Mapping[str, Any] = field(default_factory=dict)
     """Training settings common to every arm (TrainConfig keys: task, max_epochs, envs, resources, ...)."""
     max_concurrent_trials: int = 2
     """Trials running at once (as resources allow)."""
-    metric: str = "final_accuracy"
-    """final_accuracy (host validation accuracy at episode end) or accuracy_per_param (per 1,000 parameters)."""
+    metric: str = "test_accuracy"
+    """test_accuracy (default: the final host's accuracy on the held-out test split, mean over the evaluation
+    episodes), test_accuracy_per_param (per 1,000 parameters), rollout_accuracy (validation accuracy at the end
+    of the last `last_rounds` rounds' training rollouts) or rollout_accuracy_per_param."""
+    eval_episodes: int = 4
+    """Evaluation episodes per trial after its last round, identical across arms (greedy for PPO)."""
     last_rounds: int = 3
-    """The metric is the mean over the episodes of this many last rounds."""
+    """rollout_* metrics: mean over the episodes of this many last rounds."""
     alpha: float = 0.05
     """Significance level of the verdict."""
+    max_failures: int = 1
+    """Retries of a trial that raises (from its last checkpoint) before it is marked failed and excluded."""
     order_seed: int | None = None
     """Seed of the random trial start order; drawn and recorded when absent."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
-        object.__setattr__(self, "arms", {str(k): dict(v or {}) for k, v in dict(self.arms).items()})
-        object.__setattr__(self, "training", dict(self.training))
-        if not self.name or "/" in self.name:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"name={self.name!r}: must be a non-empty folder name")
+        if not isinstance(self.arms, Mapping) or not all(isinstance(v, Mapping) or v is None for v in self.arms.values()):
+            raise ValueError(f"arms={self.arms!r}: must map each arm name to its settings, e.g. {{ppo: {{controller: ppo}}}}")
+        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, (list, tuple)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
+            raise ValueError(f"seeds={self.seeds!r}: must be a list of integers >= 0, e.g. [0, 1, 2, 3, 4, 5, 6, 7]")
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "arms", {str(k): copy.deepcopy(dict(v or {})) for k, v in self.arms.items()})
+        if not isinstance(self.training, Mapping):
+            raise ValueError(f"training={self.training!r}: must be a mapping of training settings")
+        object.__setattr__(self, "training", copy.deepcopy(dict(self.training)))
         if len(self.arms) < 2:
             raise ValueError(f"arms: an A/B experiment needs at least 2 arms, got {list(self.arms)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={list(self.seeds)}: need at least one seed and no repeats")
         if self.metric not in METRICS:
             raise ValueError(f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha={self.alpha}: must be in (0, 1)")
-        for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("last_rounds", 1)):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < minimum:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= {minimum}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
+            raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
+        for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("last_rounds", 1), ("eval_episodes", 1),
+                              ("max_failures", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+        if self.order_seed is not None and (isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0):
+            raise ValueError(f"order_seed={self.order_seed!r}: must be an integer >= 0 (or left out)")
         if self.last_rounds > self.rounds:
             raise ValueError(f"last_rounds={self.last_rounds} exceeds rounds={self.rounds}")
         for where, settings in [("training", self.training), *[(f"arms.{a}", s) for a, s in self.arms.items()]]:
             clash = sorted(set(settings) & set(SET_BY_EXPERIMENT))
             if clash:
                 raise ValueError(f"{where}: {clash} are set by the experiment (seeds, rounds) or the command line (--output, --address)")
+            if "env" in settings and not isinstance(settings["env"], Mapping):
+                raise ValueError(f"{where}.env={settings['env']!r}: must be a mapping of env settings")
+        if "controller" in self.training:
+            raise ValueError("training: `controller` is chosen per arm (arms.<name>.controller), not for all arms")
+        for arm, settings in self.arms.items():
+            ControllerKind.parse(settings.get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
         for trial in self.trials():
             TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
 
@@ -104,22 +136,28 @@ class ExperimentSpec:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ExperimentSpec:
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise FileNotFoundError(f"experiment file {file} does not exist")
-        data = yaml.safe_load(file.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"{file}: expected a mapping at the top level")
-        return cls.from_mapping(data)
+        data = load_mapping(path, "experiment file")
+        try:
+            return cls.from_mapping(data)
+        except ValueError as err:
+            raise ValueError(f"{Path(path).expanduser()}: {err}") from None
+
+    def controller(self, arm: str) -> ControllerKind:
+        return ControllerKind.parse(self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
+
+    @property
+    def trains_any_policy(self) -> bool:
+        return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
 
     def trials(self) -> list[TrialSpec]:
-        """Every (arm, seed), arm-major. Seeds are the same list in every arm."""
+        """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
         out = []
-        for arm, overrides in self.arms.items():
+        for arm, arm_settings in self.arms.items():
+            overrides = {k: v for k, v in arm_settings.items() if k not in ARM_ONLY_KEYS}
             env = {**dict(self.training.get("env", {})), **dict(overrides.get("env", {}))}
             settings = {**self.training, **overrides, "env": env, "rounds": self.rounds}
             for seed in self.seeds:
-                out.append(TrialSpec(arm, seed, {**settings, "seed": seed}))
+                out.append(TrialSpec(arm, seed, self.controller(arm), copy.deepcopy({**settings, "seed": seed})))
         return out
 
     def to_dict(self) -> dict[str, Any]:

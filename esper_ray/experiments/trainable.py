@@ -1,50 +1,122 @@
-"""One A/B trial as a Tune Trainable: builds the trial's PPO algorithm and trains it round by round.
+"""One A/B trial as a Tune Trainable.
 
-Tune reserves the trial's resources as RLlib would for PPO itself (a placement group of the driver, env
-runner and learner bundles, PACK or SPREAD), and the algorithm's actors are placed inside it.
+A `ppo` trial builds the trial's PPO algorithm and trains it round by round; after its last round it runs the
+evaluation episodes with the greedy policy on its own env runners. A baseline trial (`heuristic`, `none`,
+`random`) has nothing to train: its single step runs the same evaluation episodes in the trial's process.
+
+Tune reserves a ppo trial's resources as RLlib would for PPO itself (a placement group of the driver, env
+runner and learner bundles, PACK or SPREAD), and the algorithm's actors are placed inside it. A baseline trial
+asks for one env runner's share (its CPUs and GPU fraction), so its episodes run on the same kind of device.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from ray import tune
 from ray.rllib.algorithms.ppo import PPO
 from ray.tune.execution.placement_groups import PlacementGroupFactory
+from ray.tune.result import DONE
 
+from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.episodes import EpisodeSummary
+from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import flatten_numbers, summarize_round
+from esper_ray.train.rounds import train_round
 
 TRIAL_KEY = "trial"
 SUMMARY_PREFIX = "round/"
+EVAL_PREFIX = "eval/"
+BASELINE_STATE_FILE = "baseline_trial.json"
 
 
 def train_config_of(config: dict[str, Any]) -> TrainConfig:
     return TrainConfig.from_mapping(config[TRIAL_KEY]["train"])
 
 
+def controller_of(config: dict[str, Any]) -> ControllerKind:
+    return ControllerKind.parse(config[TRIAL_KEY]["controller"])
+
+
+def per_kparam(accuracy: float, total_params: int) -> float:
+    """Accuracy per 1,000 parameters of the final grown model."""
+    return accuracy / (total_params / 1000.0)
+
+
+def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
+    """Means over the evaluation episodes (the A/B metrics) and their spread."""
+    test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
+    val = np.asarray([s.final_accuracy for s in summaries], dtype=float)
+    params = np.asarray([s.total_params for s in summaries], dtype=float)
+    return {
+        EVAL_PREFIX + "episodes": float(len(summaries)),
+        EVAL_PREFIX + "test_accuracy": float(test.mean()),
+        EVAL_PREFIX + "test_accuracy_std": float(test.std()),
+        EVAL_PREFIX + "test_accuracy_per_param": float(np.mean([per_kparam(t, p) for t, p in zip(test, params)])),
+        EVAL_PREFIX + "val_accuracy": float(val.mean()),
+        EVAL_PREFIX + "val_accuracy_per_param": float(np.mean([per_kparam(v, p) for v, p in zip(val, params)])),
+        EVAL_PREFIX + "params_added": float(np.mean([s.params_added for s in summaries])),
+        EVAL_PREFIX + "host_params": float(np.mean([s.host_params for s in summaries])),
+        EVAL_PREFIX + "fossilized": float(np.mean([s.fossilized for s in summaries])),
+        EVAL_PREFIX + "germinated": float(np.mean([s.germinated for s in summaries])),
+    }
+
+
 class MorphoTrial(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config: dict[str, Any]) -> PlacementGroupFactory:
-        return PPO.default_resource_request(build_ppo_config(train_config_of(config)))
+        cfg = train_config_of(config)
+        if controller_of(config) is ControllerKind.PPO:
+            return PPO.default_resource_request(build_ppo_config(cfg))
+        bundle = {"CPU": cfg.cpus_per_env}
+        if cfg.gpus_per_env:
+            bundle["GPU"] = cfg.gpus_per_env
+        return PlacementGroupFactory([bundle])
 
     def setup(self, config: dict[str, Any]) -> None:
-        self.algo = build_ppo_config(train_config_of(config)).build_algo()
+        self.cfg = train_config_of(config)
+        self.controller = controller_of(config)
+        self.eval_episodes = int(config[TRIAL_KEY]["eval_episodes"])
+        self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
+        self.evaluated = False
 
     def step(self) -> dict[str, Any]:
-        result = self.algo.train()
+        if self.algo is None:
+            return self._baseline_step()
+        result = train_round(self.algo, self.cfg.seed)
         summary = summarize_round(result)
         metrics = {k: v for k, v in flatten_numbers(result).items() if math.isfinite(v)}
         metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
+        if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data
+            metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes)))
+        return metrics
+
+    def _baseline_step(self) -> dict[str, Any]:
+        controller = baseline_controller(self.controller, self.cfg)
+        summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller)
+        self.evaluated = True
+        metrics: dict[str, Any] = evaluation_metrics(summaries)
+        metrics[DONE] = True  # nothing to train: one step is the whole trial
         return metrics
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        self.algo.save_to_path(checkpoint_dir)
+        if self.algo is not None:
+            self.algo.save_to_path(checkpoint_dir)
+        else:
+            (Path(checkpoint_dir) / BASELINE_STATE_FILE).write_text(json.dumps({"evaluated": self.evaluated}))
 
     def load_checkpoint(self, checkpoint: str) -> None:  # type: ignore[override]
-        self.algo.restore_from_path(checkpoint)
+        if self.algo is not None:
+            self.algo.restore_from_path(checkpoint)
+        else:
+            self.evaluated = json.loads((Path(checkpoint) / BASELINE_STATE_FILE).read_text())["evaluated"]
 
     def cleanup(self) -> None:
-        self.algo.stop()
+        if self.algo is not None:
+            self.algo.stop()

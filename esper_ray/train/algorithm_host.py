@@ -13,25 +13,28 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.ppo import PPO
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.rounds import train_round
 
 NODE_PIN = 0.001  # a sliver of this node's "node:<ip>" resource pins a bundle to it
 
 
 class AlgorithmDriver:
-    """Builds (or restores) the algorithm and runs it; used directly or as a Ray actor."""
+    """Builds the algorithm (restoring a checkpoint's state into it) and runs it; used directly or as a Ray actor."""
 
-    def __init__(self, cfg: TrainConfig, resume: str | None) -> None:
-        self.algo = Algorithm.from_checkpoint(resume) if resume is not None else build_ppo_config(cfg).build_algo()
+    def __init__(self, cfg: TrainConfig, resume: str | None, progress_actor: str | None = None) -> None:
+        self.seed = cfg.seed
+        self.algo = build_ppo_config(cfg, progress_actor).build_algo()
+        if resume is not None:
+            self.algo.restore_from_path(resume)  # weights, optimizer, filters, normaliser, iteration
 
     def train(self) -> dict[str, Any]:
-        return self.algo.train()
+        return train_round(self.algo, self.seed)
 
     def save(self, path: str) -> None:
         self.algo.save_to_path(path)
@@ -45,28 +48,40 @@ class AlgorithmDriver:
             lambda runner: ray.get_runtime_context().get_node_id(), local_env_runner=False
         )
 
-    def stop(self) -> None:
+    def stop(self, abort: bool = False) -> None:
+        """Stop the algorithm; `abort` kills its env runners first, so a round in progress cannot delay it.
+
+        RLlib's own stop() asks every env runner to stop, and an env runner answers only after its current
+        sample() call: with long episodes, minutes after a Ctrl-C.
+        """
+        if abort:
+            # FaultTolerantActorManager.clear() (a DeveloperAPI) ray.kill()s every env runner it manages.
+            self.algo.env_runner_group._worker_manager.clear()
+            self.algo.learner_group.shutdown()
+            return
         self.algo.stop()
 
 
 class AlgorithmHandle:
     """The same methods as AlgorithmDriver, wherever the driver runs."""
 
-    def __init__(self, cfg: TrainConfig, resume: Path | None) -> None:
+    def __init__(self, cfg: TrainConfig, resume: Path | None, progress_actor: str | None = None) -> None:
         resume_path = str(resume.resolve()) if resume is not None else None
         self.group: PlacementGroup | None = None
         if cfg.placement == "SPREAD":
             self.group = spread_group(cfg)
             bundle = self.group.bundle_specs[0]
+            # Two threads: a Ctrl-C can then save the last finished round and stop the env runners while train()
+            # waits for them in the other thread.
             remote = ray.remote(AlgorithmDriver).options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_concurrency=2,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True),
             )
-            self.actor: Any = remote.remote(cfg, resume_path)
+            self.actor: Any = remote.remote(cfg, resume_path, progress_actor)
             self.local: AlgorithmDriver | None = None
         else:
-            self.local = AlgorithmDriver(cfg, resume_path)
+            self.local = AlgorithmDriver(cfg, resume_path, progress_actor)
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.local is not None:
@@ -85,11 +100,13 @@ class AlgorithmHandle:
     def env_runner_nodes(self) -> list[str]:
         return self._call("env_runner_nodes")
 
-    def stop(self) -> None:
-        self._call("stop")
-        if self.group is not None:
-            ray.kill(self.actor)
-            remove_placement_group(self.group)
+    def stop(self, abort: bool = False) -> None:
+        try:
+            self._call("stop", abort)
+        finally:
+            if self.group is not None:
+                ray.kill(self.actor)
+                remove_placement_group(self.group)
 
 
 def spread_group(cfg: TrainConfig) -> PlacementGroup:

@@ -1,4 +1,4 @@
-"""Per-episode metrics, logged from each env runner through RLlib's MetricsLogger (so they reach Tune and
+"""Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's MetricsLogger (so they reach Tune and
 TensorBoard): final host accuracy (mean/min/max), parameters added, seeds per outcome, op counts, per-phase
 seconds summed over all epochs of the episode, and each env's GradScaler scale (min/max across envs)."""
 
@@ -11,12 +11,22 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from esper_ray.contracts import metrics as m
 from esper_ray.contracts.actions import Op
+from esper_ray.train.progress import StepReporter
 
 
 class MorphoMetrics(RLlibCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = StepReporter()
+
+    def on_episode_step(self, *, env_runner: Any = None, **kwargs: Any) -> None:
+        self.progress.step(env_runner)  # feeds `esper-ray train`'s bar inside a round
+
     def on_episode_end(self, *, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **kwargs: Any) -> None:
         chunks = [*(prev_episode_chunks or []), episode]  # `episode` is only the last chunk
-        infos = [info for chunk in chunks for info in chunk.get_infos()]
+        # A chunk after the first starts with its predecessor's last info (the observation it continues from):
+        # count it once, or the step at a round boundary would be counted twice.
+        infos = list(chunks[0].get_infos()) + [info for chunk in chunks[1:] for info in chunk.get_infos()[1:]]
         first, final = infos[0], infos[-1]
         log = metrics_logger.log_value
         log(m.FINAL_ACCURACY, final["val_accuracy"], reduce="mean")

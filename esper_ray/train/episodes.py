@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from tqdm import tqdm
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
@@ -32,8 +32,16 @@ class EpisodeSummary:
     fossilized: int
     pruned: int
     rollbacks: int
-    terminated: bool
+    rolled_back: bool
+    """The episode ended early, by a governor rollback (a full run ends after max_epochs)."""
     seconds: float
+    test_accuracy: float | None = None
+    """Final model's accuracy on the held-out test split (measured only by evaluations)."""
+    test_loss: float | None = None
+
+    @property
+    def total_params(self) -> int:
+        return self.host_params + self.params_added
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,12 +52,16 @@ def run_episode(
     controller: Controller,
     episode: int,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    *,
+    reset_seed: int | None = None,
+    measure_test: bool = False,
 ) -> EpisodeSummary:
+    """One whole episode; `measure_test` adds the final model's held-out test accuracy (evaluations only)."""
     start = time.perf_counter()
-    obs, info = env.reset()
+    obs, info = env.reset(seed=reset_seed)
     controller.reset()
     initial = float(info["val_accuracy"])
-    total, steps, terminated = 0.0, 0, False
+    total, steps = 0.0, 0
     while True:
         obs, reward, terminated, truncated, info = env.step(controller.act(obs))
         total += reward
@@ -58,54 +70,46 @@ def run_episode(
             on_step(steps, info)
         if terminated or truncated:
             break
+    test_accuracy, test_loss = env.measure_test() if measure_test else (None, None)
     return EpisodeSummary(
         episode=episode, steps=steps, episode_return=total, initial_accuracy=initial,
         final_accuracy=float(info["val_accuracy"]), host_params=int(info["host_params"]),
         params_added=int(info["seed_params"]), germinated=int(info["count/germinated"]),
         fossilized=int(info["count/fossilized"]), pruned=int(info["count/pruned"]),
-        rollbacks=int(info["count/rollbacks"]), terminated=bool(terminated), seconds=time.perf_counter() - start,
+        rollbacks=int(info["count/rollbacks"]), rolled_back=bool(info["rollback"]), seconds=time.perf_counter() - start,
+        test_accuracy=test_accuracy, test_loss=test_loss,
     )
 
 
-def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool) -> list[EpisodeSummary]:
-    """`episodes` episodes in a row, with a progress line on stderr."""
+def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool,
+                 measure_test: bool = False) -> list[EpisodeSummary]:
+    """`episodes` episodes in a row, with a progress bar of their epochs on stderr (tqdm; off when not a terminal)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    bar = ProgressLine(episodes, env.cfg.max_epochs, enabled=progress)
     summaries = []
-    for episode in range(episodes):
-        summaries.append(run_episode(env, controller, episode, on_step=bar.step))
-        bar.episode_done()
+    with tqdm(total=episodes * env.cfg.max_epochs, unit="epoch", disable=None if progress else True, leave=False) as bar:
+
+        def on_step(step: int, info: dict[str, Any]) -> None:
+            bar.set_description(f"episode {len(summaries) + 1}/{episodes}", refresh=False)
+            bar.set_postfix_str(f"val acc {100 * info['val_accuracy']:.1f}%", refresh=False)
+            bar.update(1)
+
+        for episode in range(episodes):
+            summaries.append(run_episode(env, controller, episode, on_step=on_step, measure_test=measure_test))
+            bar.update(episode_end_steps(bar, episode + 1, env.cfg.max_epochs))
     return summaries
 
 
-class ProgressLine:
-    """A one-line progress display on stderr (rewritten in place on a terminal, throttled otherwise)."""
-
-    def __init__(self, total_episodes: int, max_epochs: int, enabled: bool = True) -> None:
-        self.total_episodes, self.max_epochs, self.enabled = total_episodes, max_epochs, enabled
-        self.tty = sys.stderr.isatty()
-        self.episode = 0
-
-    def step(self, step: int, info: dict[str, Any]) -> None:
-        if not self.enabled or (not self.tty and step % 10 and step != self.max_epochs):
-            return
-        done = (self.episode * self.max_epochs + step) / (self.total_episodes * self.max_epochs)
-        bar = "#" * int(20 * done) + "-" * (20 - int(20 * done))
-        line = (f"[{bar}] episode {self.episode + 1}/{self.total_episodes} epoch {step}/{self.max_epochs} "
-                f"val acc {100 * info['val_accuracy']:.1f}%")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def episode_done(self) -> None:
-        self.episode += 1
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
+def episode_end_steps(bar: tqdm, episodes_done: int, max_epochs: int) -> int:
+    """Steps to add so the bar reaches the end of an episode that a rollback ended early."""
+    return max(0, episodes_done * max_epochs - bar.n)
 
 
 def format_summary(s: EpisodeSummary) -> str:
+    test = f", test acc {100 * s.test_accuracy:.2f}%" if s.test_accuracy is not None else ""
     return (
-        f"episode {s.episode}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%), "
+        f"episode {s.episode}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
         f"params added {s.params_added:,} on a {s.host_params:,}-param host, seeds germinated {s.germinated} / "
         f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, {s.seconds:.1f}s"
-        + (", ended by governor rollback" if s.terminated else "")
+        + (", ended by governor rollback" if s.rolled_back else "")
     )

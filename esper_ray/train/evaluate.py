@@ -1,12 +1,21 @@
-"""`esper-ray eval`: run a checkpoint's greedy policy on fresh episodes, summarised as `esper-ray heuristic` does.
+"""Held-out evaluation: fixed episodes run by a controller, scored on the test split no reward ever reads.
 
-The policy sees observations normalised with the checkpoint's own filter statistics (frozen), through the
-same filter class used in training, so evaluation feeds the network what training fed it.
+Used three ways: `esper-ray eval` (a checkpoint's greedy policy), the end of every A/B trial (the trained
+policy on its own env runners, or a baseline controller in the trial's process), and tests.
+
+The episodes depend only on the run's settings and seed (`evaluation_episodes`): episode i trains on data
+shard i % envs, as env runner i % envs + 1 did in training, from a reset seed that no training episode uses.
+So every A/B arm with seed s evaluates on the same host initialisations and data orders, whatever its
+controller, and the greedy policy is never scored on an episode it trained on.
+
+The policy sees observations normalised with the frozen statistics of its own training filter, through the
+same filter class, so evaluation feeds the network what training fed it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,33 +25,70 @@ from ray.rllib.connectors.connector_pipeline_v2 import ConnectorPipelineV2
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModule
 
+from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
-from esper_ray.train.episodes import EpisodeSummary, run_episodes
-from esper_ray.train.runner import load_checkpoint_config
+from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.train.episodes import Controller, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.checkpoints import load_checkpoint_config
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
+EVAL_SEED_STRIDE = 1_000_000  # reset seeds of evaluation episodes start here; training resets use small seeds
+
+
+@dataclass(frozen=True)
+class EvalEpisode:
+    index: int
+    env_config: dict[str, Any]
+    reset_seed: int
+
+
+def evaluation_episodes(cfg: TrainConfig, episodes: int) -> list[EvalEpisode]:
+    """The fixed evaluation episodes of a run with these settings: identical for every controller."""
+    if episodes < 1:
+        raise ValueError(f"eval_episodes={episodes}: must be >= 1")
+    return [
+        EvalEpisode(i, cfg.env_config(shard=i % cfg.envs, num_shards=cfg.envs), EVAL_SEED_STRIDE * (cfg.seed + 1) + i)
+        for i in range(episodes)
+    ]
+
+
+def run_evaluation_episodes(plan: list[EvalEpisode], controller: Controller,
+                            on_step: Callable[[int, dict[str, Any]], None] | None = None) -> list[EpisodeSummary]:
+    """Run `plan` with one controller, one fresh env per episode; each summary carries its test accuracy."""
+    summaries = []
+    for item in plan:
+        env = MorphogeneticEnv(item.env_config)
+        summaries.append(run_episode(env, controller, item.index, on_step, reset_seed=item.reset_seed, measure_test=True))
+    return summaries
 
 
 class GreedyPolicyController:
     """Most likely action of every head, with the LSTM state carried through the episode."""
 
-    def __init__(self, module: RLModule, feature_filter: FeatureMeanStdFilter) -> None:
+    def __init__(self, module: RLModule, feature_filter: FeatureMeanStdFilter, device: torch.device | str = "cpu") -> None:
         self.module = module
         self.filter = feature_filter
+        self.device = torch.device(device)
         self.reset()
 
     def reset(self) -> None:
-        self.state = {k: torch.as_tensor(v)[None] for k, v in self.module.get_initial_state().items()}
+        self.state = {k: torch.as_tensor(v, device=self.device)[None] for k, v in self.module.get_initial_state().items()}
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         normalized = self.filter.normalize(obs[FEATURES], update=False)  # frozen training statistics
+
+        def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.as_tensor(x, dtype=dtype, device=self.device)[None, None]
+
         batch = {
             Columns.OBS: {
-                FEATURES: torch.as_tensor(normalized, dtype=torch.float32)[None, None],
-                "blueprint_ids": torch.as_tensor(obs["blueprint_ids"])[None, None],
-                "action_mask": torch.as_tensor(obs["action_mask"])[None, None],
+                FEATURES: tensor(normalized, torch.float32),
+                "blueprint_ids": tensor(obs["blueprint_ids"]),
+                "action_mask": tensor(obs["action_mask"]),
             },
             Columns.STATE_IN: self.state,
         }
@@ -50,25 +96,69 @@ class GreedyPolicyController:
             out = self.module.forward_inference(batch)
         self.state = out[Columns.STATE_OUT]
         dist = self.module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
-        return dist.to_deterministic().sample()[0, 0].numpy()
+        return dist.to_deterministic().sample()[0, 0].cpu().numpy()
+
+
+def feature_filter_of(pipeline: ConnectorPipelineV2, where: str) -> FeatureMeanStdFilter:
+    filters = [c for c in pipeline.connectors if isinstance(c, FeatureMeanStdFilter)]
+    if len(filters) != 1:
+        raise ValueError(f"{where}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}")
+    return filters[0]
 
 
 def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
     module = RLModule.from_checkpoint(str((checkpoint / MODULE_PATH).resolve()))
     module.eval()
     pipeline = ConnectorPipelineV2.from_checkpoint(str((checkpoint / ENV_TO_MODULE_PATH).resolve()))
-    filters = [c for c in pipeline.connectors if isinstance(c, FeatureMeanStdFilter)]
-    if len(filters) != 1:
-        raise ValueError(f"checkpoint {checkpoint}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}")
-    return module, filters[0]
+    return module, feature_filter_of(pipeline, f"checkpoint {checkpoint}")
+
+
+def baseline_controller(kind: ControllerKind, cfg: TrainConfig) -> Controller:
+    """A controller that needs no training. Random draws depend on the run's seed only."""
+    if kind is ControllerKind.NONE:
+        return NoGrowthController(cfg.slots)
+    if kind is ControllerKind.RANDOM:
+        return RandomController(cfg.slots, seed=EVAL_SEED_STRIDE + cfg.seed)
+    if kind is ControllerKind.HEURISTIC:
+        return HeuristicController(cfg.slots, cfg.max_epochs)
+    raise ValueError(f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm")
+
+
+def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int) -> list[EpisodeSummary]:
+    """Evaluate the algorithm's current greedy policy on its own env runners (their devices, in parallel).
+
+    Env runner k runs the episodes of its own shard with its own copy of the weights (synced after every
+    update) and its own observation filter (merged across runners every round).
+    """
+    plan = evaluation_episodes(cfg, episodes)
+
+    def evaluate(runner: Any) -> list[EpisodeSummary]:
+        mine = [e for e in plan if e.index % cfg.envs == runner.worker_index - 1]
+        feature_filter = feature_filter_of(runner._env_to_module, f"env runner {runner.worker_index}")
+        runner.module.eval()
+        return run_evaluation_episodes(mine, GreedyPolicyController(runner.module, feature_filter, runner._device))
+
+    # The actor manager itself, not EnvRunnerGroup.foreach_env_runner: with fault tolerance on, the latter logs and
+    # drops a runner's error, and the real cause (an exception in an episode) would be lost.
+    results = algo.env_runner_group._worker_manager.foreach_actor(evaluate, healthy_only=True)
+    for result in results:
+        if not result.ok:
+            raise result.get()
+    summaries = sorted((s for result in results for s in result.get()), key=lambda s: s.episode)
+    done = [s.episode for s in summaries]
+    if done != list(range(episodes)):
+        raise RuntimeError(f"evaluation: episodes {sorted(set(range(episodes)) - set(done))} did not return "
+                           f"(an env runner failed); {len(done)} of {episodes} finished")
+    return summaries
 
 
 def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,
                    progress: bool = True) -> list[EpisodeSummary]:
+    """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden)."""
     cfg = load_checkpoint_config(checkpoint)
     env_config = {**cfg.env_config(shard=0, num_shards=1), **(env_overrides or {})}
     if seed is not None:
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
     module, feature_filter = load_policy(checkpoint)
-    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress)
+    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True)

@@ -1,4 +1,8 @@
-"""RLlib's PPO torch learner with two additions: full-batch epochs, and per-head entropy and approximate KL.
+"""RLlib's PPO torch learner with three additions: full-batch epochs, the reward normaliser, and per-head entropy
+and approximate KL.
+
+Reward normaliser: see reward_normalizer.py; on when `learner_config_dict["reward_normalization"]` is true
+(TrainConfig.reward_normalization), inserted just before GAE, its statistics saved with the learner's state.
 
 Full-batch epochs: each of `num_epochs` passes is one gradient step on the whole round's batch of
 zero-padded, whole-episode sequences. RLlib 2.60's minibatch iterator sizes minibatches in unpadded steps
@@ -12,16 +16,45 @@ from typing import Any
 
 import torch
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.connectors.learner.general_advantage_estimation import GeneralAdvantageEstimation
 from ray.rllib.core.columns import Columns
+from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.annotations import override
 
 from esper_ray.policy.distribution import CausalFactoredDistribution
+from esper_ray.train.reward_normalizer import RewardStdNormalizer
 
 ENTROPY_PREFIX = "entropy_"
 APPROX_KL_KEY = "approx_kl"
+# RLlib's own `vf_explained_var` on padded [B, T] sequences is the explained variance of time step 0 only
+# (torch_utils.explained_variance reduces over dim 0 and returns element [0]); this one is over every real step.
+EXPLAINED_VARIANCE_KEY = "value_explained_variance"
+REWARD_STD_KEY = "reward_std"
+REWARD_NORMALIZER_STATE = "reward_normalizer"
 
 
 class MorphoPPOLearner(PPOTorchLearner):
+    @override(PPOTorchLearner)
+    def build(self) -> None:
+        super().build()
+        self.reward_normalizer: RewardStdNormalizer | None = None
+        if self.config.learner_config_dict.get("reward_normalization", False) and self._learner_connector is not None:
+            self.reward_normalizer = RewardStdNormalizer()
+            self._learner_connector.insert_before(GeneralAdvantageEstimation, self.reward_normalizer)
+
+    @override(PPOTorchLearner)
+    def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self.reward_normalizer is not None and self._check_component(REWARD_NORMALIZER_STATE, components, not_components):
+            state[REWARD_NORMALIZER_STATE] = self.reward_normalizer.get_state()
+        return state
+
+    @override(PPOTorchLearner)
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if self.reward_normalizer is not None and REWARD_NORMALIZER_STATE in state:
+            self.reward_normalizer.set_state(state[REWARD_NORMALIZER_STATE])
+
     @override(PPOTorchLearner)
     def _create_iterator_if_necessary(self, *, num_epochs: int = 1, **kwargs: Any) -> list[Any]:
         kwargs.update(minibatch_size=None, num_total_minibatches=0, shuffle_batch_per_epoch=False)
@@ -42,7 +75,14 @@ class MorphoPPOLearner(PPOTorchLearner):
             log_ratio = dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP]
             # Schulman's unbiased estimator of KL(old || new): E[(r - 1) - log r], http://joschu.net/blog/kl-approx.html
             metrics = {APPROX_KL_KEY: masked_mean(torch.exp(log_ratio) - 1 - log_ratio)}
+            module = self.module[module_id].unwrapped()
+            values = module.compute_values(batch, embeddings=fwd_out[Columns.EMBEDDINGS])[mask]  # type: ignore[attr-defined]
+            targets = batch[Postprocessing.VALUE_TARGETS][mask]
+            # nan when the targets do not vary (CleanRL's convention), never a made-up value
+            metrics[EXPLAINED_VARIANCE_KEY] = 1 - torch.var(targets - values) / torch.var(targets)
             for name, value in dist.head_entropies().items():
                 metrics[ENTROPY_PREFIX + name] = masked_mean(value)
+            if self.reward_normalizer is not None:
+                metrics[REWARD_STD_KEY] = torch.tensor(self.reward_normalizer.running.std)
             self.metrics.log_dict(metrics, key=module_id, window=1)
         return loss

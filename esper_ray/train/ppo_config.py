@@ -30,6 +30,7 @@ from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
 from esper_ray.train.callbacks import MorphoMetrics
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.learner import MorphoPPOLearner
+from esper_ray.train.progress import PROGRESS_ACTOR_KEY
 
 
 def observation_filter(env: object, spaces: object, device: object) -> FeatureMeanStdFilter:
@@ -37,7 +38,8 @@ def observation_filter(env: object, spaces: object, device: object) -> FeatureMe
     return FeatureMeanStdFilter(clip_by_value=10.0)
 
 
-def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
+def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPOConfig:
+    """`progress_actor`: name of a StepCounter the env runners report their steps to (train/progress.py)."""
     steps_per_runner = cfg.episodes_per_env * cfg.max_epochs
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1)
@@ -59,6 +61,7 @@ def build_ppo_config(cfg: TrainConfig) -> PPOConfig:
             num_gpus_per_learner=cfg.learner_gpus,
             num_cpus_per_learner=cfg.effective_learner_cpus,
             learner_class=MorphoPPOLearner,
+            learner_config_dict={"reward_normalization": cfg.reward_normalization, PROGRESS_ACTOR_KEY: progress_actor},
         )
         .training(
             lr=cfg.lr,

@@ -1,11 +1,8 @@
-"""`esper-ray train`: connect to Ray, build PPO, run rounds, report, checkpoint (every N, at the end, on Ctrl-C).
+"""`esper-ray train`: connect to Ray, check the run fits, build PPO, run rounds, report, checkpoint.
 
-Output folder:
-    config.json                 the TrainConfig
-    metrics.jsonl               one RoundSummary per round
-    tensorboard/                every numeric result of every round (`tensorboard --logdir OUTPUT`)
-    checkpoints/round_NNNNN/    RLlib checkpoints (weights, optimizer, observation-filter state) + train_config.json
-    checkpoints/latest.json     which checkpoint is newest
+Checkpoints are written every `checkpoint_every` rounds and at the end (folder layout: checkpoints.py). One
+Ctrl-C stops the run within seconds: the env runners are killed mid-round (their partial round is lost, as it
+would be anyway), the last finished round is saved if it was not yet, and the command exits with 130.
 
 With `placement: SPREAD` the algorithm runs in a driver actor whose placement group spreads env runners and
 learners over nodes (algorithm_host.py); with PACK (default) it runs in this process.
@@ -15,106 +12,70 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
 import ray
 from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
+from esper_ray.train.checkpoints import checkpoint_dir, latest_round, record_checkpoint
+from esper_ray.train.preflight import check_env_config
+from esper_ray.train.progress import RoundBar, start_step_counter
+from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.round_summary import RoundSummary, flatten_numbers, progress_line, summarize_round
-
-TRAIN_CONFIG_FILE = "train_config.json"
-LATEST_FILE = "latest.json"
 
 
 @dataclass(frozen=True)
 class TrainingOutcome:
     rounds: list[RoundSummary]
-    checkpoint: Path
+    checkpoint: Path | None
+    """Newest checkpoint (None when the run was interrupted before its first round finished)."""
     output: Path
     interrupted: bool
     seconds: float
 
 
-def required_resources(cfg: TrainConfig) -> tuple[float, float]:
-    """(CPUs, GPUs) the run's actors ask for (learners=0 runs the learner in this process)."""
-    cpus = cfg.envs * cfg.cpus_per_env + cfg.learners * cfg.effective_learner_cpus
-    gpus = cfg.envs * cfg.gpus_per_env + cfg.learners * cfg.learner_gpus
-    return cpus, gpus
-
-
-def connect_ray(cfg: TrainConfig) -> None:
-    """Join `cfg.address`, or start a local Ray sized for the run; then check the GPUs are there."""
-    cpus, gpus = required_resources(cfg)
-    if not ray.is_initialized():
-        if cfg.address is not None:
-            ray.init(address=cfg.address)
-        else:
-            # Logical CPUs may exceed the cores: env runners then share them, which is slower but works.
-            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)))
-    available = ray.cluster_resources().get("GPU", 0.0)  # the key is absent on a cluster without GPUs
-    if gpus > available + 1e-9:
-        raise ValueError(
-            f"gpus_per_env={cfg.gpus_per_env} with {cfg.envs} envs and learner_gpus={cfg.learner_gpus} with "
-            f"{cfg.learners} learners needs {gpus:g} GPUs and {available:g} were found. Lower gpus_per_env "
-            f"(0.25 puts four envs on a GPU), use fewer --envs, or join a cluster with GPUs (--address)."
-        )
-
-
-def checkpoint_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
+def save_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
     round_ = algo.iteration()
-    path = output / "checkpoints" / f"round_{round_:05d}"
+    path = checkpoint_dir(output, round_)
     algo.save(path)
-    (path / TRAIN_CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-    (output / "checkpoints" / LATEST_FILE).write_text(json.dumps({"round": round_, "path": str(path.resolve())}))
+    record_checkpoint(output, cfg, path, round_)
     return path
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or a training output folder (then its newest checkpoint)."""
-    path = Path(path).expanduser()
-    if (path / TRAIN_CONFIG_FILE).is_file():
-        return path
-    latest = path / "checkpoints" / LATEST_FILE
-    if latest.is_file():
-        return Path(json.loads(latest.read_text())["path"])
-    raise FileNotFoundError(
-        f"no esper-ray checkpoint at {path}: expected {TRAIN_CONFIG_FILE} in it (a checkpoint folder) or "
-        f"checkpoints/{LATEST_FILE} (a training output folder)"
-    )
-
-
-def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
-    return TrainConfig.from_mapping(json.loads((checkpoint / TRAIN_CONFIG_FILE).read_text()))
 
 
 def run_training(
     cfg: TrainConfig,
+    output: Path,
     resume: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> TrainingOutcome:
+    """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own)."""
     start = time.perf_counter()
-    output = Path(cfg.output).expanduser().resolve()
+    output = output.expanduser().resolve()
+    check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
+    connect_ray(cfg.address, log)
+    check_fits(cfg, local=cfg.address is None, log=log)
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    connect_ray(cfg)
-    algo = AlgorithmHandle(cfg, resume)
+    counter_name, counter = start_step_counter()
+    algo = AlgorithmHandle(cfg, resume, counter_name)
     if resume is not None:
         log(f"resumed from {resume} at round {algo.iteration()}")
     nodes = algo.env_runner_nodes()
     log(f"placement {cfg.placement}: {len(nodes)} env runners on {len(set(nodes))} node(s)")
     writer = SummaryWriter(str(output / "tensorboard"))
+    log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
-    checkpoint: Path | None = None
     interrupted = False
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
-                result = algo.train()
+                with RoundBar(counter, algo.iteration() + 1, cfg.rounds, cfg.episode_steps_per_round):
+                    result = algo.train()
                 summary = summarize_round(result)
                 summaries.append(summary)
                 log(progress_line(summary, cfg.rounds))
@@ -124,20 +85,28 @@ def run_training(
                     if math.isfinite(value):  # e.g. a mean over no episodes this round
                         writer.add_scalar(key, value, summary.round)
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
-                    checkpoint = checkpoint_round(algo, cfg, output)
+                    save_round(algo, cfg, output)
     except KeyboardInterrupt:
         interrupted = True
-        log("interrupted: saving a checkpoint of the last finished round")
+        log("interrupted: stopping the env runners and keeping the last finished round")
     finally:
         writer.close()
-        if checkpoint is None or not checkpoint.name.endswith(f"{algo.iteration():05d}"):
-            checkpoint = checkpoint_round(algo, cfg, output)
-        algo.stop()
+        try:
+            done = algo.iteration()
+            if done > 0 and latest_round(output) != done:
+                save_round(algo, cfg, output)
+        finally:
+            algo.stop(abort=interrupted)
+            ray.kill(counter)
+    checkpoint = None
+    if latest_round(output) is not None:
+        checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
     return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:
-    lines = [f"{'interrupted after' if outcome.interrupted else 'finished'} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
+    verb = "interrupted after" if outcome.interrupted else "finished"
+    lines = [f"{verb} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]
         steps = sum(r.env_steps for r in outcome.rounds)
@@ -147,6 +116,9 @@ def format_outcome(outcome: TrainingOutcome) -> str:
             f"episode return {first.episode_return:.2f} -> {last.episode_return:.2f}"
         )
         lines.append(f"  {steps} env steps, {steps / busy:.1f} steps/s, {busy / len(outcome.rounds):.1f}s per round")
-    lines.append(f"  checkpoint: {outcome.checkpoint}")
+    if outcome.checkpoint is not None:
+        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {outcome.output} --rounds N)")
+    else:
+        lines.append("  no round finished: nothing was saved")
     lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir {outcome.output / 'tensorboard'}")
     return "\n".join(lines)
