@@ -67,6 +67,15 @@ def _parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _plain(value: Any) -> Any:
+    """Lists for tuples, so a setting compares equal however it was written."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path | None]:
     """defaults < --config file < flags; with --resume, the checkpoint's settings (only rounds/output/address change).
 
@@ -80,10 +89,16 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     env = _parse_env_overrides(args.env)
     if args.resume is not None:
         checkpoint = resolve_checkpoint(args.resume)
-        changed = sorted(set(flags) - {"rounds", "output", "address"}) + (["env"] if env else []) + (["config"] if args.config else [])
-        if changed:
-            raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may change (got {changed})")
         stored = load_checkpoint_config(checkpoint)
+        given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
+        if env:
+            given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
+        stored_settings = stored.to_dict()
+        changed = sorted(k for k, v in given_settings.items() if k not in ("rounds", "output", "address")
+                         and (k not in stored_settings or _plain(v) != _plain(stored_settings[k])))
+        if changed:
+            raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may "
+                             f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})")
         done = round_of(checkpoint)
         rounds = flags.get("rounds", stored.rounds)
         if rounds <= done:

@@ -54,6 +54,7 @@ CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
     Blueprint.CONV_LIGHT,
     Blueprint.CONV_HEAVY,
 )
+TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (Blueprint.NORM, Blueprint.ATTENTION, Blueprint.LORA, Blueprint.LORA_LARGE, Blueprint.MLP_SMALL, Blueprint.MLP, Blueprint.FLEX_ATTENTION)
 
 
 class BlendAlgorithm(IntEnum):

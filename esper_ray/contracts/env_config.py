@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from esper_ray.contracts.fields import check_keys
+from esper_ray.contracts.fields import check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
@@ -77,6 +77,7 @@ class EnvConfig:
     """Roll back to the last good snapshot on NaN/Inf or diverging validation loss."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r}: unknown; choose one of {list(TASKS)}")
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):

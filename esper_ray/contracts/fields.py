@@ -6,7 +6,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
+import types
+import typing
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -38,3 +41,54 @@ def check_keys(cls: type, mapping: Mapping[str, Any], what: str) -> None:
     unknown = sorted(set(mapping) - valid)
     if unknown:
         raise ValueError(f"unknown {what}(s) {unknown}; valid keys: {sorted(valid)}")
+
+
+def _describe(hint: Any) -> str:
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a finite number"
+    if hint is str:
+        return "a string"
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    return "a mapping of settings"
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if origin is Mapping or hint is Mapping:
+        return isinstance(value, Mapping)
+    raise TypeError(f"check_types does not know the annotation {hint!r}")
+
+
+def check_types(obj: Any) -> None:
+    """Raise ValueError `name=value: must be ...` for any field whose value does not fit its annotation.
+
+    Runs first in a config's __post_init__, so the range checks after it never meet a wrong type (a string
+    where a number belongs would otherwise escape as a TypeError).
+    """
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        hint = hints[f.name]
+        if not _matches(value, hint):
+            allowed = [_describe(h) for h in typing.get_args(hint) if h is not type(None)] or [_describe(hint)]
+            optional = type(None) in typing.get_args(hint)
+            raise ValueError(f"{f.name}={value!r}: must be {' or '.join(allowed)}{' (or left out)' if optional else ''}")

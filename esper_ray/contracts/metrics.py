@@ -17,11 +17,12 @@ PHASE_TIME_PREFIX = "esper/time_"
 GRAD_SCALE_MIN = "esper/grad_scale_min"
 GRAD_SCALE_MAX = "esper/grad_scale_max"
 EPISODES = "esper/episodes"
+EPISODE_RETURN = "esper/episode_return"
+"""This round's mean episode return (RLlib's episode_return_mean is smoothed over the last 100 episodes)."""
 
 # RLlib's own keys that the progress line reads.
 ENV_RUNNERS = "env_runners"
 LEARNERS = "learners"
-EPISODE_RETURN_MEAN = "episode_return_mean"
 ENV_STEPS_SAMPLED = "num_env_steps_sampled"
 ENV_STEP_FAILURES = "num_env_step_failures"
 DEFAULT_MODULE = "default_policy"

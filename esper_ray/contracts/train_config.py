@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, EnvConfig
-from esper_ray.contracts.fields import check_keys
+from esper_ray.contracts.fields import check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
 PLACEMENTS = ("PACK", "SPREAD")
@@ -83,6 +83,7 @@ class TrainConfig:
     """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`)."""
 
     def __post_init__(self) -> None:
+        check_types(self)
         object.__setattr__(self, "slots", tuple(self.slots))
         object.__setattr__(self, "env", dict(self.env))
         for name, minimum in (("envs", 1), ("episodes_per_env", 1), ("rounds", 1), ("learners", 0), ("ppo_epochs", 1),

@@ -1,8 +1,11 @@
-"""A fault that tests inject to check that training survives it; off unless an environment variable asks.
+"""Faults that tests inject to check that runs survive them; off unless an environment variable asks.
 
-ESPER_RAY_TEST_NAN_AT_EPOCH=N poisons the host's weights with NaN just before epoch N of every episode, as a
-diverging run would: the governor must roll back, end the episode `terminated`, and training must go on.
-Tests pass it to env runners with `config.python_environment(extra_python_environs_for_worker=...)`.
+ESPER_RAY_TEST_NAN_AT_EPOCH=N:seed=S poisons the host's weights with NaN just before epoch N of every episode
+of the envs with seed S, as a diverging run would: the governor must roll back, end the episode `terminated`,
+and training must go on. Set before Ray starts, it reaches every worker.
+
+ESPER_RAY_TEST_FAIL_TRIAL=ARM/SEED makes that A/B trial raise when it starts: Tune must retry it per the
+experiment's `max_failures`, then mark it failed, and the rest of the experiment must complete.
 """
 
 from __future__ import annotations
@@ -13,11 +16,25 @@ import torch
 from torch import nn
 
 NAN_AT_EPOCH = "ESPER_RAY_TEST_NAN_AT_EPOCH"
+FAIL_TRIAL = "ESPER_RAY_TEST_FAIL_TRIAL"
 
 
-def nan_epoch() -> int | None:
+class InjectedFault(RuntimeError):
+    """Raised where a test asked for a failure."""
+
+
+def fail_if_asked(trial_name: str) -> None:
+    if os.environ.get(FAIL_TRIAL) == trial_name:
+        raise InjectedFault(f"injected failure of trial {trial_name} ({FAIL_TRIAL})")
+
+
+def nan_epoch(seed: int) -> int | None:
+    """The epoch to poison in envs of this seed, if a test asked for it."""
     value = os.environ.get(NAN_AT_EPOCH)
-    return int(value) if value else None
+    if not value:
+        return None
+    epoch, _, target = value.partition(":seed=")
+    return int(epoch) if int(target) == seed else None
 
 
 def poison_with_nan(model: nn.Module) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 import warnings
 from collections.abc import Mapping
@@ -120,7 +121,8 @@ class MorphogeneticEnv(gym.Env):
 
     def start_round(self, round_: int) -> None:
         """From now on, episode k of training round `round_` starts from a seed fixed by (seed, shard, round, k),
-        whatever reset() is given: a resumed run then replays the rounds an uninterrupted one would have."""
+        whatever reset() is given, and so does this process's global generator, which samples the policy's
+        actions: a resumed run then replays the rounds an uninterrupted one would have (train/rounds.py)."""
         self._round, self._episode_in_round = round_, 0
 
     def measure_test(self) -> tuple[float, float]:
@@ -146,6 +148,12 @@ class MorphogeneticEnv(gym.Env):
         if self._round is not None:
             rng = np.random.default_rng([self.cfg.seed, self.cfg.shard, self._round, self._episode_in_round])
             self._episode_in_round += 1
+            # The env runner samples actions from the global generators of this process; seeding them here, at
+            # the episode's start, makes the episode's actions as reproducible as its host.
+            action_seed = int(rng.integers(2**31))
+            random.seed(action_seed)
+            np.random.seed(action_seed)
+            torch.manual_seed(action_seed)
         else:
             if seed is not None:
                 self._episode_rng = np.random.default_rng([seed, self.cfg.shard])
@@ -232,7 +240,7 @@ class MorphogeneticEnv(gym.Env):
 
     def _train_epoch(self) -> TrainStats:
         assert self.model is not None
-        if self.epoch + 1 == nan_epoch():  # a test's injected fault (faults.py); never set otherwise
+        if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
             poison_with_nan(self.model.host)
         capture = GradientCapture(self.model)
         stats = train_epoch(

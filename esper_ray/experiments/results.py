@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_ret
 EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
                 "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
 FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
+TRIAL_DIR_RE = re.compile(r"^(.+)_seed(\d+)_[0-9a-f]+_\d+$")  # runner._trial_name: {arm}_seed{seed}_{trial_id}
 
 
 @dataclass
@@ -111,22 +113,27 @@ def collect_trials(output: Path) -> ExperimentRecord:
     record = read_experiment_file(output)
     spec = ExperimentSpec.from_mapping(record["experiment"])
     found: dict[tuple[str, int], TrialResult] = {}
+    positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
     tune_path = output / TUNE_DIR
     if tune.Tuner.can_restore(str(tune_path)):
         for result in tune.Tuner.restore(str(tune_path), trainable=MorphoTrial).get_results():
-            if result.config is None or TRIAL_KEY not in result.config:
-                continue  # a trial Tune planned but never started writes no config
-            config = result.config[TRIAL_KEY]
+            if result.config is not None and TRIAL_KEY in result.config:
+                arm, seed = result.config[TRIAL_KEY]["arm"], int(result.config[TRIAL_KEY]["seed"])
+            else:  # a trial that failed before its first result has no config on disk: its folder names it
+                named = TRIAL_DIR_RE.match(Path(result.path).name)
+                if named is None or result.error is None:
+                    continue  # planned, never started
+                arm, seed = named.group(1), int(named.group(2))
             history, evaluation, started = _history_and_evaluation(result.metrics_dataframe)
-            controller = ControllerKind.parse(config["controller"])
+            controller = spec.controller(arm)
             if result.error is not None:
                 status = ERROR
             elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
                 status = FINISHED
             else:
                 status = INCOMPLETE if history or evaluation else NOT_STARTED
-            found[(config["arm"], int(config["seed"]))] = TrialResult(
-                arm=config["arm"], seed=int(config["seed"]), position=int(config["position"]), controller=controller,
+            found[(arm, seed)] = TrialResult(
+                arm=arm, seed=seed, position=positions[(arm, seed)], controller=controller,
                 status=status, error=None if result.error is None else (str(result.error).strip().splitlines() or [""])[-1],
                 history=history, evaluation=evaluation, started_at=started,
             )

@@ -24,6 +24,7 @@ from ray.tune.result import DONE
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.env.faults import fail_if_asked
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.ppo_config import build_ppo_config
@@ -80,6 +81,7 @@ class MorphoTrial(tune.Trainable):
         return PlacementGroupFactory([bundle])
 
     def setup(self, config: dict[str, Any]) -> None:
+        fail_if_asked(f"{config[TRIAL_KEY]['arm']}/{config[TRIAL_KEY]['seed']}")  # tests only (env/faults.py)
         self.cfg = train_config_of(config)
         self.controller = controller_of(config)
         self.eval_episodes = int(config[TRIAL_KEY]["eval_episodes"])
@@ -89,7 +91,7 @@ class MorphoTrial(tune.Trainable):
     def step(self) -> dict[str, Any]:
         if self.algo is None:
             return self._baseline_step()
-        result = train_round(self.algo, self.cfg.seed)
+        result = train_round(self.algo)
         summary = summarize_round(result)
         metrics = {k: v for k, v in flatten_numbers(result).items() if math.isfinite(v)}
         metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})

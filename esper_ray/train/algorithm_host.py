@@ -28,13 +28,15 @@ class AlgorithmDriver:
     """Builds the algorithm (restoring a checkpoint's state into it) and runs it; used directly or as a Ray actor."""
 
     def __init__(self, cfg: TrainConfig, resume: str | None, progress_actor: str | None = None) -> None:
-        self.seed = cfg.seed
         self.algo = build_ppo_config(cfg, progress_actor).build_algo()
         if resume is not None:
             self.algo.restore_from_path(resume)  # weights, optimizer, filters, normaliser, iteration
+            # restore_from_path loads the observation filter into the local env runner only; the remote ones
+            # would sample the first resumed round with fresh statistics (and act differently).
+            self.algo.env_runner_group.sync_env_runner_states(config=self.algo.config, from_worker=self.algo.env_runner)
 
     def train(self) -> dict[str, Any]:
-        return train_round(self.algo, self.seed)
+        return train_round(self.algo)
 
     def save(self, path: str) -> None:
         self.algo.save_to_path(path)

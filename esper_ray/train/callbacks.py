@@ -40,6 +40,7 @@ class MorphoMetrics(RLlibCallback):
         log(m.SEEDS_PRUNED, final["count/pruned"], reduce="mean")
         log(m.ROLLBACKS, final["count/rollbacks"], reduce="sum")
         log(m.EPISODES, 1, reduce="sum")
+        log(m.EPISODE_RETURN, sum(chunk.get_return() for chunk in chunks), reduce="mean")
         ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
         for op in Op:
             log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="sum")

@@ -50,7 +50,7 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         env_steps=steps,
         env_steps_lifetime=int(result["num_env_steps_sampled_lifetime"]),
         episodes=int(_number(runners, m.EPISODES, 0)),
-        episode_return=_number(runners, m.EPISODE_RETURN_MEAN),
+        episode_return=_number(runners, m.EPISODE_RETURN),
         final_accuracy=_number(runners, m.FINAL_ACCURACY),
         final_accuracy_min=_number(runners, m.FINAL_ACCURACY_MIN),
         final_accuracy_max=_number(runners, m.FINAL_ACCURACY_MAX),

@@ -1,0 +1,209 @@
+"""The seven transformer seed blueprints (DOMAIN.md section 4). Every seed maps [B, T, C] to the same shape.
+
+All are residual, s = x + delta(x), and exact identities at birth (DOMAIN.md: "All transformer seeds are
+identity at birth"): delta's last affine map (`last_affine()`) starts at zero, so delta(x) is exactly 0.
+At birth only that last map receives gradient; the layers before it start learning after its first step.
+
+Unlike the original, the attention and MLP seeds read LayerNorm(x) (pre-norm, like the host's blocks), so
+they hold 2C more parameters than DOMAIN.md's counts.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from esper_ray.contracts.actions import TRANSFORMER_BLUEPRINTS, Blueprint
+
+LORA_RANK = 8
+LORA_LARGE_RANK = 32
+ATTENTION_SEED_HEADS = 4
+
+
+class NormSeed(nn.Module):
+    """x + tanh(s) * (LayerNorm(x) - x); s starts at 0, so the seed is the identity at birth."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.scale = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.scale) * (self.norm(x) - x)
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.scale
+
+
+class LoRASeed(nn.Module):
+    """x + up(down(x)) with a rank-`rank` bottleneck (Hu et al. 2021); `up` is zero at birth."""
+
+    def __init__(self, channels: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(channels, rank, bias=False)
+        self.up = nn.Linear(rank, channels, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.up(self.down(x))
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.up
+
+
+class MLPSeed(nn.Module):
+    """x + fc2(gelu(fc1(LayerNorm(x)))) with `hidden` units; fc2 is zero at birth."""
+
+    def __init__(self, channels: int, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.fc1 = nn.Linear(channels, hidden)
+        self.fc2 = nn.Linear(hidden, channels)
+        nn.init.zeros_(self.fc2.weight)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.fc2
+
+
+def seed_heads(channels: int) -> int:
+    """4 heads, or the largest count below 4 that divides `channels` (1 always does)."""
+    return next(h for h in range(ATTENTION_SEED_HEADS, 0, -1) if channels % h == 0)
+
+
+class AttentionSeed(nn.Module):
+    """x + proj(causal multi-head self-attention(LayerNorm(x))); proj is zero at birth.
+
+    Position t attends to positions <= t only, so the seed keeps the host's causality.
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.n_heads = seed_heads(channels)
+        self.norm = nn.LayerNorm(channels)
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.proj = nn.Linear(channels, channels)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        qkv = self.qkv(self.norm(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in qkv)  # (B, nh, T, hs)
+        y = self.attend(q, k, v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return x + self.proj(y)
+
+    def last_affine(self) -> nn.Module | nn.Parameter:
+        return self.proj
+
+
+def _causal(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    return q_idx >= kv_idx
+
+
+class FlexAttentionSeed(AttentionSeed):
+    """The attention seed computed by FlexAttention with a causal block mask (same parameters and math).
+
+    Runs eagerly (no torch.compile), which materialises the full score matrix: correct, not fast. The mask
+    is built once per (T, device) and cached. Check `flex_attention_available(device)` before training it.
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self._masks: dict[tuple[int, str], object] = {}
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        T = q.size(2)
+        key = (T, str(q.device))
+        if key not in self._masks:
+            self._masks[key] = create_block_mask(_causal, None, None, T, T, device=q.device)
+        return flex_attention(q, k, v, block_mask=self._masks[key])  # type: ignore[return-value]  # (B, nh, T, hs)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_flex_attention(device: str) -> tuple[bool, str]:
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:
+        return False, f"flex_attention needs torch >= 2.5; this is torch {torch.__version__} ({err})"
+    try:
+        with warnings.catch_warnings():  # the once-per-process "unfused without torch.compile" notice; see FlexAttentionSeed
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            q = torch.randn(1, 1, 8, 8, device=device, requires_grad=True)
+            mask = create_block_mask(_causal, None, None, 8, 8, device=device)
+            flex_attention(q, q, q, block_mask=mask).sum().backward()  # type: ignore[union-attr]
+    except (NotImplementedError, RuntimeError, AssertionError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return False, f"flex_attention cannot train on {device!r} with torch {torch.__version__}: {first_line}"
+    return True, f"flex_attention trains on {device!r} with torch {torch.__version__}"
+
+
+def flex_attention_available(device: torch.device | str = "cpu") -> tuple[bool, str]:
+    """Whether the flex_attention seed can train (forward and backward) on `device`, and why not.
+
+    Probed once per device with a tiny forward and backward pass. torch 2.13 has no CPU backward for
+    FlexAttention, so on CPU this is (False, reason); on CUDA it is normally available.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, f"flex_attention cannot run on {str(dev)!r} with torch {torch.__version__}: CUDA is not available here"
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return _probe_flex_attention(str(dev))
+
+
+_BUILDERS: dict[Blueprint, Callable[[int], nn.Module]] = {
+    Blueprint.NORM: NormSeed,
+    Blueprint.ATTENTION: AttentionSeed,
+    Blueprint.LORA: lambda c: LoRASeed(c, LORA_RANK),
+    Blueprint.LORA_LARGE: lambda c: LoRASeed(c, LORA_LARGE_RANK),
+    Blueprint.MLP_SMALL: lambda c: MLPSeed(c, 2 * c),
+    Blueprint.MLP: lambda c: MLPSeed(c, 4 * c),
+    Blueprint.FLEX_ATTENTION: FlexAttentionSeed,
+}
+assert tuple(sorted(_BUILDERS)) == tuple(sorted(TRANSFORMER_BLUEPRINTS)), "every transformer blueprint needs a builder"
+
+
+def resolve_transformer_blueprint(name: str | Blueprint) -> Blueprint:
+    """Accept a Blueprint or its lower-case name; raise ValueError naming the transformer blueprints otherwise."""
+    available = ", ".join(b.key for b in TRANSFORMER_BLUEPRINTS)
+    if isinstance(name, Blueprint):
+        blueprint = name
+    else:
+        try:
+            blueprint = Blueprint[str(name).upper()]
+        except KeyError:
+            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
+    if blueprint not in _BUILDERS:
+        raise ValueError(f"blueprint {blueprint.key!r} is not available for transformer hosts; available: {available}")
+    return blueprint
+
+
+def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu") -> nn.Module:
+    """A fresh seed for a slot of width `channels`, to be trained on `device`. No silent fallback.
+
+    `device` only matters for flex_attention, which raises ValueError where it cannot train there.
+    The seed is built on the CPU; move it with `.to(device)`.
+    """
+    resolved = resolve_transformer_blueprint(blueprint)
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
+        raise ValueError(f"channels={channels!r}: must be an integer >= 1")
+    if resolved is Blueprint.FLEX_ATTENTION:
+        ok, reason = flex_attention_available(device)
+        if not ok:
+            raise ValueError(f"blueprint 'flex_attention' is not available: {reason}")
+    return _BUILDERS[resolved](channels)

@@ -1,0 +1,128 @@
+"""Faults a run must survive, on a local Ray with 2 CPUs: a NaN host, a killed env runner, a trial that raises,
+and `kill -9` of `esper-ray train` between checkpoints (resumed rounds replay the uninterrupted run's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.env.faults import FAIL_TRIAL, NAN_AT_EPOCH
+from esper_ray.train.algorithm_host import AlgorithmDriver
+from esper_ray.train.round_summary import summarize_round
+
+pytestmark = pytest.mark.expensive
+NAN_SEED = 77
+SMALL = dict(task="digits", envs=2, cpus_per_env=0.5, episodes_per_env=1, learners=0, env={"batch_size": 512})
+
+
+@pytest.fixture(scope="module")
+def ray_with_faults():
+    """This module's own Ray: the fault switches must be in the environment before Ray starts its workers."""
+    import ray
+
+    os.environ[FAIL_TRIAL] = "broken/1"
+    os.environ[NAN_AT_EPOCH] = f"4:seed={NAN_SEED}"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    del os.environ[FAIL_TRIAL], os.environ[NAN_AT_EPOCH]
+
+
+def test_a_nan_host_rolls_back_ends_its_episode_and_training_goes_on(ray_with_faults):
+    driver = AlgorithmDriver(TrainConfig(max_epochs=6, seed=NAN_SEED, **SMALL), None)
+    try:
+        summaries = [summarize_round(driver.train()) for _ in range(3)]
+    finally:
+        driver.stop()
+    assert all(s.rollbacks >= 1 and s.failed_env_steps == 0 for s in summaries)  # every episode hits epoch 4
+    assert all(math.isfinite(s.episode_return) and s.episodes >= 1 for s in summaries)
+    assert [s.round for s in summaries] == [1, 2, 3]
+
+
+def test_a_killed_env_runner_is_restarted_and_the_run_goes_on(ray_with_faults):
+    driver = AlgorithmDriver(TrainConfig(max_epochs=300, **SMALL), None)
+    algo = driver.algo
+    try:
+        driver.train()
+        victim = algo.env_runner_group._worker_manager._actors[1]
+        killer = threading.Timer(1.5, lambda: ray_with_faults.kill(victim, no_restart=False))
+        killer.start()  # lands in the middle of the next round
+        hit = summarize_round(driver.train())
+        killer.join()
+        later = [driver.train() for _ in range(2)]
+    finally:
+        driver.stop()
+    assert hit.episodes <= 2  # the killed runner's episode of that round is lost, the other runner's is not
+    last = later[-1]
+    assert last["fault_tolerance"]["num_healthy_workers"] == 2 and last["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    assert summarize_round(last).episodes == 2 and summarize_round(last).failed_env_steps == 0  # both runners again
+
+
+def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray_with_faults, tmp_path):
+    from esper_ray.cli import main
+
+    experiment = tmp_path / "fail.yaml"
+    experiment.write_text(json.dumps({
+        "name": "fail", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "max_failures": 1,
+        "arms": {"broken": {"controller": "none"}, "fine": {"controller": "none", "env": {"host_lr": 0.01}}},
+        "max_concurrent_trials": 2, "order_seed": 1,
+        "training": {"task": "digits", "max_epochs": 2, "envs": 1, "cpus_per_env": 0.5},
+    }))
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    status = {(t["arm"], t["seed"]): t["status"] for t in results["trials"]}
+    assert status == {("broken", 0): "finished", ("broken", 1): "error", ("fine", 0): "finished", ("fine", 1): "finished"}
+    broken = next(t for t in results["trials"] if t["status"] == "error")
+    assert "InjectedFault" in broken["error"] and not broken["in_statistics"]
+    assert results["statistics"]["arms"][0]["n"] == 1 and "n shrank" in (out / "report.md").read_text()
+    failures = list((out / "tune").glob("broken_seed1_*/error.txt"))
+    assert failures and failures[0].read_text().count("Failure #") == 2  # the first try and one retry
+
+
+def _train(out: Path, rounds: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", str(rounds), "--envs", "2", "--cpus-per-env", "0.5",
+         "--max-epochs", "60", "--episodes-per-env", "1", "--task", "digits", "--env", "batch_size=512",
+         "--checkpoint-every", "1", "--seed", "3", "--output", str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"},
+    )
+
+
+def _rounds(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["round"]: r for r in rows}  # a round redone after a resume keeps its last value
+
+
+def test_kill_9_then_resume_replays_the_uninterrupted_rounds(ray_with_faults, tmp_path):
+    whole = _train(tmp_path / "whole", 5)
+    whole.communicate(timeout=600)
+    assert whole.returncode == 0
+
+    killed = _train(tmp_path / "killed", 5)
+    for line in killed.stdout:  # kill -9 the whole command (its own session: only its own Ray processes)
+        if line.startswith("round 3/5"):  # round 4 (seconds long) has begun
+            os.killpg(os.getpgid(killed.pid), signal.SIGKILL)
+            break
+    killed.wait(timeout=60)
+    done = json.loads((tmp_path / "killed" / "checkpoints" / "latest.json").read_text())["round"]
+    assert 2 <= done <= 3
+    resumed = _train(tmp_path / "killed", 5, "--resume", str(tmp_path / "killed"))
+    printed, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, printed[-3000:]
+    assert f"resumed from" in printed and f"at round {done}" in printed
+
+    expected, got = _rounds(tmp_path / "whole"), _rounds(tmp_path / "killed")
+    keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
+    for round_ in range(done + 1, 6):
+        assert {k: got[round_][k] for k in keys} == {k: expected[round_][k] for k in keys}, round_
