@@ -120,9 +120,10 @@ def test_cifar10_missing_says_where_it_looked_and_how_to_get_it(tmp_path):
 
 def test_synthetic_data_is_learnable_by_nearest_class_mean():
     data = make_synthetic(2000)
-    means = torch.stack([data.train_x[data.train_y == c].mean(0) for c in range(10)])
+    assert data.train_x.dtype == torch.uint8  # stored as CIFAR is
+    means = torch.stack([data.prepare(data.train_x[data.train_y == c]).mean(0) for c in range(10)])
     for x, y in ((data.val_x, data.val_y), (data.test_x, data.test_y)):
-        distances = ((x[:, None] - means[None]) ** 2).flatten(2).sum(-1)
+        distances = ((data.prepare(x)[:, None] - means[None]) ** 2).flatten(2).sum(-1)
         accuracy = float((distances.argmin(1) == y).float().mean())
         assert accuracy > 0.5 and len(y) == 400
     assert data.train_x.shape[1:] == (3, 32, 32) and not torch.equal(data.val_x, data.test_x)

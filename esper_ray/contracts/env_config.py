@@ -73,6 +73,11 @@ class EnvConfig:
     """Most live seeds at once; None = one per enabled slot."""
     val_batch_size: int = 1024
     """Validation samples per fused forward chunk (each chunk runs all counterfactual configurations)."""
+    cudnn_deterministic: bool = False
+    """On CUDA, use cuDNN's deterministic algorithms: bit-identical reruns, about 3x slower host training (RLlib
+    turns them on in every seeded worker; the env sets this back to what is asked)."""
+    cuda_graphs: bool = True
+    """On CUDA, replay the train step from a captured CUDA graph (fp32 and bf16; fp16 stays eager)."""
     governor: bool = True
     """Roll back to the last good snapshot on NaN/Inf or diverging validation loss."""
 

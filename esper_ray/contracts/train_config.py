@@ -48,6 +48,10 @@ class TrainConfig:
     one machine it needs no cores of its own (RLlib would reserve 1 for a CPU learner)."""
     driver_cpus: float = 1.0
     """CPUs reserved for the process that drives the algorithm (a Tune trial's own process in `esper-ray ab`)."""
+    mps: bool = False
+    """Start a private CUDA MPS daemon on every GPU node for the run, so that envs sharing a GPU run their
+    kernels side by side instead of in turns; stopped when the run ends. Off by default (no use with one env
+    per GPU)."""
     placement: str = "PACK"
     """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
     seed: int = 0
@@ -106,6 +110,9 @@ class TrainConfig:
             )
         if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ValueError(f"gamma={self.gamma}, gae_lambda={self.gae_lambda}: gamma in (0, 1], gae_lambda in [0, 1]")
+        if self.mps and self.gpus_per_env == 0:
+            raise ValueError("mps=True shares a GPU between env processes, but gpus_per_env=0 gives them none; "
+                             "set --gpus-per-env (0.25 puts four envs on a GPU) or leave --mps out")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:

@@ -107,7 +107,8 @@ def load_cifar10(data_dir: str | None) -> TaskData:
 
 
 def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10) -> TaskData:
-    """Learnable CIFAR-shaped data: each class is a smooth random prototype; samples add noise and a gain."""
+    """Learnable CIFAR-shaped data, stored as CIFAR is (uint8): each class is a smooth random prototype, samples add
+    noise and a gain, quantised as 128 + 32 x, so `prepare` gives back x (about unit scale)."""
     gen = torch.Generator().manual_seed(SPLIT_SEED)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
     prototypes = torch.nn.functional.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False)
@@ -117,12 +118,13 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
         y = torch.randint(num_classes, (n,), generator=gen)
         gain = 0.5 + torch.rand(n, 1, 1, 1, generator=gen)
         x = gain * prototypes[y] + 1.5 * torch.randn(n, channels, image_size, image_size, generator=gen)
-        return x, y
+        return (128 + 32 * x).round().clamp(0, 255).to(torch.uint8), y
 
     train_x, train_y = sample(train_size)
     val_x, val_y = sample(held_out)
     test_x, test_y = sample(held_out)
-    return TaskData("synthetic", train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 1.0, (0.0,) * channels, (1.0,) * channels)
+    mean, std = (128 / 255,) * channels, (32 / 255,) * channels
+    return TaskData("synthetic", train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 255.0, mean, std)
 
 
 def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000) -> TaskData:

@@ -7,7 +7,7 @@ reports are the batches and samples it really delivered.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -35,6 +35,12 @@ class DeviceShard:
 
     def num_batches(self, batch_size: int) -> int:
         return -(-len(self) // batch_size)
+
+    def epoch(self, generator: torch.Generator, prepare: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole shard in a random order drawn from `generator`, prepared as model input in one pass:
+        batch i of the epoch is rows [i * batch, (i + 1) * batch)."""
+        order = torch.randperm(len(self), generator=generator, device=self.device)
+        return prepare(self.x[order]), self.y[order]
 
     def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every sample once, in a random order drawn from `generator` (which lives on the shard's device)."""

@@ -1,26 +1,21 @@
 """One host epoch on a shard, and one fused counterfactual validation pass.
 
 Both accumulate on the device and synchronise once, at the end (no `.item()` per batch). All counts are
-what was really processed: samples for the classification tasks.
+what was really processed: samples for the classification tasks. The optimisation step itself, and its
+CUDA-graph capture, live in train_step.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from esper_ray.contracts.stages import Stage
-from esper_ray.morpho.model import MorphogeneticModel
-from esper_ray.morpho.slot import SeedSlot
 from esper_ray.data.sharding import DeviceShard
-
-# Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
-TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
-
+from esper_ray.env.train_step import Precision, StepGraphs, TrainStep
+from esper_ray.morpho.model import MorphogeneticModel
 
 @dataclass(frozen=True)
 class TrainStats:
@@ -52,23 +47,6 @@ class ValStats:
         return self.loss_sum[config] / self.samples
 
 
-@dataclass
-class Precision:
-    """Autocast dtype (None = fp32) and the env's own GradScaler (fp16 only)."""
-
-    dtype: torch.dtype | None = None
-    scaler: torch.amp.GradScaler | None = None
-
-    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[object]:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.dtype)
-
-
-def trained_slots(model: MorphogeneticModel) -> list[SeedSlot]:
-    return [s for s in model.seed_slots() if s.stage in TRAINED_STAGES and s.optimizer is not None and not s.pruning]
-
-
 def train_epoch(
     model: MorphogeneticModel,
     host_optimizer: torch.optim.Optimizer,
@@ -79,49 +57,35 @@ def train_epoch(
     prepare: Callable[[torch.Tensor], torch.Tensor],
     precision: Precision,
     max_grad_norm: float,
+    graphs: StepGraphs | None = None,
     on_last_batch: Callable[[], None] | None = None,
 ) -> TrainStats:
-    """Train host and seeds for one pass over the shard. `prepare` turns a raw batch into model input."""
+    """Train host and seeds for one pass over the shard. `prepare` turns raw samples into model input.
+
+    The epoch's order and augmentation are drawn for the whole shard at once (a few large kernels instead of a
+    few small ones per batch); then every full batch but the last runs through `graphs` (a captured CUDA
+    graph where enabled, eager otherwise), and the last batch, full or short, runs eagerly with the gradient
+    telemetry hook.
+    """
     model.train()
-    device = shard.device
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.int64)
-    slots = trained_slots(model)
-    host_params = list(model.host.parameters())
-    batches = samples = 0
-    n_batches = shard.num_batches(batch_size)
-    scaler = precision.scaler
-    for x_raw, y in shard.batches(batch_size, generator):
-        x = prepare(x_raw)
-        with precision.autocast(device):
-            logits = model(x)
-        loss = nn.functional.cross_entropy(logits.float(), y)
-        host_optimizer.zero_grad(set_to_none=True)
-        for s in slots:
-            s.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        optimizers = [host_optimizer] + [s.optimizer for s in slots]
-        if scaler is not None:
-            for opt in optimizers:
-                scaler.unscale_(opt)  # type: ignore[arg-type]
-        batches += 1
-        if batches == n_batches and on_last_batch is not None:
-            on_last_batch()  # gradient telemetry reads the last batch's unclipped gradients (as device tensors)
-        torch.nn.utils.clip_grad_norm_(host_params, max_grad_norm)
-        for s in slots:
-            torch.nn.utils.clip_grad_norm_(s.seed_parameters(), max_grad_norm)
-        for opt in optimizers:
-            if scaler is not None:
-                scaler.step(opt)  # type: ignore[arg-type]
-            else:
-                opt.step()  # type: ignore[union-attr]
-        if scaler is not None:
-            scaler.update()
-        samples += len(y)
-        loss_sum += loss.detach() * len(y)
-        correct += (logits.argmax(dim=1) == y).sum()
-    loss_value, correct_value = torch.stack([loss_sum, correct.to(loss_sum.dtype)]).tolist()  # the one sync
-    return TrainStats(batches=batches, samples=samples, loss_sum=loss_value, correct=int(correct_value))
+    graphs = graphs or StepGraphs(enabled=False)
+    acc = graphs.accumulators(shard.device)
+    acc.reset()
+    step = TrainStep(model, host_optimizer, precision, max_grad_norm, acc)
+    x_all, y_all = shard.epoch(generator, prepare)
+    samples = len(y_all)
+    n_batches = -(-samples // batch_size)
+    capturable = graphs.usable(step)
+    for i in range(n_batches):
+        x, y = x_all[i * batch_size : (i + 1) * batch_size], y_all[i * batch_size : (i + 1) * batch_size]
+        if i == n_batches - 1:
+            step(x, y, on_grads=on_last_batch)
+        elif capturable:
+            graphs.run(step, x, y)
+        else:
+            step(x, y)
+    loss_value, correct_value = torch.stack([acc.loss_sum, acc.correct.to(acc.loss_sum.dtype)]).tolist()  # the one sync
+    return TrainStats(batches=n_batches, samples=samples, loss_sum=loss_value, correct=int(correct_value))
 
 
 def validate_fused(

@@ -38,7 +38,8 @@ from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import TaskData, load_task_data
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.faults import nan_epoch, poison_with_nan
-from esper_ray.env.epoch import Precision, TrainStats, ValStats, train_epoch, validate_fused
+from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
+from esper_ray.env.train_step import Precision, StepGraphs
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
@@ -82,7 +83,10 @@ class MorphogeneticEnv(gym.Env):
         self.reward_config = self.cfg.reward_config  # this env's own copy
         self.device = resolve_device(self.cfg.device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        if self.device.type == "cuda":
+            torch.backends.cudnn.deterministic = self.cfg.cudnn_deterministic  # a process-wide flag: one env per process
         self.precision = _precision(self.cfg.amp, self.device)
+        self.graphs = StepGraphs(enabled=self.device.type == "cuda" and self.cfg.cuda_graphs)
         self._host_cfg = host_preset(self.cfg.task)
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), CNNHost(self._host_cfg).slot_ids)
         self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size)
@@ -164,6 +168,7 @@ class MorphogeneticEnv(gym.Env):
             torch.manual_seed(episode_seed)
             model = MorphogeneticModel(CNNHost(self._host_cfg), self.slot_ids, self.cfg.lifecycle)
         self.model = model.to(self.device)
+        self.graphs.forget()
         if self.device.type == "cuda":
             self.model = self.model.to(memory_format=torch.channels_last)
         self.host_optimizer = torch.optim.SGD(
@@ -246,7 +251,7 @@ class MorphogeneticEnv(gym.Env):
         stats = train_epoch(
             self.model, self.host_optimizer, self.shard,
             batch_size=self.cfg.effective_batch_size, generator=self.data_generator, prepare=self._prepare_train,
-            precision=self.precision, max_grad_norm=self.cfg.max_grad_norm, on_last_batch=capture,
+            precision=self.precision, max_grad_norm=self.cfg.max_grad_norm, graphs=self.graphs, on_last_batch=capture,
         )
         capture.publish()
         self.epoch += 1
@@ -273,6 +278,7 @@ class MorphogeneticEnv(gym.Env):
         assert self.model is not None
         self.governor.restore(self.model)
         self.host_optimizer.state.clear()  # momentum from the bad trajectory must not carry over
+        self.graphs.forget()  # the captured step held that momentum
         self.counts["rollbacks"] += 1
         self.loss_history.pop()
         self.accuracy_history.pop()

@@ -29,6 +29,7 @@ from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
 from esper_ray.train.callbacks import MorphoMetrics
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
+from esper_ray.train.env_runner import CpuPolicyEnvRunner
 from esper_ray.train.learner import MorphoPPOLearner
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY
 
@@ -55,6 +56,7 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
             batch_mode="truncate_episodes",
             sample_timeout_s=None,  # an env step is a whole host epoch: never give up on a slow runner
             env_to_module_connector=observation_filter,
+            env_runner_cls=CpuPolicyEnvRunner,  # the env uses the runner's GPU share, the policy the CPU
         )
         .learners(
             num_learners=cfg.learners,

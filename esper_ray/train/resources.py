@@ -46,8 +46,9 @@ def demand_of(cfg: TrainConfig) -> Demand:
     )
 
 
-def connect_ray(address: str | None, log: Callable[[str], None] = print) -> None:
-    """Join `address` (auto or HOST:PORT) or start a local Ray with this machine's CPUs.
+def connect_ray(address: str | None, log: Callable[[str], None] = print, env_vars: dict[str, str] | None = None) -> None:
+    """Join `address` (auto or HOST:PORT) or start a local Ray with this machine's CPUs; `env_vars` reach every
+    worker of the job (the MPS pipe folder, say).
 
     Quiet unless ESPER_RAY_VERBOSE is set: no worker output forwarded (deprecation warnings, "install gputil",
     core-worker lines) and Ray's own loggers at ERROR. Errors of actors still arrive, as exceptions.
@@ -55,7 +56,9 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print) -> None
     if ray.is_initialized():
         return
     verbose = os.environ.get(VERBOSE_ENV) == "1"
-    quiet = {} if verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
+    quiet: dict[str, object] = {} if verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
+    if env_vars:
+        quiet["runtime_env"] = {"env_vars": dict(env_vars)}
     if not verbose:
         for name in ("ray", "ray.rllib", "ray.tune", "ray.train"):
             logging.getLogger(name).setLevel(logging.ERROR)

@@ -10,6 +10,7 @@ learners over nodes (algorithm_host.py); with PACK (default) it runs in this pro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -23,6 +24,7 @@ from tensorboardX import SummaryWriter
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
 from esper_ray.train.checkpoints import checkpoint_dir, latest_round, record_checkpoint
+from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
@@ -52,13 +54,28 @@ def run_training(
     output: Path,
     resume: Path | None = None,
     log: Callable[[str], None] = print,
+    on_result: Callable[[dict], None] | None = None,
 ) -> TrainingOutcome:
     """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own)."""
     start = time.perf_counter()
     output = output.expanduser().resolve()
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
-    connect_ray(cfg.address, log)
+    mps_env = mps_environment(new_run_id()) if cfg.mps else None
+    connect_ray(cfg.address, log, env_vars=mps_env)
     check_fits(cfg, local=cfg.address is None, log=log)
+    with contextlib.ExitStack() as stack:
+        if mps_env is not None:
+            nodes = stack.enter_context(mps_daemons(mps_env))
+            log(f"MPS: a private daemon on {len(nodes)} GPU node(s), pipe folder {mps_env['CUDA_MPS_PIPE_DIRECTORY']}")
+        summaries, interrupted = _train_rounds(cfg, output, resume, log, on_result)
+    checkpoint = None
+    if latest_round(output) is not None:
+        checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
+    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
+
+
+def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Callable[[str], None],
+                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], bool]:
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     counter_name, counter = start_step_counter()
@@ -78,6 +95,8 @@ def run_training(
                     result = algo.train()
                 summary = summarize_round(result)
                 summaries.append(summary)
+                if on_result is not None:
+                    on_result(result)
                 log(progress_line(summary, cfg.rounds))
                 metrics_file.write(json.dumps(summary.as_dict()) + "\n")
                 metrics_file.flush()
@@ -98,10 +117,7 @@ def run_training(
         finally:
             algo.stop(abort=interrupted)
             ray.kill(counter)
-    checkpoint = None
-    if latest_round(output) is not None:
-        checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
-    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
+    return summaries, interrupted
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:

@@ -1,0 +1,241 @@
+"""Throughput of the envs stepping bare against the same envs inside `esper-ray train`, on this machine.
+
+    python benchmarks/throughput.py                       # CPU: small sizes (CI runs this once as a smoke test)
+    python benchmarks/throughput.py --gpu                 # one GPU: the README's table (CIFAR-shaped uint8 data)
+    python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
+    python benchmarks/throughput.py --gpu --mps           # the same with a private MPS daemon
+
+`bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
+controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
+(every round after the first). Both report env steps/s and host training samples/s summed over the envs;
+their ratio is the RL overhead (1.0 = free). Progress goes to stderr; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SKIP_BARE = False
+
+
+@dataclass(frozen=True)
+class Setup:
+    envs: int
+    gpus: int
+    task: str
+    train_size: int
+    """Training samples of all envs together (each env gets train_size / envs)."""
+    batch_size: int
+    max_epochs: int
+    episodes_per_env: int
+    rounds: int
+    bare_seconds: float
+    slots: tuple[str, ...]
+    model: str
+    cuda_graphs: bool = True
+    learner_gpus: float = 0.0
+    cpus_per_env: float | None = None
+
+    @property
+    def gpus_per_env(self) -> float:
+        """Each GPU's room after one learner's share, split among its envs (4 envs and a 0.2 learner: 0.2 each), so
+        every GPU packs the same and the learner fits beside the envs of one of them."""
+        if not self.gpus:
+            return 0.0
+        return int(1000 * (1.0 - self.learner_gpus) / (self.envs // self.gpus)) / 1000
+
+    def env_config(self, shard: int) -> dict[str, Any]:
+        config: dict[str, Any] = {"task": self.task, "slots": list(self.slots), "max_epochs": self.max_epochs,
+                                  "batch_size": self.batch_size, "shard": shard, "num_shards": self.envs,
+                                  "cuda_graphs": self.cuda_graphs}
+        if self.task == "synthetic":
+            config["synthetic_size"] = self.train_size
+        if self.gpus:
+            config["device"] = f"cuda:{shard % self.gpus}"
+        return config
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, Any]:
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return {"card": card, "gpus_present": torch.cuda.device_count(), "cpus": os.cpu_count(),
+            "host": platform.node(), "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------------------------------------ bare
+def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
+    torch.set_num_threads(threads)
+    from esper_ray.env import MorphogeneticEnv
+    from esper_ray.policy.baselines import RandomController
+
+    env = MorphogeneticEnv(setup.env_config(shard))
+    controller = RandomController(env.slot_ids, seed=shard)
+    obs, _ = env.reset(seed=shard)
+    for _ in range(3):  # warm up: CUDA context, cuDNN, the first graph capture
+        obs, _, terminated, _, _ = env.step(controller.act(obs))
+    barrier.wait()
+    start, steps, samples = time.perf_counter(), 0, 0
+    while time.perf_counter() - start < setup.bare_seconds:
+        obs, _, terminated, _, info = env.step(controller.act(obs))
+        steps, samples = steps + 1, samples + int(info["train_total"])
+        if terminated:
+            obs, _ = env.reset()
+    results.put((steps, samples, time.perf_counter() - start))
+
+
+def bare(setup: Setup) -> dict[str, float]:
+    context = mp.get_context("spawn")
+    barrier, results = context.Barrier(setup.envs), context.Queue()
+    threads = max(1, (os.cpu_count() or 1) // setup.envs)
+    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
+    for w in workers:
+        w.start()
+    outcomes = [results.get(timeout=900) for _ in workers]
+    for w in workers:
+        w.join()
+    seconds = max(o[2] for o in outcomes)
+    return {"env_steps_per_s": sum(o[0] for o in outcomes) / seconds, "samples_per_s": sum(o[1] for o in outcomes) / seconds}
+
+
+# ----------------------------------------------------------------------------------------------------- train
+def train(setup: Setup, mps: bool) -> dict[str, float]:
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.runner import run_training
+
+    env = {k: v for k, v in setup.env_config(0).items() if k not in ("task", "slots", "max_epochs", "shard", "num_shards", "device")}
+    cfg = TrainConfig(task=setup.task, slots=setup.slots, max_epochs=setup.max_epochs, envs=setup.envs,
+                      episodes_per_env=setup.episodes_per_env, rounds=setup.rounds, gpus_per_env=setup.gpus_per_env,
+                      cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
+                      learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, checkpoint_every=0, env=env)
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as folder:
+        outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=results.append)
+    from esper_ray.train.round_summary import flatten_numbers
+
+    last = flatten_numbers(results[-1])
+    timers = {k: round(v, 4) for k, v in last.items() if ("timer" in k or "esper/time_" in k or "time_between" in k)
+              and "lifetime" not in k and "throughput" not in k}
+    log("timers of the last round: " + json.dumps(timers))
+    steady = outcome.rounds[1:] or outcome.rounds
+    seconds = sum(r.seconds for r in steady)
+    steps = sum(r.env_steps for r in steady)
+    samples_per_step = setup.train_size / setup.envs
+    return {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
+            "seconds_per_round": seconds / len(steady)}
+
+
+@contextlib.contextmanager
+def local_ray(mps: bool):  # type: ignore[no-untyped-def]
+    """A local Ray for the train half (with the MPS environment when asked); the bare half needs none."""
+    import ray
+
+    from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
+
+    env = mps_environment(new_run_id()) if mps else None
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": env} if env else None)
+    try:
+        with mps_daemons(env) if env else contextlib.nullcontext():
+            yield
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
+    """The same private daemon for the bare processes (they inherit its pipe folder)."""
+    if not mps:
+        yield
+        return
+    import shutil
+    import subprocess
+
+    from esper_ray.train.mps import CONTROL, mps_environment, new_run_id
+
+    env = mps_environment(new_run_id())
+    for folder in env.values():
+        os.makedirs(folder, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    subprocess.run([CONTROL, "-d"], check=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run([CONTROL], input="quit\n", text=True, timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]), ignore_errors=True)
+
+
+def measure(setup: Setup, mps: bool) -> dict[str, Any]:
+    log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
+    with bare_mps(mps):
+        bare_rate = bare(setup) if not SKIP_BARE else {"env_steps_per_s": float("nan"), "samples_per_s": float("nan")}
+    log(f"bare: {bare_rate}")
+    log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
+    with local_ray(mps):
+        train_rate = train(setup, mps)
+    log(f"train: {train_rate}")
+    measured_bare = not SKIP_BARE
+    return {
+        "bare_env_steps_per_s": round(bare_rate["env_steps_per_s"], 2) if measured_bare else None,
+        "bare_samples_per_s": round(bare_rate["samples_per_s"]) if measured_bare else None,
+        "train_env_steps_per_s": round(train_rate["env_steps_per_s"], 2), "train_samples_per_s": round(train_rate["samples_per_s"]),
+        "train_over_bare": round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3) if measured_bare else None,
+        "train_samples_per_s_per_gpu": round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
+        "train_seconds_per_round": round(train_rate["seconds_per_round"], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", action="store_true", help="GPU sizes (default: small CPU sizes)")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)")
+    parser.add_argument("--envs-per-gpu", type=int, default=4)
+    parser.add_argument("--learner-gpus", type=float, default=0.2, help="GPU share of the learner with --gpu")
+    parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
+    parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
+    parser.add_argument("--skip-bare", action="store_true", help="only the train half (the bare figures print as 0)")
+    parser.add_argument("--bare-seconds", type=float, default=None)
+    args = parser.parse_args()
+    global SKIP_BARE
+    SKIP_BARE = args.skip_bare
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.gpu:
+        envs = args.gpus * args.envs_per_gpu
+        setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, batch_size=512, max_epochs=20,
+                      episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
+                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=args.learner_gpus, cpus_per_env=args.cpus_per_env)
+    else:
+        setup = Setup(envs=2, gpus=0, task="digits", train_size=1079, batch_size=64, max_epochs=10, episodes_per_env=1,
+                      rounds=args.rounds or 3, bare_seconds=args.bare_seconds or 5.0, slots=("r0c0", "r0c1", "r0c2"), model="cpu")
+    report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
+    report["without_mps"] = measure(setup, mps=False)
+    if args.mps:
+        report["with_mps"] = measure(setup, mps=True)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""One optimisation step of host and seeds on one batch, run eagerly or replayed from a captured CUDA graph.
+
+The tiny hosts are launch-bound: a batch of the cifar10 host is ~100 kernel launches of microseconds each, so
+the GPU waits on Python. Captured once as a CUDA graph, the whole step (forward, loss, backward, gradient
+clips, host and seed optimizer steps, loss/accuracy accumulation) is one launch.
+
+What may be captured: full batches of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host),
+and not the epoch's last batch (gradient telemetry reads it eagerly). A graph is tied to the module
+structure it was captured with, so it is keyed by everything that changes the step's code path or its
+tensors: the live seeds, their stages, blends and optimizers, the host optimizer, and the precision. A new
+key is captured after `WARMUP_STEPS` eager steps (which create optimizer state and let cuDNN choose its
+algorithms); the capture itself runs nothing, so every batch is trained exactly once, in order, and a graph
+replay computes what the eager step would (the same kernels on the same data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from esper_ray.contracts.stages import Stage
+from esper_ray.morpho.model import MorphogeneticModel
+from esper_ray.morpho.slot import SeedSlot
+
+# Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
+TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+WARMUP_STEPS = 2
+
+
+@dataclass
+class Precision:
+    """Autocast dtype (None = fp32) and the env's own GradScaler (fp16 only)."""
+
+    dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+
+    def autocast(self, device: torch.device, capturing: bool = False) -> contextlib.AbstractContextManager[object]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        # A graph must not keep autocast's cast cache from capture time (torch's CUDA-graph notes).
+        return torch.autocast(device_type=device.type, dtype=self.dtype, cache_enabled=not capturing)
+
+
+def trained_slots(model: MorphogeneticModel) -> list[SeedSlot]:
+    return [s for s in model.seed_slots() if s.stage in TRAINED_STAGES and s.optimizer is not None and not s.pruning]
+
+
+class Accumulators:
+    """Loss sum and correct count of an epoch, on the device (read once, at the end)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device, dtype=torch.int64)
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.correct.zero_()
+
+
+class TrainStep:
+    """The step, eager: what a captured graph replays."""
+
+    def __init__(self, model: MorphogeneticModel, host_optimizer: torch.optim.Optimizer, precision: Precision,
+                 max_grad_norm: float, accumulators: Accumulators) -> None:
+        self.model, self.host_optimizer, self.precision = model, host_optimizer, precision
+        self.max_grad_norm, self.acc = max_grad_norm, accumulators
+        self.slots = trained_slots(model)
+        self.host_params = list(model.host.parameters())
+
+    def key(self) -> tuple[Any, ...]:
+        """Everything a captured graph depends on besides tensor values (objects compare by identity)."""
+        per_slot = tuple((s.slot_id, s.stage, s.pruning, s.algorithm, s.seed, s.gate, s.optimizer) for s in self.model.seed_slots())
+        return (per_slot, self.host_optimizer, self.precision.dtype, self.max_grad_norm)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, on_grads: Callable[[], None] | None = None,
+                 capturing: bool = False) -> None:
+        scaler = self.precision.scaler
+        with self.precision.autocast(x.device, capturing):
+            logits = self.model(x)
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        optimizers = [self.host_optimizer] + [s.optimizer for s in self.slots]
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            for opt in optimizers:
+                scaler.unscale_(opt)  # type: ignore[arg-type]
+        if on_grads is not None:
+            on_grads()  # gradient telemetry reads the unclipped gradients (as device tensors)
+        torch.nn.utils.clip_grad_norm_(self.host_params, self.max_grad_norm)
+        for s in self.slots:
+            torch.nn.utils.clip_grad_norm_(s.seed_parameters(), self.max_grad_norm)
+        for opt in optimizers:
+            if scaler is not None:
+                scaler.step(opt)  # type: ignore[arg-type]
+            else:
+                opt.step()  # type: ignore[union-attr]
+        if scaler is not None:
+            scaler.update()
+        self.acc.loss_sum += loss.detach() * len(y)
+        self.acc.correct += (logits.argmax(dim=1) == y).sum()
+
+
+class CapturedStep:
+    """A TrainStep captured as a CUDA graph over static input buffers of one batch shape."""
+
+    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.key = step.key()
+        self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            step(self.static_x, self.static_y, capturing=True)
+
+    def replay(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.static_x.copy_(x)
+        self.static_y.copy_(y)
+        self.graph.replay()
+
+
+class StepGraphs:
+    """The env's captured step (one at a time), the eager steps it takes to get one, and the accumulators every
+    step of the env writes to (a graph writes to the tensors it was captured with, so they must outlive epochs).
+
+    `capture` builds the captured step; tests pass a CPU stand-in to check the bookkeeping without a GPU.
+    """
+
+    def __init__(self, enabled: bool, capture: Callable[[TrainStep, torch.Tensor, torch.Tensor], Any] = CapturedStep) -> None:
+        self.enabled = enabled
+        self.capture = capture
+        self.captured: Any = None
+        self.eager_since_change = 0
+        self.captures = 0
+        self._accumulators: Accumulators | None = None
+
+    def accumulators(self, device: torch.device) -> Accumulators:
+        """The same tensors every epoch (a captured graph adds to the ones it was captured with)."""
+        if self._accumulators is None:
+            self._accumulators = Accumulators(device)
+        return self._accumulators
+
+    def usable(self, step: TrainStep) -> bool:
+        return self.enabled and step.precision.scaler is None
+
+    def run(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One full-size batch that is not the epoch's last: replay, capture, or (while warming up) eager."""
+        if self.captured is not None and self.captured.key == step.key():
+            self.captured.replay(x, y)
+            return
+        if self.captured is not None:  # the model changed: this graph's tensors are not the step's any more
+            self.captured, self.eager_since_change = None, 0
+        if self.eager_since_change < WARMUP_STEPS:
+            step(x, y)
+            self.eager_since_change += 1
+            return
+        self.captured = self.capture(step, x, y)
+        self.captures += 1
+        self.captured.replay(x, y)
+
+    def forget(self) -> None:
+        """After a rollback or a new episode: the optimizer state a graph captured is gone."""
+        self.captured, self.eager_since_change = None, 0
