@@ -15,24 +15,31 @@ from typing import Any
 import yaml
 
 from esper_ray.cli_args import add_dataclass_arguments, given
-from esper_ray.contracts.actions import CNN_BLUEPRINTS
+from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
-from esper_ray.morpho.host import HOST_PRESETS, CNNHost, host_preset
+from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
-    host = CNNHost(host_preset(args.task))
-    print(f"task {args.task}: host {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
-    header = f"{'slot':<6}{'C x H x W':>12}" + "".join(f"{b.key:>12}" for b in CNN_BLUEPRINTS)
-    print(header)
+    host = build_host(args.task)
+    blueprints = topology_blueprints(host.topology.value)
+    print(f"host {args.task} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
+    print(f"{'slot':<6}{'features':>14}" + "".join(f"{b.key:>15}" for b in blueprints))
     for slot in host.slot_ids:
-        c, h, w = host.slot_shape(slot)
-        counts = "".join(f"{count_params(build_seed(b, c)):>12,}" for b in CNN_BLUEPRINTS)
-        print(f"{slot:<6}{f'{c} x {h} x {w}':>12}{counts}")
+        shape = " x ".join(str(d) for d in host.slot_shape(slot))
+        channels = host.slot_channels(slot)
+        print(f"{slot:<6}{shape:>14}" + "".join(f"{_seed_size(b, channels, host.topology):>15}" for b in blueprints))
     return 0
+
+
+def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
+    try:
+        return f"{count_params(build_seed(blueprint, channels, topology)):,}"
+    except ValueError:  # flex_attention where it cannot run (no CPU backward)
+        return "n/a here"
 
 
 VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
@@ -183,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     host = sub.add_parser("host", allow_abbrev=False,
                           help="show a task's host network: its slots and each blueprint's parameter count")
-    host.add_argument("--task", default="digits", choices=sorted(HOST_PRESETS), help="task preset (default: digits)")
+    host.add_argument("--task", default="digits", choices=HOST_PRESET_NAMES, help="host preset: a task, or text-gpu (default: digits)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(

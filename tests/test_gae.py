@@ -23,15 +23,16 @@ GAMMA, LAMBDA = 0.9, 0.8
 REWARDS = [0.5, -1.0, 2.0, 0.25, 1.5]
 
 
-def record_episode(env: MorphogeneticEnv, *, terminated: bool) -> SingleAgentEpisode:
-    obs, _ = env.reset(seed=0)
+def record_episode(env: MorphogeneticEnv, *, terminated: bool, rollback: bool = False) -> SingleAgentEpisode:
+    obs, info = env.reset(seed=0)
     controller = HeuristicController(env.slot_ids, T)
-    observations, actions = [obs], []
+    observations, actions, infos = [obs], [], [info]
     for _ in range(T):
         action = controller.act(obs)
-        obs, *_ = env.step(action)
+        obs, _, _, _, info = env.step(action)
         observations.append(obs)
         actions.append(action)
+        infos.append(dict(info, rollback="nan" if rollback else ""))
     cell = 64
     extra = {
         Columns.ACTION_LOGP: np.zeros(T, np.float32),
@@ -39,7 +40,7 @@ def record_episode(env: MorphogeneticEnv, *, terminated: bool) -> SingleAgentEpi
         Columns.STATE_OUT: {"h": np.zeros((T, cell), np.float32), "c": np.zeros((T, cell), np.float32)},
     }
     episode = SingleAgentEpisode(
-        observations=observations, actions=actions, rewards=REWARDS, extra_model_outputs=extra,
+        observations=observations, actions=actions, rewards=REWARDS, infos=infos, extra_model_outputs=extra,
         terminated=terminated, truncated=not terminated, observation_space=env.observation_space,
         action_space=env.action_space, len_lookback_buffer=0,
     )
@@ -57,12 +58,13 @@ def hand_gae(values: list[float], *, bootstrap: bool, rewards: list[float] = REW
     return targets
 
 
-def value_targets(normalize: bool):
-    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA, reward_normalization=normalize)
+def value_targets(normalize: bool, clawback: bool = False, rollback: bool = False):
+    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA, reward_normalization=normalize,
+                      rollback_clawback=clawback)
     env = MorphogeneticEnv(cfg.env_config(shard=0, num_shards=6))
     spaces = {"__env__": (env.observation_space, env.action_space), "default_policy": (env.observation_space, env.action_space)}
     learner = build_ppo_config(cfg).build_learner(spaces=spaces)  # PPOLearner.build() adds AddOneTs... and GAE
-    episodes = [record_episode(env, terminated=False), record_episode(env, terminated=True)]
+    episodes = [record_episode(env, terminated=False), record_episode(env, terminated=True, rollback=rollback)]
     observations = [e.get_observations() for e in episodes]  # before the connector appends its phantom step
     batch = learner._learner_connector(rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics)
     return learner, batch, observations
@@ -111,3 +113,12 @@ def test_running_std_merges_batches_like_one_pass():
     for part in parts:
         running.update(part)
     assert running.std == pytest.approx(np.std(np.concatenate(parts))) and running.count == 51
+
+
+def test_a_rollback_forfeits_the_episodes_earlier_rewards_and_keeps_its_penalty():
+    _, batch, _ = value_targets(normalize=False, clawback=True, rollback=True)
+    rewards = batch["default_policy"][Columns.REWARDS]
+    assert rewards[0, :T].tolist() == pytest.approx(REWARDS)  # the cut episode keeps its rewards
+    assert rewards[1, :T].tolist() == pytest.approx([0.0] * (T - 1) + [REWARDS[-1]])  # the rolled-back one: only its last
+    _, untouched, _ = value_targets(normalize=False, clawback=True, rollback=False)
+    assert untouched["default_policy"][Columns.REWARDS][1, :T].tolist() == pytest.approx(REWARDS)

@@ -73,9 +73,12 @@ def test_heuristic_fossilizes_a_contributing_holding_seed_and_prunes_a_useless_o
     assert decode_joint(int(action[0]), 3) == (expected, 1)
 
 
-def test_heuristic_rotation_rejects_non_cnn_blueprints():
-    with pytest.raises(ValueError, match=r"rotation: \['lora'\] are not CNN blueprints"):
-        HeuristicConfig(rotation=(Blueprint.CONV_LIGHT, Blueprint.LORA))
+def test_heuristic_rotation_must_fit_the_host_topology():
+    with pytest.raises(ValueError, match=r"rotation: \['lora'\] are not cnn blueprints"):
+        HeuristicController(["r0c0"], 10, HeuristicConfig(rotation=(Blueprint.CONV_LIGHT, Blueprint.LORA)))
+    with pytest.raises(ValueError, match=r"rotation: \['conv_light'\] are not transformer blueprints"):
+        HeuristicController(["r0c0"], 10, HeuristicConfig(rotation=(Blueprint.CONV_LIGHT,)), topology="transformer")
+    assert HeuristicController(["r0c0"], 10, topology="transformer").rotation[0] is Blueprint.LORA
 
 
 def test_heuristic_cli_prints_each_episode_as_json(capsys):

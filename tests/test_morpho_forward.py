@@ -123,7 +123,7 @@ def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     assert not torch.allclose(fused[0], fused[1])
 
 
-def test_counterfactual_plan_switches_off_each_blending_seed_and_keeps_fossils():
+def test_counterfactual_plan_switches_off_each_blending_seed_and_pair_and_keeps_fossils():
     model = make_model(["r0c0", "r0c1", "r0c2", "r1c0"], auto_forward=False)
     drive_to(model.slot("r0c0"), Stage.HOLDING)
     drive_to(model.slot("r0c1"), Stage.FOSSILIZED)
@@ -133,8 +133,11 @@ def test_counterfactual_plan_switches_off_each_blending_seed_and_keeps_fossils()
     assert plan.alphas.tolist() == [[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
     drive_to(model.slot("r1c0"), Stage.HOLDING)
     plan = build_plan(model)
-    assert plan.names == ("main", "off:r0c0", "off:r1c0", "all_off")
+    assert plan.names == ("main", "off:r0c0", "off:r1c0", "off:r0c0+r1c0", "all_off") and plan.pairs == (("r0c0", "r1c0"),)
     assert plan.alphas[plan.committed_index].tolist() == [0.0, 1.0, 0.0, 0.0]
+    with_fossils = build_plan(model, ablate_fossils=True)  # basic_plus measures what each fossil still brings
+    assert with_fossils.ablated_slots == ("r0c0", "r0c1", "r1c0") and len(with_fossils.pairs) == 3
+    assert with_fossils.alphas[with_fossils.committed_index].tolist() == [0.0, 1.0, 0.0, 0.0]  # fossils stay on there
 
 
 @pytest.mark.parametrize("curve", list(AlphaCurve))

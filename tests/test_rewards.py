@@ -110,3 +110,38 @@ def test_loss_family_with_a_non_shaped_mode_fails_at_config_time(mode):
 def test_reward_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         RewardConfig().gamma = 0.5  # type: ignore[misc]
+
+
+def test_minimal_is_sparse_plus_a_cost_for_pruning_a_young_seed():
+    cfg = RewardConfig(mode="minimal")
+    young = compute_reward(signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=3, stage_after=Stage.EMBARGOED),)), cfg)
+    old = compute_reward(signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=8, stage_after=Stage.EMBARGOED),)), cfg)
+    assert young.total == pytest.approx(-0.1) and old.total == 0.0  # not terminal: sparse pays nothing yet
+    end = compute_reward(signal(epoch=100), cfg)
+    assert end.total == pytest.approx(compute_reward(signal(epoch=100), RewardConfig(mode="sparse")).total)
+
+
+def test_basic_plus_pays_30_percent_of_the_fossilize_bonus_then_drips_the_rest_for_contribution():
+    cfg = RewardConfig(mode="basic_plus")
+    fossilizing = signal(op=Op.FOSSILIZE, target_slot="r0c1", slots=(slot(stage_after=Stage.FOSSILIZED, contribution=0.03),))
+    full_bonus = compute_reward(fossilizing, RewardConfig(mode="basic")).components["fossilize"]
+    paid = compute_reward(fossilizing, cfg)
+    assert full_bonus > 0 and paid.components["fossilize"] == pytest.approx(0.3 * full_bonus)
+    pool = paid.drip_pools["r0c1"]
+    assert pool == pytest.approx(0.7 * full_bonus) and paid.components["drip"] == 0.0
+    # an epoch later (70 left): drip_scale = pool / 70, times the fossil's contribution in pp (2), clipped at +0.1
+    later = signal(epoch=30, slots=(slot(stage_before=Stage.FOSSILIZED, stage_after=Stage.FOSSILIZED, drip_pool=pool,
+                                         contribution_after=0.02),))
+    dripped = compute_reward(later, cfg)
+    assert dripped.components["drip"] == pytest.approx(min(pool / 70 * 2.0, 0.1))
+    assert dripped.drip_pools["r0c1"] == pytest.approx(pool - pool / 70)
+    hurting = compute_reward(dataclasses.replace(later, slots=(dataclasses.replace(later.slots[0], contribution_after=-0.5),)), cfg)
+    assert hurting.components["drip"] == pytest.approx(-0.05)  # a fossil that hurts loses a little, clipped
+
+
+def test_shaped_pays_a_synergy_bonus_for_positive_pair_interactions():
+    cfg = RewardConfig(mode="shaped")
+    with_synergy = compute_reward(signal(slots=(slot(interaction_sum=0.02),)), cfg)
+    without = compute_reward(signal(slots=(slot(interaction_sum=-0.02),)), cfg)
+    assert with_synergy.components["synergy"] == pytest.approx(0.1 * math.tanh(0.5 * 2.0))
+    assert without.components["synergy"] == 0.0

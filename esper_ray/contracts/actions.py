@@ -56,6 +56,14 @@ CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
 )
 TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (Blueprint.NORM, Blueprint.ATTENTION, Blueprint.LORA, Blueprint.LORA_LARGE, Blueprint.MLP_SMALL, Blueprint.MLP, Blueprint.FLEX_ATTENTION)
 
+def topology_blueprints(topology: str) -> tuple[Blueprint, ...]:
+    """The blueprints that fit a host of this topology ("cnn" or "transformer"); the mask allows no others."""
+    if topology == "cnn":
+        return CNN_BLUEPRINTS
+    if topology == "transformer":
+        return TRANSFORMER_BLUEPRINTS
+    raise ValueError(f"topology={topology!r}: choose cnn or transformer")
+
 
 class BlendAlgorithm(IntEnum):
     ADD = 1

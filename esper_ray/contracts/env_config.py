@@ -10,7 +10,7 @@ from esper_ray.contracts.fields import check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
-TASKS = ("digits", "digits-impaired", "cifar10", "synthetic")
+TASKS = ("digits", "digits-impaired", "cifar10", "synthetic", "text")
 AMP_MODES = ("off", "bf16", "fp16")
 # Defaults shared by `train`, `heuristic` and `eval`. digits-impaired, because on digits the host alone reaches
 # ~98 % and there is nothing for a controller to learn; a 25-epoch run is long enough for a seed to go from
@@ -24,19 +24,25 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits-impaired": {"batch_size": 64, "host_lr": 0.05, "augment": False},
     "cifar10": {"batch_size": 512, "host_lr": 0.01, "augment": True},
     "synthetic": {"batch_size": 512, "host_lr": 0.01, "augment": False},
+    # batch in sequences of 64 bytes (2,048 tokens); SGD (momentum 0.9) like every host, at a rate the small
+    # transformer learns with in a few epochs
+    "text": {"batch_size": 32, "host_lr": 0.3, "augment": False},
 }
+HOST_PRESET_CHOICES = {"text": ("text", "text-gpu")}
+"""Hosts a task may use besides its own preset (the default is the preset named after the task)."""
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     task: str = DEFAULT_TASK
-    """One of digits (embedded), digits-impaired (embedded, a starved host; default), cifar10 (needs data_dir), synthetic."""
+    """One of digits (embedded), digits-impaired (embedded, a starved host; default), cifar10 (needs data_dir),
+    synthetic, text (byte-level language modelling: Python's embedded help texts, or the .txt files of data_dir)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
     """Enabled injection slots, `r{row}c{col}`."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
     reward_mode: str = "shaped"
-    """shaped, simplified, sparse, basic or escrow."""
+    """shaped, simplified, sparse, basic, basic_plus, escrow or minimal."""
     reward_family: str = "contribution"
     """contribution (counterfactual accuracy) or loss (validation loss; shaped only)."""
     gamma: float = 0.995
@@ -60,7 +66,13 @@ class EnvConfig:
     num_shards: int = 1
     """Number of disjoint training shards (RLlib: number of env runners)."""
     data_dir: str | None = None
-    """Folder holding CIFAR-10 in torchvision's format (cifar-10-batches-py/) for task cifar10."""
+    """cifar10: folder holding CIFAR-10 in torchvision's format (cifar-10-batches-py/); text: a folder of .txt files
+    (TinyStories, say) instead of the embedded corpus."""
+    host_preset: str | None = None
+    """The host network: None takes the task's own; task text may use text-gpu (a 4.9M-parameter transformer
+    with a 256-byte context) instead of text (170K parameters, 64 bytes)."""
+    text_max_bytes: int | None = None
+    """text: keep only the corpus's first this many bytes (None: all of it; the embedded corpus is ~466 KB)."""
     synthetic_size: int = 10_000
     """Training samples of the synthetic task (validation and test get a fifth of that each)."""
     augment: bool | None = None
@@ -94,6 +106,11 @@ class EnvConfig:
         _check_int(self, "num_shards", 1)
         _check_int(self, "synthetic_size", 10)
         _check_int(self, "val_batch_size", 1)
+        if self.text_max_bytes is not None:
+            _check_int(self, "text_max_bytes", 1_000)
+        allowed_hosts = HOST_PRESET_CHOICES.get(self.task, (self.task,))
+        if self.host_preset is not None and self.host_preset not in allowed_hosts:
+            raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {list(allowed_hosts)}")
         if self.shard >= self.num_shards:
             raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
         for name in ("batch_size", "max_seeds"):
@@ -120,8 +137,10 @@ class EnvConfig:
     # ------------------------------------------------------------- derived
     @property
     def reward_config(self) -> RewardConfig:
-        """A fresh RewardConfig for this env (each env holds its own copy)."""
-        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma)  # type: ignore[arg-type]
+        """A fresh RewardConfig for this env (each env holds its own copy). The loss family's scales follow the
+        task: a text model's loss per byte moves in larger steps and ends far above an image classifier's."""
+        loss_scales = {"loss_sigma": 0.15, "loss_target": 1.5} if self.task == "text" else {}
+        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma, **loss_scales)  # type: ignore[arg-type]
 
     @property
     def lifecycle(self) -> LifecycleConfig:
@@ -138,6 +157,10 @@ class EnvConfig:
     @property
     def effective_augment(self) -> bool:
         return self.augment if self.augment is not None else TASK_DEFAULTS[self.task]["augment"]
+
+    @property
+    def effective_host_preset(self) -> str:
+        return self.host_preset if self.host_preset is not None else self.task
 
     @property
     def effective_max_seeds(self) -> int:

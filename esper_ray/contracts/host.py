@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Topology(str, Enum):
+    """The kind of host: which blueprints fit its slots, and the shape of the features a slot sees."""
+
+    CNN = "cnn"
+    """Images: slot features [B, C, H, W]."""
+    TRANSFORMER = "transformer"
+    """Token sequences: slot features [B, T, C] (the residual stream)."""
+
+    @property
+    def feature_dims(self) -> int:
+        return 4 if self is Topology.CNN else 3
 
 
 @dataclass(frozen=True)

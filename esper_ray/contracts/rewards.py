@@ -20,7 +20,9 @@ class RewardMode(str, Enum):
     SIMPLIFIED = "simplified"
     SPARSE = "sparse"
     BASIC = "basic"
+    BASIC_PLUS = "basic_plus"
     ESCROW = "escrow"
+    MINIMAL = "minimal"
 
 
 class RewardFamily(str, Enum):
@@ -59,6 +61,11 @@ class RewardConfig:
     """loss family: loss at which the terminal bonus saturates."""
     loss_rent_weight: float = 0.05
     loss_rent_grace_epochs: int = 3
+
+    @property
+    def ablates_fossils(self) -> bool:
+        """basic_plus pays fossils by their ongoing contribution, so the counterfactual pass switches them off too."""
+        return self.mode is RewardMode.BASIC_PLUS
 
     def __post_init__(self) -> None:
         try:
@@ -101,6 +108,10 @@ class SlotSignal:
     alpha_after: float = 0.0
     escrow_credit: float = 0.0
     """escrow mode: credit outstanding for this slot before the step."""
+    interaction_sum: float = 0.0
+    """Sum of this seed's pair interactions with the other ablated seeds (fraction)."""
+    drip_pool: float = 0.0
+    """basic_plus: fossilize bonus still to be paid out for this slot, before the step."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,11 @@ class RewardBreakdown:
     components: dict[str, float]
     escrow_credits: dict[str, float] = field(default_factory=dict)
     """escrow mode: credit per slot after the step (empty for other modes)."""
+    drip_pools: dict[str, float] = field(default_factory=dict)
+    """basic_plus: bonus left to drip per slot after the step (empty for other modes)."""
 
 
-def breakdown(components: dict[str, float], escrow_credits: dict[str, float] | None = None) -> RewardBreakdown:
-    return RewardBreakdown(total=float(sum(components.values())), components=components, escrow_credits=escrow_credits or {})
+def breakdown(components: dict[str, float], escrow_credits: dict[str, float] | None = None,
+              drip_pools: dict[str, float] | None = None) -> RewardBreakdown:
+    return RewardBreakdown(total=float(sum(components.values())), components=components, escrow_credits=escrow_credits or {},
+                           drip_pools=drip_pools or {})

@@ -26,7 +26,7 @@ class TrainConfig:
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length in host epochs (the original used 150; the CPU default is short)."""
     reward_mode: str = "shaped"
-    """shaped, simplified, sparse, basic or escrow."""
+    """shaped, simplified, sparse, basic, basic_plus, escrow or minimal."""
     reward_family: str = "contribution"
     """contribution or loss (loss only with shaped)."""
     envs: int = 2
@@ -72,6 +72,9 @@ class TrainConfig:
     """Gradient steps per round, each on the whole batch of full-episode sequences (see train/learner.py)."""
     grad_clip: float = 5.0
     """Global gradient-norm clip of the policy update."""
+    rollback_clawback: bool = True
+    """When the governor rolls a host back, forfeit the episode's earlier rewards (this round's part) to 0 besides
+    the -10 penalty, as the original did."""
     reward_normalization: bool = True
     """Divide rewards by their running standard deviation (no mean subtraction) and clip at +-10 before GAE, as the
     original did; the metrics stay in raw reward units."""

@@ -1,4 +1,4 @@
-"""Task data: the embedded digits, CIFAR-10 from disk in torchvision's format, and synthetic images.
+"""Task data: the embedded digits, CIFAR-10 from disk in torchvision's format, synthetic images, and text.
 
 Images are kept compact (uint8 where the source is) and turned into normalised floats on the device, batch
 by batch (`TaskData.prepare`). Every task has three fixed, disjoint splits that depend only on the task, never
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from esper_ray.data.text import load_text
 
 SPLIT_SEED = 20_251_227
 DIGITS_VAL_FRACTION = 0.2
@@ -45,12 +47,16 @@ class TaskData:
     test_y: torch.Tensor
     num_classes: int
     scale: float
-    """Divide raw values by this to get [0, 1] (16 for digits, 255 for CIFAR, 1 for synthetic)."""
+    """Divide raw values by this to get [0, 1] (16 for digits, 255 for CIFAR and synthetic; unused for tokens)."""
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    tokens: bool = False
+    """Token sequences (x [N, T] int64, y [N, T] the next tokens) rather than images with one label each."""
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """Raw batch -> normalised float32 on x's device."""
+        """Raw batch -> model input on x's device: normalised float32 images, or the token ids as they are."""
+        if self.tokens:
+            return x
         mean = torch.tensor(self.mean, device=x.device)[None, :, None, None]
         std = torch.tensor(self.std, device=x.device)[None, :, None, None]
         return (x.float() / self.scale - mean) / std
@@ -127,11 +133,21 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
     return TaskData("synthetic", train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 255.0, mean, std)
 
 
-def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000) -> TaskData:
+def load_text_task(data_dir: str | None, seq_len: int, max_bytes: int | None) -> TaskData:
+    """Byte-level text (data/text.py) as task data: 256 classes, one per byte, predicted at every position."""
+    text = load_text(data_dir, seq_len, max_bytes)
+    return TaskData("text", text.train_x, text.train_y, text.val_x, text.val_y, text.test_x, text.test_y,
+                    text.vocab_size, 1.0, (), (), tokens=True)
+
+
+def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
+                   max_bytes: int | None = None) -> TaskData:
     if task in ("digits", "digits-impaired"):
         return load_digits()
     if task == "cifar10":
         return load_cifar10(data_dir)
     if task == "synthetic":
         return make_synthetic(synthetic_size)
-    raise ValueError(f"unknown task {task!r}; choose one of digits, digits-impaired, cifar10, synthetic")
+    if task == "text":
+        return load_text_task(data_dir, seq_len, max_bytes)
+    raise ValueError(f"unknown task {task!r}; choose one of digits, digits-impaired, cifar10, synthetic, text")

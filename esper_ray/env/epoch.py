@@ -1,7 +1,8 @@
 """One host epoch on a shard, and one fused counterfactual validation pass.
 
 Both accumulate on the device and synchronise once, at the end (no `.item()` per batch). All counts are
-what was really processed: samples for the classification tasks. The optimisation step itself, and its
+what was really processed: samples for the image tasks, tokens for text (seed doc 001: the original counted
+sequences or batches). The optimisation step itself, and its
 CUDA-graph capture, live in train_step.py.
 """
 
@@ -73,8 +74,8 @@ def train_epoch(
     acc.reset()
     step = TrainStep(model, host_optimizer, precision, max_grad_norm, acc)
     x_all, y_all = shard.epoch(generator, prepare)
-    samples = len(y_all)
-    n_batches = -(-samples // batch_size)
+    samples = y_all.numel()  # predictions: images, or tokens of text sequences
+    n_batches = -(-len(y_all) // batch_size)
     capturable = graphs.usable(step)
     for i in range(n_batches):
         x, y = x_all[i * batch_size : (i + 1) * batch_size], y_all[i * batch_size : (i + 1) * batch_size]
@@ -110,8 +111,10 @@ def validate_fused(
             x = prepare(x_val[start : start + chunk])
             y = y_val[start : start + chunk]
             with precision.autocast(device):
-                logits = model.fused_forward(x, alphas).float()  # [K, B, classes]
-            correct += (logits.argmax(dim=2) == y).sum(dim=1)
-            loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), y.repeat(k), reduction="none").view(k, -1).sum(1)
+                logits = model.fused_forward(x, alphas).float()  # [K, B, classes] or [K, B, T, vocab]
+            logits = logits.reshape(k, -1, logits.shape[-1])  # [K, predictions, classes]
+            targets = y.reshape(-1)
+            correct += (logits.argmax(dim=2) == targets).sum(dim=1)
+            loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), targets.repeat(k), reduction="none").view(k, -1).sum(1)
     values = torch.cat([correct.to(loss_sum.dtype), loss_sum]).tolist()  # the one sync
-    return ValStats(samples=len(y_val), correct=tuple(int(v) for v in values[:k]), loss_sum=tuple(values[k:]))
+    return ValStats(samples=y_val.numel(), correct=tuple(int(v) for v in values[:k]), loss_sum=tuple(values[k:]))

@@ -1,8 +1,8 @@
 """Which actions are legal now (DOMAIN.md section 5), as one flat mask over the MultiDiscrete heads.
 
 The joint (op, slot) head allows exactly the legal pairs; the mask is read off the slots' own predicates,
-so the mask and what a slot accepts cannot drift apart. Other heads: blueprint allows the CNN blueprints,
-the rest allow every value.
+so the mask and what a slot accepts cannot drift apart. Other heads: blueprint allows the blueprints of the
+host's topology (a CNN blueprint is illegal on a transformer and the other way round), the rest every value.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, 
     return ops
 
 
-def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int) -> np.ndarray:
+def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
+                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS) -> np.ndarray:
+    """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device)."""
     n = len(slots)
     offsets = head_offsets(n)
     mask = np.zeros(sum(action_nvec(n)), dtype=np.int8)
@@ -75,7 +77,7 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
             joint[encode_joint(op, i, n)] = 1
     mask[offsets["op_slot"]] = joint
     blueprint = np.zeros(len(Blueprint), dtype=np.int8)
-    blueprint[[int(b) for b in CNN_BLUEPRINTS]] = 1
+    blueprint[[int(b) for b in blueprints]] = 1
     mask[offsets["blueprint"]] = blueprint
     for name in HEAD_NAMES[2:]:
         mask[offsets[name]] = 1

@@ -29,8 +29,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, FactoredAction, Op
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, topology_blueprints
 from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.host import Topology
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage
@@ -46,7 +47,8 @@ from esper_ray.env.masks import action_nvec, compute_mask, decode_action
 from esper_ray.env.spaces import MaskedMultiDiscrete
 from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size
 from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
-from esper_ray.morpho.host import CNNHost, host_preset
+from esper_ray.morpho.hosts import build_host
+from esper_ray.morpho.transformer_blueprints import flex_attention_available
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.rewards import compute_reward
 
@@ -87,9 +89,12 @@ class MorphogeneticEnv(gym.Env):
             torch.backends.cudnn.deterministic = self.cfg.cudnn_deterministic  # a process-wide flag: one env per process
         self.precision = _precision(self.cfg.amp, self.device)
         self.graphs = StepGraphs(enabled=self.device.type == "cuda" and self.cfg.cuda_graphs)
-        self._host_cfg = host_preset(self.cfg.task)
-        self.slot_ids: list[str] = check_slots(list(self.cfg.slots), CNNHost(self._host_cfg).slot_ids)
-        self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size)
+        probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
+        self.topology: Topology = probe.topology
+        self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
+        self.blueprints = self._usable_blueprints()
+        self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size,
+                                             seq_len=getattr(probe.cfg, "seq_len", 64), max_bytes=self.cfg.text_max_bytes)
         idx = shard_indices(len(self.data.train_y), self.cfg.shard, self.cfg.num_shards)
         with self._on_stream():
             self.shard = DeviceShard(self.data.train_x[idx], self.data.train_y[idx], self.device)
@@ -166,7 +171,7 @@ class MorphogeneticEnv(gym.Env):
         self._episode_seed = episode_seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(episode_seed)
-            model = MorphogeneticModel(CNNHost(self._host_cfg), self.slot_ids, self.cfg.lifecycle)
+            model = MorphogeneticModel(build_host(self.cfg.effective_host_preset), self.slot_ids, self.cfg.lifecycle)
         self.model = model.to(self.device)
         self.graphs.forget()
         if self.device.type == "cuda":
@@ -181,9 +186,10 @@ class MorphogeneticEnv(gym.Env):
         self.last_op: Op | None = None
         self.last_success = True
         self.escrow_credits = {s: 0.0 for s in self.slot_ids}
+        self.drip_pools = {s: 0.0 for s in self.slot_ids}
         self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0}
         self.governor = Governor(self.random_guess_loss)
-        plan = build_plan(self.model)
+        plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
         self._record_validation(plan, self._validate(plan))
         self.initial_accuracy = self.val.accuracy()
         self.governor.check(self.val.loss())
@@ -200,7 +206,7 @@ class MorphogeneticEnv(gym.Env):
         with _timed(timings, "train"):
             train = self._train_epoch()
         with _timed(timings, "val"):
-            plan = build_plan(self.model)
+            plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
             val = self._validate(plan)
             prev_val = self.val
             self._record_validation(plan, val)
@@ -267,8 +273,15 @@ class MorphogeneticEnv(gym.Env):
         assert self.model is not None
         self.val = val
         main = val.accuracy(0)
-        for i, slot_id in enumerate(plan.ablated_slots, start=1):
-            self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(i))
+        for slot_id in plan.ablated_slots:
+            self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(plan.row(f"off:{slot_id}")))
+        interactions = {s: 0.0 for s in plan.ablated_slots}
+        for a, b in plan.pairs:  # I_ab = f(all) - f(all - a) - f(all - b) + f(all - a - b)
+            i_ab = main - val.accuracy(plan.row(f"off:{a}")) - val.accuracy(plan.row(f"off:{b}")) + val.accuracy(plan.row(f"off:{a}+{b}"))
+            interactions[a] += i_ab
+            interactions[b] += i_ab
+        for s in self.model.seed_slots():
+            s.metrics.interaction_sum = interactions.get(s.slot_id, 0.0)
         self.model.observe_accuracy(main)
         self.loss_history.append(val.loss(0))
         self.accuracy_history.append(main)
@@ -282,7 +295,7 @@ class MorphogeneticEnv(gym.Env):
         self.counts["rollbacks"] += 1
         self.loss_history.pop()
         self.accuracy_history.pop()
-        plan = build_plan(self.model)
+        plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
         self._record_validation(plan, self._validate(plan))
 
     def _reward(self, signal: StepSignal, rollback: bool) -> RewardBreakdown:
@@ -290,6 +303,7 @@ class MorphogeneticEnv(gym.Env):
             return RewardBreakdown(self.reward_config.rollback_penalty, {"rollback": self.reward_config.rollback_penalty})
         reward = compute_reward(signal, self.reward_config)
         self.escrow_credits.update(reward.escrow_credits)
+        self.drip_pools.update(reward.drip_pools)
         return reward
 
     # ----------------------------------------------------------------- helpers
@@ -297,7 +311,16 @@ class MorphogeneticEnv(gym.Env):
         """Issue GPU work on this env's own stream (a no-op on CPU)."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
+    def _usable_blueprints(self) -> tuple[Blueprint, ...]:
+        """The topology's blueprints, less flex_attention where it cannot train (no CPU backward in torch 2.13)."""
+        blueprints = topology_blueprints(self.topology.value)
+        if Blueprint.FLEX_ATTENTION in blueprints and not flex_attention_available(self.device)[0]:
+            blueprints = tuple(b for b in blueprints if b is not Blueprint.FLEX_ATTENTION)
+        return blueprints
+
     def _prepare_train(self, x: torch.Tensor) -> torch.Tensor:
+        if self.data.tokens:
+            return x
         x = self.data.prepare(x)
         if self.cfg.effective_augment:
             x = crop_and_flip(x, self.data_generator)
@@ -308,7 +331,8 @@ class MorphogeneticEnv(gym.Env):
 
     def _mask(self) -> np.ndarray:
         assert self.model is not None
-        return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds)
+        return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
+                            blueprints=self.blueprints)
 
     def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None
@@ -336,7 +360,8 @@ class MorphogeneticEnv(gym.Env):
                 contribution=b["contribution"], contribution_after=s.metrics.contribution,
                 accuracy_at_germination=b["accuracy_at_germination"] if b["stage"] is not Stage.DORMANT else s.metrics.accuracy_at_germination,
                 seed_params=max(s.seed_params, b["seed_params"]), alpha_before=b["alpha"], alpha_after=s.alpha.alpha,
-                escrow_credit=self.escrow_credits[s.slot_id],
+                escrow_credit=self.escrow_credits[s.slot_id], interaction_sum=s.metrics.interaction_sum,
+                drip_pool=self.drip_pools[s.slot_id],
             ))
         return StepSignal(
             epoch=self.epoch, max_epochs=self.cfg.max_epochs, op=decision.op, target_slot=decision.slot,
@@ -362,6 +387,7 @@ class MorphogeneticEnv(gym.Env):
             "epoch": self.epoch,
             "episode_seed": self._episode_seed,
             "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
+            "val_perplexity": math.exp(min(self.val.loss(), 50.0)),
             "val_correct": self.val.correct[0], "val_total": self.val.samples,
             "host_params": self.model.host_params, "seed_params": self.model.seed_params,
             "total_params": self.model.host_params + self.model.seed_params,

@@ -98,7 +98,7 @@ def slot_features(slot: SeedSlot, max_epochs: int) -> list[float]:
         a.steps_left / max_epochs,
         _clamp(velocity),
         (int(slot.algorithm) - 1) / 2.0,
-        0.0,  # pair interaction sum: pairs are not ablated, the column keeps DOMAIN.md's layout
+        _clamp(PP * m.interaction_sum / 10.0),
         min(symlog(grads.seed_norm) / 7.0, FEATURE_BOUND) if grads else 0.0,  # inf for non-finite gradients
         grads.health if grads else 0.0,
         float(grads.has_vanishing) if grads else 0.0,

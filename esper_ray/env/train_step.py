@@ -82,7 +82,8 @@ class TrainStep:
         scaler = self.precision.scaler
         with self.precision.autocast(x.device, capturing):
             logits = self.model(x)
-        loss = nn.functional.cross_entropy(logits.float(), y)
+        # images: logits [B, classes], y [B]; text: logits [B, T, 256], y [B, T] (every position predicts a byte)
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         optimizers = [self.host_optimizer] + [s.optimizer for s in self.slots]
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)  # type: ignore[union-attr]
@@ -102,8 +103,8 @@ class TrainStep:
                 opt.step()  # type: ignore[union-attr]
         if scaler is not None:
             scaler.update()
-        self.acc.loss_sum += loss.detach() * len(y)
-        self.acc.correct += (logits.argmax(dim=1) == y).sum()
+        self.acc.loss_sum += loss.detach() * y.numel()  # summed over predictions: samples, or tokens for text
+        self.acc.correct += (logits.argmax(dim=-1) == y).sum()
 
 
 class CapturedStep:

@@ -1,7 +1,7 @@
 """Blend operators that combine host features h with seed output s at amplitude alpha (DOMAIN.md section 2).
 
-alpha is a tensor broadcastable to h: a scalar for the live slot or one value per sample ([B, 1, 1, 1])
-for counterfactual passes.
+alpha is a tensor broadcastable to h: a scalar for the live slot or one value per sample ([B, 1, 1, 1] for
+CNN features [B, C, H, W], [B, 1, 1] for a transformer's [B, T, C]) for counterfactual passes.
 """
 
 from __future__ import annotations
@@ -10,17 +10,25 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.actions import BlendAlgorithm
+from esper_ray.contracts.host import Topology
 
 
 class GatedBlend(nn.Module):
-    """Per-sample learnable gate: pool -> Linear(C, max(8, C/4)) -> ReLU -> Linear(1) -> sigmoid."""
+    """Per-sample learnable gate: pool -> Linear(C, max(8, C/4)) -> ReLU -> Linear(1) -> sigmoid.
 
-    def __init__(self, channels: int) -> None:
+    Pools over space for CNN features [B, C, H, W] (gate [B, 1, 1, 1]) and over the sequence for a
+    transformer's [B, T, C] (gate [B, 1, 1]; a sequence-level gate, like the original's).
+    """
+
+    def __init__(self, channels: int, topology: Topology = Topology.CNN) -> None:
         super().__init__()
         hidden = max(8, channels // 4)
+        self.topology = topology
         self.net = nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.topology is Topology.TRANSFORMER:
+            return torch.sigmoid(self.net(x.mean(dim=1)))[:, :, None]  # [B, 1, 1]
         return torch.sigmoid(self.net(x.mean(dim=(2, 3))))[:, :, None, None]  # [B, 1, 1, 1]
 
 

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint
+from esper_ray.contracts.host import Topology
+from esper_ray.morpho.transformer_blueprints import build_transformer_seed, resolve_transformer_blueprint
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -125,8 +127,10 @@ _BUILDERS: dict[Blueprint, Callable[[int], nn.Module]] = {
 assert tuple(sorted(_BUILDERS)) == tuple(sorted(CNN_BLUEPRINTS)), "every CNN blueprint needs a builder"
 
 
-def resolve_blueprint(name: str | Blueprint) -> Blueprint:
-    """Accept a Blueprint or its lower-case name; raise ValueError naming the CNN blueprints otherwise."""
+def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) -> Blueprint:
+    """Accept a Blueprint or its lower-case name; raise ValueError naming the topology's blueprints otherwise."""
+    if topology is Topology.TRANSFORMER:
+        return resolve_transformer_blueprint(name)
     available = ", ".join(b.key for b in CNN_BLUEPRINTS)
     if isinstance(name, Blueprint):
         blueprint = name
@@ -140,8 +144,12 @@ def resolve_blueprint(name: str | Blueprint) -> Blueprint:
     return blueprint
 
 
-def build_seed(blueprint: str | Blueprint, channels: int) -> nn.Module:
-    """A fresh seed module for a slot with `channels` channels. No silent fallback for unknown names."""
+def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,
+               device: torch.device | str = "cpu") -> nn.Module:
+    """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology.
+    No silent fallback for unknown names; `device` only decides whether flex_attention can train there."""
+    if topology is Topology.TRANSFORMER:
+        return build_transformer_seed(blueprint, channels, device)
     return _BUILDERS[resolve_blueprint(blueprint)](channels)
 
 

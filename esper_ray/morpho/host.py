@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from esper_ray.contracts.host import HostConfig
+from esper_ray.contracts.host import HostConfig, Topology
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
 
 HOST_PRESETS: dict[str, HostConfig] = {
@@ -44,6 +44,8 @@ class CNNHost(nn.Module):
 
     Slot r0c{i} sees block i's output before its pooling, r1c{i} after it.
     """
+
+    topology = Topology.CNN
 
     def __init__(self, cfg: HostConfig) -> None:
         super().__init__()

@@ -11,17 +11,20 @@ from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.blueprints import count_params
-from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.slot import SeedSlot
 
 
 class MorphogeneticModel(nn.Module):
-    def __init__(self, host: CNNHost, slots: Sequence[str], lifecycle: LifecycleConfig | None = None) -> None:
+    """`host`: a CNNHost or a TransformerHost (anything with `topology`, `slot_ids`, `slot_channels` and
+    `forward(x, at_slot)`)."""
+
+    def __init__(self, host: nn.Module, slots: Sequence[str], lifecycle: LifecycleConfig | None = None) -> None:
         super().__init__()
         self.host = host
-        self.slot_ids: list[str] = check_slots(list(slots), host.slot_ids)
+        self.topology = host.topology
+        self.slot_ids: list[str] = check_slots(list(slots), host.slot_ids)  # type: ignore[arg-type]
         cfg = lifecycle or LifecycleConfig()
-        self.slots = nn.ModuleDict({s: SeedSlot(s, host.slot_channels(s), cfg) for s in self.slot_ids})
+        self.slots = nn.ModuleDict({s: SeedSlot(s, host.slot_channels(s), cfg, host.topology) for s in self.slot_ids})  # type: ignore[operator]
 
     def slot(self, slot_id: str) -> SeedSlot:
         if slot_id not in self.slots:
@@ -52,19 +55,22 @@ class MorphogeneticModel(nn.Module):
         """Evaluate K alpha configurations in one pass.
 
         Args:
-            x: inputs [B, C, H, W].
+            x: inputs [B, C, H, W] (images) or [B, T] (token ids).
             alphas: [K, S] alpha per configuration and enabled slot (in `slot_ids` order); slots without an
                 active seed ignore their column.
         Returns:
-            logits [K, B, classes]. Use in eval mode: BatchNorm in train mode would mix the K copies.
+            logits [K, B, classes] or [K, B, T, vocab]. Use in eval mode: BatchNorm in train mode would mix the
+            K copies.
         """
         k, b = alphas.shape[0], x.shape[0]
         if alphas.shape[1] != len(self.slot_ids):
             raise ValueError(f"alphas has {alphas.shape[1]} columns; this model has {len(self.slot_ids)} slots")
-        repeated = x.repeat(k, *([1] * (x.dim() - 1)))  # [K*B, C, H, W], config-major
-        per_sample = alphas.to(x.dtype).repeat_interleave(b, dim=0)[:, :, None, None, None]  # [K*B, S, 1, 1, 1]
+        repeated = x.repeat(k, *([1] * (x.dim() - 1)))  # [K*B, ...], config-major
+        feature_ones = [1] * (self.topology.feature_dims - 1)  # alpha per sample, broadcast over the slot's features
+        per_sample = alphas.to(torch.float32).repeat_interleave(b, dim=0).view(k * b, -1, *feature_ones)  # [K*B, S, 1, ...]
         overrides = {s: per_sample[:, i] for i, s in enumerate(self.slot_ids)}
-        return self(repeated, overrides).view(k, b, -1)
+        logits = self(repeated, overrides)
+        return logits.view(k, b, *logits.shape[1:])
 
     def current_alphas(self) -> torch.Tensor:
         """[S] the live alpha of each slot; a TRAINING seed counts as 0 (its output equals the host's)."""

@@ -38,6 +38,8 @@ class SeedMetrics:
     """Counterfactual contribution: accuracy with the seed as is minus with it off (fraction)."""
     contribution_velocity: float = 0.0
     epochs_since_contribution: int | None = None
+    interaction_sum: float = 0.0
+    """Sum of the pair interactions I_ab with every other ablated seed at the last validation (fraction)."""
 
     @property
     def stage_improvement(self) -> float | None:

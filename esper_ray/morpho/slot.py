@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, AlphaTarget, BlendAlgorithm, Blueprint, Style, Tempo
+from esper_ray.contracts.host import Topology
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES, IllegalTransitionError, Stage, check_transition
 from esper_ray.morpho.alpha_schedule import AlphaSchedule
@@ -43,11 +44,12 @@ def _refused(reason: str) -> GateResult:
 
 
 class SeedSlot(nn.Module):
-    def __init__(self, slot_id: str, channels: int, cfg: LifecycleConfig) -> None:
+    def __init__(self, slot_id: str, channels: int, cfg: LifecycleConfig, topology: Topology = Topology.CNN) -> None:
         super().__init__()
         self.slot_id = slot_id
         self.channels = channels
         self.cfg = cfg
+        self.topology = topology
         self.seed: nn.Module | None = None
         self.gate: GatedBlend | None = None
         # The live alpha as a tensor, so a captured or compiled forward reads its current value.
@@ -105,7 +107,8 @@ class SeedSlot(nn.Module):
 
     # ----------------------------------------------------------------- forward
     def forward(self, host: torch.Tensor, alpha_override: torch.Tensor | None = None) -> torch.Tensor:
-        """Blend the seed into host features [B, C, H, W]; `alpha_override` is [B, 1, 1, 1] if given."""
+        """Blend the seed into host features ([B, C, H, W] or [B, T, C]); `alpha_override` is one alpha per sample
+        ([B, 1, 1, 1] or [B, 1, 1]) if given."""
         if not self.is_active:
             return host
         seed_in = host.detach()
@@ -134,13 +137,13 @@ class SeedSlot(nn.Module):
         tempo: Tempo = Tempo.STANDARD,
         alpha_target: AlphaTarget = AlphaTarget.FULL,
     ) -> GateResult:
-        resolved = resolve_blueprint(blueprint)
+        resolved = resolve_blueprint(blueprint, self.topology)
         check_transition(self.slot_id, self.stage, Stage.GERMINATED)
         device = self.alpha_value.device
-        seed = build_seed(resolved, self.channels).to(device)
+        seed = build_seed(resolved, self.channels, self.topology, device).to(device)
         if style.algorithm is BlendAlgorithm.MULTIPLY:
             zero_last_affine(seed)
-        gate = GatedBlend(self.channels).to(device) if style.algorithm is BlendAlgorithm.GATE else None
+        gate = GatedBlend(self.channels, self.topology).to(device) if style.algorithm is BlendAlgorithm.GATE else None
         self._enter(Stage.GERMINATED)
         self.seed, self.gate, self.blueprint = seed, gate, resolved
         self.algorithm, self.tempo_epochs, self.initial_target = style.algorithm, tempo.epochs, alpha_target.alpha

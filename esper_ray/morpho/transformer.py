@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from esper_ray.contracts.host import Topology
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
 from esper_ray.contracts.transformer_host import TransformerHostConfig
 
@@ -89,6 +90,8 @@ class TransformerHost(nn.Module):
 
     Same slot API as CNNHost: `slot_ids`, `slot_channels`, `slot_shape`, and `forward(idx, at_slot)`.
     """
+
+    topology = Topology.TRANSFORMER
 
     def __init__(self, cfg: TransformerHostConfig) -> None:
         super().__init__()

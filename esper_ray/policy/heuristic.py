@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from esper_ray.contracts.actions import (
-    CNN_BLUEPRINTS,
     AlphaCurve,
     AlphaSpeed,
     AlphaTarget,
@@ -24,6 +23,7 @@ from esper_ray.contracts.actions import (
     Style,
     Tempo,
     encode_joint,
+    topology_blueprints,
 )
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
 from esper_ray.env.masks import head_offsets
@@ -41,6 +41,9 @@ from esper_ray.env.observation import (
 )
 
 DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
+# The original's rotation is for CNNs; on a transformer host the cheap adapters come first.
+TRANSFORMER_ROTATION = (Blueprint.LORA, Blueprint.MLP_SMALL, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.LORA_LARGE)
+DEFAULT_ROTATIONS = {"cnn": DEFAULT_ROTATION, "transformer": TRANSFORMER_ROTATION}
 
 
 @dataclass(frozen=True)
@@ -61,16 +64,23 @@ class HeuristicConfig:
     fossilize_contribution: float = 0.005
     """Fossilize a holding seed contributing more than this (fraction; 0.5 pp)."""
     ransomware_contribution: float = 0.001
-    rotation: tuple[Blueprint, ...] = DEFAULT_ROTATION
+    rotation: tuple[Blueprint, ...] | None = None
+    """Blueprints to germinate in turn; None takes the host topology's default."""
     penalty_per_prune: float = 2.0
     penalty_skip: float = 3.0
 
     def __post_init__(self) -> None:
-        if not self.rotation:
+        if self.rotation is not None and not self.rotation:
             raise ValueError("rotation: needs at least one blueprint")
-        bad = [b for b in self.rotation if b not in CNN_BLUEPRINTS]
+
+    def rotation_for(self, topology: str) -> tuple[Blueprint, ...]:
+        """The rotation to use on a host of this topology; ValueError if it names blueprints the host cannot take."""
+        rotation = self.rotation if self.rotation is not None else DEFAULT_ROTATIONS[topology]
+        fits = topology_blueprints(topology)
+        bad = [b for b in rotation if b not in fits]
         if bad:
-            raise ValueError(f"rotation: {[b.key for b in bad]} are not CNN blueprints; choose from {[b.key for b in CNN_BLUEPRINTS]}")
+            raise ValueError(f"rotation: {[b.key for b in bad]} are not {topology} blueprints; choose from {[b.key for b in fits]}")
+        return rotation
 
 
 @dataclass
@@ -95,10 +105,12 @@ class _Tracker:
 
 
 class HeuristicController:
-    def __init__(self, slot_ids: Sequence[str], max_epochs: int, cfg: HeuristicConfig | None = None) -> None:
+    def __init__(self, slot_ids: Sequence[str], max_epochs: int, cfg: HeuristicConfig | None = None,
+                 topology: str = "cnn") -> None:
         self.slot_ids = list(slot_ids)
         self.max_epochs = max_epochs
         self.cfg = cfg or HeuristicConfig()
+        self.rotation = self.cfg.rotation_for(topology)
         self.offsets = head_offsets(len(self.slot_ids))
         self.reset()
 
@@ -187,7 +199,7 @@ class HeuristicController:
         return t.stabilised and epoch >= cfg.min_epoch and t.plateau_run >= cfg.plateau_epochs
 
     def _next_blueprint(self) -> Blueprint | None:
-        rotation = self.cfg.rotation
+        rotation = self.rotation
         for k in range(len(rotation)):
             candidate = rotation[(self.t.rotation_index + k) % len(rotation)]
             if self.t.penalties.get(candidate, 0.0) < self.cfg.penalty_skip:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from esper_ray.contracts.rewards import RewardBreakdown, RewardConfig, RewardFamily, RewardMode, StepSignal
-from esper_ray.rewards import basic, escrow, loss, shaped, simplified, sparse
+from esper_ray.rewards import basic, basic_plus, escrow, loss, minimal, shaped, simplified, sparse
 
 _CONTRIBUTION_MODES: dict[RewardMode, Callable[[StepSignal, RewardConfig], RewardBreakdown]] = {
     RewardMode.SHAPED: shaped.compute,
     RewardMode.SIMPLIFIED: simplified.compute,
     RewardMode.SPARSE: sparse.compute,
     RewardMode.BASIC: basic.compute,
+    RewardMode.BASIC_PLUS: basic_plus.compute,
     RewardMode.ESCROW: escrow.compute,
+    RewardMode.MINIMAL: minimal.compute,
 }
 
 

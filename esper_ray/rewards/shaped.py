@@ -68,12 +68,18 @@ def stage_warnings(signal: StepSignal) -> float:
     return total
 
 
+def synergy(signal: StepSignal) -> float:
+    """+0.1 tanh(0.5 I) for each live seed whose pair interactions I (pp) with the others sum positive."""
+    return sum(0.1 * math.tanh(0.5 * PP * s.interaction_sum) for s in rc.live_seeds(signal) if s.interaction_sum > 0)
+
+
 def non_attribution_components(signal: StepSignal, cfg: RewardConfig) -> dict[str, float]:
     """Everything of `shaped` except the attribution credit (escrow pays attribution its own way)."""
     parts = {
         "ratio_penalty": sum(rc.ratio_penalty(signal, s) for s in rc.live_seeds(signal)),
         "stage_warnings": stage_warnings(signal),
         "pbrs": rc.pbrs(signal, cfg),
+        "synergy": synergy(signal),
         "rent": rc.rent(signal, cfg),
         "alpha_shock": rc.alpha_shock(signal),
         "occupancy": rc.occupancy(signal),

@@ -33,6 +33,7 @@ class MorphoMetrics(RLlibCallback):
         log(m.FINAL_ACCURACY_MIN, final["val_accuracy"], reduce="min")
         log(m.FINAL_ACCURACY_MAX, final["val_accuracy"], reduce="max")
         log(m.INITIAL_ACCURACY, first["val_accuracy"], reduce="mean")
+        log(m.FINAL_PERPLEXITY, final["val_perplexity"], reduce="mean")
         log(m.PARAMS_ADDED, final["seed_params"], reduce="mean")
         log(m.HOST_PARAMS, final["host_params"], reduce="mean")
         log(m.SEEDS_GERMINATED, final["count/germinated"], reduce="mean")

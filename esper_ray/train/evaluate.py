@@ -27,6 +27,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
@@ -120,7 +121,7 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig) -> Controller:
     if kind is ControllerKind.RANDOM:
         return RandomController(cfg.slots, seed=EVAL_SEED_STRIDE + cfg.seed)
     if kind is ControllerKind.HEURISTIC:
-        return HeuristicController(cfg.slots, cfg.max_epochs)
+        return HeuristicController(cfg.slots, cfg.max_epochs, topology=topology_of(cfg.task))
     raise ValueError(f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm")
 
 

@@ -12,4 +12,4 @@ from esper_ray.train.episodes import EpisodeSummary, run_episodes
 
 def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool = True) -> list[EpisodeSummary]:
     env = MorphogeneticEnv(env_config)
-    return run_episodes(env, HeuristicController(env.slot_ids, env.cfg.max_epochs), episodes, progress)
+    return run_episodes(env, HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value), episodes, progress)

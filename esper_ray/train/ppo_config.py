@@ -28,6 +28,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
 from esper_ray.train.callbacks import MorphoMetrics
+from esper_ray.train.clawback import clawback_connector
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.env_runner import CpuPolicyEnvRunner
 from esper_ray.train.learner import MorphoPPOLearner
@@ -64,6 +65,7 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
             num_cpus_per_learner=cfg.effective_learner_cpus,
             learner_class=MorphoPPOLearner,
             learner_config_dict={"reward_normalization": cfg.reward_normalization, PROGRESS_ACTOR_KEY: progress_actor},
+            learner_connector=clawback_connector if cfg.rollback_clawback else None,
         )
         .training(
             lr=cfg.lr,
