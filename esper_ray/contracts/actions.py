@@ -56,6 +56,22 @@ CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
 )
 TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (Blueprint.NORM, Blueprint.ATTENTION, Blueprint.LORA, Blueprint.LORA_LARGE, Blueprint.MLP_SMALL, Blueprint.MLP, Blueprint.FLEX_ATTENTION)
 
+def parse_blueprint(name: str | Blueprint, allowed: tuple[Blueprint, ...], hosts: str) -> Blueprint:
+    """A Blueprint or its lower-case name, among `allowed` (for `hosts`, e.g. "CNN hosts"); ValueError listing
+    the allowed ones otherwise. No silent fallback."""
+    available = ", ".join(b.key for b in allowed)
+    if isinstance(name, Blueprint):
+        blueprint = name
+    else:
+        try:
+            blueprint = Blueprint[str(name).upper()]
+        except KeyError:
+            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
+    if blueprint not in allowed:
+        raise ValueError(f"blueprint {blueprint.key!r} is not available for {hosts}; available: {available}")
+    return blueprint
+
+
 def topology_blueprints(topology: str) -> tuple[Blueprint, ...]:
     """The blueprints that fit a host of this topology ("cnn" or "transformer"); the mask allows no others."""
     if topology == "cnn":

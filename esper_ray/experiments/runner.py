@@ -8,7 +8,9 @@ Output folder (default esper_runs/<name>):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from esper_ray.experiments.results import EXPERIMENT_FILE, TUNE_DIR, collect_tri
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.resources import connect_ray
 
@@ -122,21 +125,26 @@ def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None
 
 def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
                    source: str | None = None) -> Path:
+    # Tune's own tables and hints (its "new output" engine prints them even at verbose=0): TrialEvents says what
+    # matters, a line per trial event.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     output = output.expanduser().resolve()
     tune_path = output / TUNE_DIR
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
     events = TrialEvents(len(spec.trials()), spec.rounds)
+    wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
+    mps_env = mps_environment(new_run_id()) if wants_mps else None
     if resume:
         check_same_experiment(spec, output, source)
-        connect_ray(address)
+        connect_ray(address, env_vars=mps_env)
         if not tune.Tuner.can_restore(str(tune_path)):
             raise FileNotFoundError(f"--resume: no Tune experiment to resume at {tune_path}")
         tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
     else:
         if tune_path.exists() or (output / EXPERIMENT_FILE).exists():
             raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
-        connect_ray(address)
+        connect_ray(address, env_vars=mps_env)
         check_trials_fit(spec, local=address is None)
         output.mkdir(parents=True, exist_ok=True)
         ordered = plan(spec, output, source)
@@ -157,6 +165,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
             ),
         )
     print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
-    tuner.fit()
+    with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
+        tuner.fit()
     write_report(output, collect_trials(output))
     return output

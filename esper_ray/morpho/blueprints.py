@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, parse_blueprint
 from esper_ray.contracts.host import Topology
 from esper_ray.morpho.transformer_blueprints import build_transformer_seed, resolve_transformer_blueprint
 
@@ -131,17 +131,7 @@ def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) 
     """Accept a Blueprint or its lower-case name; raise ValueError naming the topology's blueprints otherwise."""
     if topology is Topology.TRANSFORMER:
         return resolve_transformer_blueprint(name)
-    available = ", ".join(b.key for b in CNN_BLUEPRINTS)
-    if isinstance(name, Blueprint):
-        blueprint = name
-    else:
-        try:
-            blueprint = Blueprint[str(name).upper()]
-        except KeyError:
-            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
-    if blueprint not in _BUILDERS:
-        raise ValueError(f"blueprint {blueprint.key!r} is not available for CNN hosts; available: {available}")
-    return blueprint
+    return parse_blueprint(name, CNN_BLUEPRINTS, "CNN hosts")
 
 
 def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,

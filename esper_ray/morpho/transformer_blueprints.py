@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from esper_ray.contracts.actions import TRANSFORMER_BLUEPRINTS, Blueprint
+from esper_ray.contracts.actions import TRANSFORMER_BLUEPRINTS, Blueprint, parse_blueprint
 
 LORA_RANK = 8
 LORA_LARGE_RANK = 32
@@ -180,17 +180,7 @@ assert tuple(sorted(_BUILDERS)) == tuple(sorted(TRANSFORMER_BLUEPRINTS)), "every
 
 def resolve_transformer_blueprint(name: str | Blueprint) -> Blueprint:
     """Accept a Blueprint or its lower-case name; raise ValueError naming the transformer blueprints otherwise."""
-    available = ", ".join(b.key for b in TRANSFORMER_BLUEPRINTS)
-    if isinstance(name, Blueprint):
-        blueprint = name
-    else:
-        try:
-            blueprint = Blueprint[str(name).upper()]
-        except KeyError:
-            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
-    if blueprint not in _BUILDERS:
-        raise ValueError(f"blueprint {blueprint.key!r} is not available for transformer hosts; available: {available}")
-    return blueprint
+    return parse_blueprint(name, TRANSFORMER_BLUEPRINTS, "transformer hosts")
 
 
 def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu") -> nn.Module:
