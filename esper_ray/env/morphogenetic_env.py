@@ -90,7 +90,7 @@ class MorphogeneticEnv(gym.Env):
         self.precision = _precision(self.cfg.amp, self.device)
         self.graphs = StepGraphs(enabled=self.device.type == "cuda" and self.cfg.cuda_graphs)
         probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
-        self.topology: Topology = probe.topology
+        self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
         self.blueprints = self._usable_blueprints()
         self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size,

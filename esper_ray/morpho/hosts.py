@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost
 from esper_ray.morpho.transformer import TRANSFORMER_PRESETS, TransformerHost
 
 HOST_PRESET_NAMES = tuple(sorted(HOST_PRESETS)) + tuple(sorted(TRANSFORMER_PRESETS))
 
 
-def build_host(preset: str) -> nn.Module:
+Host = CNNHost | TransformerHost
+
+
+def build_host(preset: str) -> Host:
     """A fresh host of a preset: a task name (digits, digits-impaired, cifar10, synthetic, text) or text-gpu."""
     if preset in HOST_PRESETS:
         return CNNHost(HOST_PRESETS[preset])

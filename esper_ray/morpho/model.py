@@ -7,24 +7,28 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from esper_ray.contracts.host import Topology
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.blueprints import count_params
+from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.slot import SeedSlot
+from esper_ray.morpho.transformer import TransformerHost
 
 
 class MorphogeneticModel(nn.Module):
     """`host`: a CNNHost or a TransformerHost (anything with `topology`, `slot_ids`, `slot_channels` and
     `forward(x, at_slot)`)."""
 
-    def __init__(self, host: nn.Module, slots: Sequence[str], lifecycle: LifecycleConfig | None = None) -> None:
+    def __init__(self, host: CNNHost | TransformerHost, slots: Sequence[str],
+                 lifecycle: LifecycleConfig | None = None) -> None:
         super().__init__()
         self.host = host
-        self.topology = host.topology
-        self.slot_ids: list[str] = check_slots(list(slots), host.slot_ids)  # type: ignore[arg-type]
+        self.topology: Topology = host.topology
+        self.slot_ids: list[str] = check_slots(list(slots), host.slot_ids)
         cfg = lifecycle or LifecycleConfig()
-        self.slots = nn.ModuleDict({s: SeedSlot(s, host.slot_channels(s), cfg, host.topology) for s in self.slot_ids})  # type: ignore[operator]
+        self.slots = nn.ModuleDict({s: SeedSlot(s, host.slot_channels(s), cfg, host.topology) for s in self.slot_ids})
 
     def slot(self, slot_id: str) -> SeedSlot:
         if slot_id not in self.slots:

@@ -86,7 +86,7 @@ def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, p
     """`episodes` episodes in a row, with a progress bar of their epochs on stderr (tqdm; off when not a terminal)."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    summaries = []
+    summaries: list[EpisodeSummary] = []
     with tqdm(total=episodes * env.cfg.max_epochs, unit="epoch", disable=None if progress else True, leave=False) as bar:
 
         def on_step(step: int, info: dict[str, Any]) -> None:
