@@ -65,7 +65,7 @@ def test_spread_placement_puts_env_runners_on_more_than_one_node(three_node_clus
     lines: list[str] = []
     cfg = TrainConfig(max_epochs=3, envs=2, cpus_per_env=1, learners=0, rounds=1, placement="SPREAD",
                       output=str(tmp_path / "spread"), env={"batch_size": 512})
-    outcome = run_training(cfg, log=lines.append)
+    outcome = run_training(cfg, Path(cfg.output), log=lines.append)
     placement = next(line for line in lines if line.startswith("placement SPREAD"))
     assert placement == "placement SPREAD: 2 env runners on 2 node(s)"
-    assert outcome.rounds[0].env_steps == 6 and (outcome.checkpoint / "train_config.json").is_file()
+    assert outcome.rounds[0].env_steps == 2 * cfg.episodes_per_env * 3 and (outcome.checkpoint / "train_config.json").is_file()
