@@ -1,6 +1,6 @@
 """Throughput of the envs stepping bare against the same envs inside `esper-ray train`, on this machine.
 
-    python benchmarks/throughput.py                       # CPU: small sizes (CI runs this once as a smoke test)
+    python benchmarks/throughput.py                       # CPU: the default `esper-ray train` settings (CI smoke test)
     python benchmarks/throughput.py --gpu                 # one GPU: the README's table (CIFAR-shaped uint8 data)
     python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
     python benchmarks/throughput.py --gpu --mps           # the same with a private MPS daemon
@@ -208,7 +208,7 @@ def measure(setup: Setup, mps: bool) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu", action="store_true", help="GPU sizes (default: small CPU sizes)")
+    parser.add_argument("--gpu", action="store_true", help="GPU sizes (default: CPU, the default train settings)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)")
     parser.add_argument("--envs-per-gpu", type=int, default=4)
     parser.add_argument("--learner-gpus", type=float, default=0.2, help="GPU share of the learner with --gpu")
@@ -228,8 +228,17 @@ def main() -> None:
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=args.learner_gpus, cpus_per_env=args.cpus_per_env)
     else:
-        setup = Setup(envs=2, gpus=0, task="digits", train_size=1079, batch_size=64, max_epochs=10, episodes_per_env=1,
-                      rounds=args.rounds or 3, bare_seconds=args.bare_seconds or 5.0, slots=("r0c0", "r0c1", "r0c2"), model="cpu")
+        # CPU: exactly the settings of a plain `esper-ray train`
+        from esper_ray.contracts.env_config import TASK_DEFAULTS
+        from esper_ray.contracts.train_config import TrainConfig
+        from esper_ray.data.datasets import load_task_data
+
+        default = TrainConfig()
+        setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),
+                      batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=default.max_epochs,
+                      episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
+                      bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
+                      cpus_per_env=args.cpus_per_env or default.cpus_per_env)
     report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
     report["without_mps"] = measure(setup, mps=False)
     if args.mps:

@@ -22,6 +22,9 @@ class MorphoMetrics(RLlibCallback):
     def on_episode_step(self, *, env_runner: Any = None, **kwargs: Any) -> None:
         self.progress.step(env_runner)  # feeds `esper-ray train`'s bar inside a round
 
+    def on_sample_end(self, **kwargs: Any) -> None:
+        self.progress.flush()
+
     def on_episode_end(self, *, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **kwargs: Any) -> None:
         chunks = [*(prev_episode_chunks or []), episode]  # `episode` is only the last chunk
         # A chunk after the first starts with its predecessor's last info (the observation it continues from):

@@ -1,13 +1,17 @@
 """Progress inside a training round, which can be minutes of silence (a round of 150-epoch CPU episodes).
 
-Env runners count their env steps into a small named actor (one fire-and-forget call per step, which is one
-host epoch); while `algo.train()` blocks, a thread of the command reads the count twice a second and draws a
-tqdm bar of the round's steps. tqdm disables itself where stderr is not a terminal (log files, CI).
+Env runners count their env steps into a small named actor (fire-and-forget calls, at most two a second per
+runner, and one at the end of each sample, so a finished round is counted whole); while `algo.train()` blocks,
+a thread of the command reads the count twice a second and draws a tqdm bar of the round's steps. Where stderr
+is not a terminal (log files, CI, benchmarks) there is no bar and no counter: a call per step cost 30 % of the
+default run's env steps/s on 2 CPU cores (47 against 61 steps/s).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 import uuid
 from types import TracebackType
 from typing import Any
@@ -18,6 +22,7 @@ from tqdm import tqdm
 PROGRESS_ACTOR_KEY = "progress_actor"
 """learner_config_dict key naming the step counter actor (the one free-form dict every env runner can read)."""
 POLL_SECONDS = 0.5
+REPORT_SECONDS = 0.5
 
 
 @ray.remote(num_cpus=0)
@@ -32,18 +37,23 @@ class StepCounter:
         return self.steps
 
 
-def start_step_counter() -> tuple[str, Any]:
-    """A fresh named counter for this run: (name, handle)."""
+def start_step_counter() -> tuple[str | None, Any]:
+    """A fresh named counter for this run, (name, handle); (None, None) where no bar can be drawn."""
+    if not sys.stderr.isatty():
+        return None, None
     name = f"esper-ray-steps-{uuid.uuid4().hex[:12]}"
     return name, StepCounter.options(name=name).remote()  # type: ignore[attr-defined]
 
 
 class StepReporter:
-    """Env-runner side: adds one step to the run's counter, if the run has one (Tune trials do not)."""
+    """Env-runner side: counts steps into the run's counter, if the run has one (Tune trials do not), sending
+    what has piled up at most every `REPORT_SECONDS` and at the end of each sample."""
 
     def __init__(self) -> None:
         self.counter: Any = None
         self.looked_up = False
+        self.pending = 0
+        self.last_sent = 0.0
 
     def step(self, env_runner: Any) -> None:
         if not self.looked_up:
@@ -54,7 +64,14 @@ class StepReporter:
             except ValueError:  # the command that drew the bar is gone (the counter dies with it)
                 self.counter = None
         if self.counter is not None:
-            self.counter.add.remote(1)
+            self.pending += 1
+            if time.monotonic() - self.last_sent >= REPORT_SECONDS:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.counter is not None and self.pending:
+            self.counter.add.remote(self.pending)
+            self.pending, self.last_sent = 0, time.monotonic()
 
 
 class RoundBar:
@@ -62,7 +79,8 @@ class RoundBar:
 
     def __init__(self, counter: Any, round_: int, rounds: int, steps: int) -> None:
         self.counter, self.steps = counter, steps
-        self.bar = tqdm(total=steps, desc=f"round {round_}/{rounds}", unit="step", leave=False, disable=None)
+        self.bar = tqdm(total=steps, desc=f"round {round_}/{rounds}", unit="step", leave=False,
+                        disable=True if counter is None else None)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 

@@ -116,7 +116,8 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 save_round(algo, cfg, output)
         finally:
             algo.stop(abort=interrupted)
-            ray.kill(counter)
+            if counter is not None:
+                ray.kill(counter)
     return summaries, interrupted
 
 
