@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from esper_ray.contracts.fields import check_keys, check_types
+from esper_ray.contracts.fields import check_int, check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
@@ -100,14 +100,11 @@ class EnvConfig:
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
-        _check_int(self, "max_epochs", 1)
-        _check_int(self, "seed", 0)
-        _check_int(self, "shard", 0)
-        _check_int(self, "num_shards", 1)
-        _check_int(self, "synthetic_size", 10)
-        _check_int(self, "val_batch_size", 1)
+        for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
+                              ("val_batch_size", 1)):
+            check_int(name, getattr(self, name), minimum)
         if self.text_max_bytes is not None:
-            _check_int(self, "text_max_bytes", 1_000)
+            check_int("text_max_bytes", self.text_max_bytes, 1_000)
         allowed_hosts = HOST_PRESET_CHOICES.get(self.task, (self.task,))
         if self.host_preset is not None and self.host_preset not in allowed_hosts:
             raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {list(allowed_hosts)}")
@@ -115,7 +112,7 @@ class EnvConfig:
             raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
         for name in ("batch_size", "max_seeds"):
             if getattr(self, name) is not None:
-                _check_int(self, name, 1)
+                check_int(name, getattr(self, name), 1)
         for name in ("host_lr", "seed_lr", "max_grad_norm"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
@@ -166,8 +163,3 @@ class EnvConfig:
     def effective_max_seeds(self) -> int:
         return self.max_seeds if self.max_seeds is not None else len(self.slots)
 
-
-def _check_int(cfg: EnvConfig, name: str, minimum: int) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")

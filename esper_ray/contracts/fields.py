@@ -15,6 +15,12 @@ from functools import cache
 from typing import Any
 
 
+def check_int(name: str, value: Any, minimum: int) -> None:
+    """Raise ValueError naming the field unless `value` is an integer (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+
+
 @cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: the string literal that follows its definition} for a dataclass defined in source."""

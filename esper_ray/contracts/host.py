@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from esper_ray.contracts.fields import check_int
+
 
 class Topology(str, Enum):
     """The kind of host: which blueprints fit its slots, and the shape of the features a slot sees."""
@@ -36,9 +38,7 @@ class HostConfig:
 
     def __post_init__(self) -> None:
         for name in ("in_channels", "image_size", "num_classes", "base_channels", "blocks", "kernel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+            check_int(name, getattr(self, name), 1)
         if not 0 <= self.pool_layers <= self.blocks:
             raise ValueError(f"pool_layers={self.pool_layers!r}: must be in [0, blocks={self.blocks}]")
         if self.image_size < 2**self.pool_layers:

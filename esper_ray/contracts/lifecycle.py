@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from esper_ray.contracts.fields import check_int
+
 
 class GateMode(str, Enum):
     PERMISSIVE = "permissive"
@@ -44,8 +46,6 @@ class LifecycleConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))
         for name in ("min_training_epochs", "strict_min_blending_epochs", "min_prune_age", "embargo_epochs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+            check_int(name, getattr(self, name), 0)
         if not self.seed_lr > 0:
             raise ValueError(f"seed_lr={self.seed_lr!r}: must be > 0")

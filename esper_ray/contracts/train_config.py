@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, EnvConfig
-from esper_ray.contracts.fields import check_keys, check_types
+from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
 PLACEMENTS = ("PACK", "SPREAD")
@@ -95,9 +95,7 @@ class TrainConfig:
         object.__setattr__(self, "env", dict(self.env))
         for name, minimum in (("envs", 1), ("episodes_per_env", 1), ("rounds", 1), ("learners", 0), ("ppo_epochs", 1),
                               ("checkpoint_every", 0), ("seed", 0), ("max_epochs", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+            check_int(name, getattr(self, name), minimum)
         for name in ("gpus_per_env", "learner_gpus", "learner_cpus"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from esper_ray.contracts.fields import check_int
+
 
 @dataclass(frozen=True)
 class TransformerHostConfig:
@@ -24,9 +26,7 @@ class TransformerHostConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_layers", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+            check_int(name, getattr(self, name), 1)
         if self.d_model % self.n_heads != 0:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0 and h <= 16]
             raise ValueError(

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from esper_ray.contracts.fields import check_int
+
 VOCAB_SIZE = 256
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 FILE_SEPARATOR = b"\n\n"
@@ -140,8 +142,7 @@ def load_text(data_dir: str | None, seq_len: int, max_bytes: int | None = None) 
         seq_len: tokens (bytes) per sequence; must not exceed the host's seq_len.
         max_bytes: keep only the corpus's first max_bytes bytes (None: all of it).
     """
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r}: must be an integer >= 1")
+    check_int("seq_len", seq_len, 1)
     if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1):
         raise ValueError(f"max_bytes={max_bytes!r}: must be None (the whole corpus) or an integer >= 1")
     if data_dir is not None and not isinstance(data_dir, (str, Path)):

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind
-from esper_ray.contracts.fields import check_keys
+from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 
@@ -106,9 +106,7 @@ class ExperimentSpec:
             raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
         for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("last_rounds", 1), ("eval_episodes", 1),
                               ("max_failures", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+            check_int(name, getattr(self, name), minimum)
         if self.order_seed is not None and (isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0):
             raise ValueError(f"order_seed={self.order_seed!r}: must be an integer >= 0 (or left out)")
         if self.last_rounds > self.rounds:

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from esper_ray.contracts.actions import TRANSFORMER_BLUEPRINTS, Blueprint, parse_blueprint
+from esper_ray.contracts.fields import check_int
 
 LORA_RANK = 8
 LORA_LARGE_RANK = 32
@@ -190,8 +191,7 @@ def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: to
     The seed is built on the CPU; move it with `.to(device)`.
     """
     resolved = resolve_transformer_blueprint(blueprint)
-    if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
-        raise ValueError(f"channels={channels!r}: must be an integer >= 1")
+    check_int("channels", channels, 1)
     if resolved is Blueprint.FLEX_ATTENTION:
         ok, reason = flex_attention_available(device)
         if not ok:
