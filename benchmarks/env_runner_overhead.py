@@ -1,0 +1,63 @@
+"""RLlib's own work per env step inside one env runner, without Ray's processes around it, on this machine.
+
+    python benchmarks/env_runner_overhead.py [--episodes 4]
+
+Builds the env runner `esper-ray train` uses (the default train settings; env runner 1 of 2, so shard 0 of
+2) in this process, with one torch thread as a runner has, and samples whole episodes from it. The env's
+`step` is timed from inside, so the difference between a sample's time and the env steps' time is what RLlib
+adds per step (connectors, policy inference, action sampling, episode bookkeeping, callbacks). Prints one JSON
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=4, help="episodes to time (after one of warm-up)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+    from esper_ray.train.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.ppo_config import build_ppo_config
+
+    cfg = TrainConfig()
+    runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=1, num_workers=cfg.envs)
+    runner.sample(num_episodes=1)  # warm-up
+    env_seconds, env_steps = 0.0, 0
+    original_step = MorphogeneticEnv.step
+
+    def timed_step(self, action):  # type: ignore[no-untyped-def]
+        nonlocal env_seconds, env_steps
+        start = time.perf_counter()
+        try:
+            return original_step(self, action)
+        finally:
+            env_seconds += time.perf_counter() - start
+            env_steps += 1
+
+    MorphogeneticEnv.step = timed_step  # type: ignore[method-assign]
+    start = time.perf_counter()
+    runner.sample(num_episodes=args.episodes)
+    sample_seconds = time.perf_counter() - start
+    MorphogeneticEnv.step = original_step  # type: ignore[method-assign]
+    print(json.dumps({
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__},
+        "env_steps": env_steps,
+        "sample_seconds_per_step": round(sample_seconds / env_steps, 5),
+        "env_seconds_per_step": round(env_seconds / env_steps, 5),
+        "rllib_seconds_per_step": round((sample_seconds - env_seconds) / env_steps, 5),
+    }))
+
+
+if __name__ == "__main__":
+    main()
