@@ -4,6 +4,7 @@
     python benchmarks/throughput.py --gpu                 # one GPU: the README's table (CIFAR-shaped uint8 data)
     python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
     python benchmarks/throughput.py --gpu --mps           # the same with a private MPS daemon
+    python benchmarks/throughput.py --gpu --overlap       # the train half with TrainConfig.overlap
 
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
 controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
@@ -19,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import sys
 import tempfile
 import time
@@ -48,6 +50,8 @@ class Setup:
     cuda_graphs: bool = True
     learner_gpus: float = 0.0
     cpus_per_env: float | None = None
+    overlap: bool = False
+    """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
 
     @property
     def gpus_per_env(self) -> float:
@@ -106,7 +110,16 @@ def bare(setup: Setup) -> dict[str, float]:
     workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
     for w in workers:
         w.start()
-    outcomes = [results.get(timeout=900) for _ in workers]
+    outcomes: list[tuple[int, int, float]] = []
+    while len(outcomes) < len(workers):  # a worker that dies (an import error, say) must not hang the benchmark
+        try:
+            outcomes.append(results.get(timeout=5))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                for w in workers:
+                    w.kill()
+                raise RuntimeError(f"bare env process failed (exit codes {failed}); its traceback is above") from None
     for w in workers:
         w.join()
     seconds = max(o[2] for o in outcomes)
@@ -122,7 +135,8 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     cfg = TrainConfig(task=setup.task, slots=setup.slots, max_epochs=setup.max_epochs, envs=setup.envs,
                       episodes_per_env=setup.episodes_per_env, rounds=setup.rounds, gpus_per_env=setup.gpus_per_env,
                       cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
-                      learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, checkpoint_every=0, env=env)
+                      learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, overlap=setup.overlap,
+                      checkpoint_every=0, env=env)
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:
         outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=results.append)
@@ -213,6 +227,8 @@ def main() -> None:
     parser.add_argument("--envs-per-gpu", type=int, default=4)
     parser.add_argument("--learner-gpus", type=float, default=0.2, help="GPU share of the learner with --gpu")
     parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
+    parser.add_argument("--mps-only", action="store_true", help="measure only under a private MPS daemon")
+    parser.add_argument("--overlap", action="store_true", help="the train half overlaps learner updates with sampling")
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
@@ -226,7 +242,8 @@ def main() -> None:
         envs = args.gpus * args.envs_per_gpu
         setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, batch_size=512, max_epochs=20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
-                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=args.learner_gpus, cpus_per_env=args.cpus_per_env)
+                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=args.learner_gpus, cpus_per_env=args.cpus_per_env,
+                      overlap=args.overlap)
     else:
         # CPU: exactly the settings of a plain `esper-ray train`
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -238,10 +255,11 @@ def main() -> None:
                       batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=default.max_epochs,
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
-                      cpus_per_env=args.cpus_per_env or default.cpus_per_env)
+                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap)
     report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
-    report["without_mps"] = measure(setup, mps=False)
-    if args.mps:
+    if not args.mps_only:
+        report["without_mps"] = measure(setup, mps=False)
+    if args.mps or args.mps_only:
         report["with_mps"] = measure(setup, mps=True)
     print(json.dumps(report))
 

@@ -17,7 +17,9 @@ from esper_ray.contracts.actions import Op
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.train.checkpoints import resolve_checkpoint
-from esper_ray.train.evaluate import load_policy
+from esper_ray.train.algorithm_host import AlgorithmDriver
+from esper_ray.train.evaluate import feature_filter_of, load_policy
+from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.runner import run_training
 
@@ -86,6 +88,56 @@ def test_checkpoint_then_resume_is_at_the_same_round_with_equal_weights(ray_loca
         restored.stop()
     resumed = train(small(tmp_path, rounds=3, envs=1), resume=checkpoint)
     assert [r.round for r in resumed.rounds] == [3] and resumed.checkpoint.name == "round_00003"
+
+
+def test_every_env_runner_holds_the_checkpoints_weights_and_filter_after_a_resume(ray_local, tmp_path):
+    """RLlib's restore sends filters then weights fire-and-forget and skips the second for a runner that has not
+    answered the first: before the fix, resumes often sampled their first round with the initial weights."""
+    cfg = small(tmp_path, rounds=2, learners=0)
+    checkpoint = train(cfg).checkpoint
+    for _ in range(3):
+        driver = AlgorithmDriver(cfg, str(checkpoint))
+        try:
+            algo = driver.algo
+            learner = {k: torch.as_tensor(v) for k, v in algo.learner_group.get_weights()[m.DEFAULT_MODULE].items()}
+            held = algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(inference_only=True),
+                                                             local_env_runner=False)
+            filters = algo.env_runner_group.foreach_env_runner(
+                lambda r: feature_filter_of(r._env_to_module, "runner").get_state(), local_env_runner=False)
+            assert len(held) == cfg.envs
+            for state in held:
+                assert all(torch.equal(torch.as_tensor(state[k]), learner[k]) for k in state)
+            local = feature_filter_of(algo.env_runner._env_to_module, "local").get_state()
+            assert all(f[None]["running_stats"] == local[None]["running_stats"] for f in filters)
+        finally:
+            driver.algo.stop()
+
+
+def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_the_run(ray_local, tmp_path):
+    """overlap=True: round k's update learns from round k-1's batch while round k samples; a save learns from the
+    pending batch first, so the round after it has nothing to learn, and a resume from it replays the whole run."""
+    results: list[dict] = []
+    cfg = small(tmp_path, overlap=True, learners=0, rounds=4, checkpoint_every=2)
+    whole = run_training(cfg, Path(cfg.output), log=lambda _: None, on_result=results.append)
+
+    def trained(result: dict) -> float:
+        return float(result.get(m.LEARNERS, {}).get("__all_modules__", {}).get("num_module_steps_trained_lifetime", 0))
+
+    def hidden(result: dict) -> float:
+        return float(result["timers"][UPDATE_HIDDEN_TIMER])
+
+    one_update = trained(results[1])
+    assert trained(results[0]) == 0 and one_update > 0  # round 1 had nothing to learn from
+    assert hidden(results[0]) == 0 and hidden(results[1]) > 0  # round 2's update ran while round 2 sampled
+    # The checkpoint after round 2 learned from round 2's batch: round 3 reports that update and has none of its own.
+    assert trained(results[2]) == 2 * one_update and hidden(results[2]) == 0
+    assert trained(results[3]) == 3 * one_update and hidden(results[3]) > 0
+
+    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00002", log=lambda _: None)
+    keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
+    assert [r.round for r in resumed.rounds] == [3, 4]
+    for replayed, original in zip(resumed.rounds, whole.rounds[2:]):
+        assert {k: getattr(replayed, k) for k in keys} == {k: getattr(original, k) for k in keys}
 
 
 def test_ppo_learns_to_keep_the_seeds_that_rescue_a_starved_host(ray_local, tmp_path):

@@ -45,13 +45,19 @@ class TrainConfig:
     """GPUs per learner."""
     learner_cpus: float | None = None
     """CPUs reserved per learner; None: none. The learner works between rounds, while the env runners wait, so on
-    one machine it needs no cores of its own (RLlib would reserve 1 for a CPU learner)."""
+    one machine it needs no cores of its own (RLlib would reserve 1 for a CPU learner); with `overlap` it works
+    during the rounds and competes with the envs for the cores it has not reserved."""
     driver_cpus: float = 1.0
     """CPUs reserved for the process that drives the algorithm (a Tune trial's own process in `esper-ray ab`)."""
     mps: bool = False
     """Start a private CUDA MPS daemon on every GPU node for the run, so that envs sharing a GPU run their
     kernels side by side instead of in turns; stopped when the run ends. Off by default (no use with one env
     per GPU)."""
+    overlap: bool = False
+    """Let the learner train on round k's episodes while the env runners sample round k+1 (train/overlap.py): the
+    learner update (about 1 s a round on a GPU) no longer stops the envs, and the runners act with weights one
+    update older. Off by default: it changes what is learned, and it pays only where the learner has a GPU share
+    or cores of its own."""
     placement: str = "PACK"
     """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
     seed: int = 0

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.rounds import train_round
+from esper_ray.train.rounds import push_state_to_runners, train_round
 
 NODE_PIN = 0.001  # a sliver of this node's "node:<ip>" resource pins a bundle to it
 
@@ -31,9 +31,7 @@ class AlgorithmDriver:
         self.algo = build_ppo_config(cfg, progress_actor).build_algo()
         if resume is not None:
             self.algo.restore_from_path(resume)  # weights, optimizer, filters, normaliser, iteration
-            # restore_from_path loads the observation filter into the local env runner only; the remote ones
-            # would sample the first resumed round with fresh statistics (and act differently).
-            self.algo.env_runner_group.sync_env_runner_states(config=self.algo.config, from_worker=self.algo.env_runner)
+            push_state_to_runners(self.algo)
 
     def train(self) -> dict[str, Any]:
         return train_round(self.algo)

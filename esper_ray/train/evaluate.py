@@ -34,6 +34,7 @@ from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
 from esper_ray.policy.heuristic import HeuristicController
 from esper_ray.train.episodes import Controller, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.checkpoints import load_checkpoint_config
+from esper_ray.train.overlap import learn_pending
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
@@ -129,8 +130,10 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int) -> list[
     """Evaluate the algorithm's current greedy policy on its own env runners (their devices, in parallel).
 
     Env runner k runs the episodes of its own shard with its own copy of the weights (synced after every
-    update) and its own observation filter (merged across runners every round).
+    update, including the last round's when the learner overlaps with sampling) and its own observation filter
+    (merged across runners every round).
     """
+    learn_pending(algo)
     plan = evaluation_episodes(cfg, episodes)
 
     def evaluate(runner: Any) -> list[EpisodeSummary]:

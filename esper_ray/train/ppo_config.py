@@ -7,6 +7,7 @@ Choices and where they differ from the original's PPO defaults (DOMAIN.md sectio
   bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
 - `ppo_epochs` (default 4) full-batch passes (see train/learner.py). The original did 1 pass; with
   RLlib's stored-state sequences several passes are safe, and they learn faster from expensive episodes.
+- `overlap`: the learner trains on one round while the env runners sample the next (train/overlap.py).
 - No KL penalty (`use_kl_loss=False`), as in the original; an approximate KL is still logged.
 - No value-loss clipping (`vf_clip_param=inf`): RLlib clips the squared error at 10 by default, which
   silently zeroes the value gradient for returns of this scale.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo import PPO, PPOConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from esper_ray.contracts.train_config import TrainConfig
@@ -32,6 +33,7 @@ from esper_ray.train.clawback import clawback_connector
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.env_runner import CpuPolicyEnvRunner
 from esper_ray.train.learner import MorphoPPOLearner
+from esper_ray.train.overlap import OverlappedPPO
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY
 
 
@@ -46,7 +48,7 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1)
     return (
-        PPOConfig()
+        PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
         .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
         .env_runners(
             num_env_runners=cfg.envs,

@@ -23,3 +23,19 @@ def train_round(algo: Any) -> dict[str, Any]:
     round_ = algo.iteration + 1
     algo.env_runner_group.foreach_env_runner(lambda runner: start_round_on(runner, round_), local_env_runner=False)
     return algo.train()
+
+
+def push_state_to_runners(algo: Any) -> None:
+    """Give every remote env runner the algorithm's observation filter and weights, and wait until they hold them.
+
+    RLlib's restore sends the filter states, then the weights, both fire-and-forget, and its actor manager silently
+    skips the second for a runner that has not answered the first (one request in flight per runner): a resumed
+    run then often sampled its first round with the initial weights. Waiting for every answer before each send
+    makes both arrive.
+    """
+    group = algo.env_runner_group
+    group.fetch_ready_async_reqs(timeout_seconds=None)
+    group.sync_env_runner_states(config=algo.config, from_worker=algo.env_runner)
+    group.fetch_ready_async_reqs(timeout_seconds=None)
+    group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True, timeout_seconds=None)
+    group.fetch_ready_async_reqs(timeout_seconds=None)
