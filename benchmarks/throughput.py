@@ -52,6 +52,8 @@ class Setup:
     cpus_per_env: float | None = None
     overlap: bool = False
     """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
+    extra_env: tuple[tuple[str, Any], ...] = ()
+    """Further env settings for both halves (--env KEY=VALUE)."""
 
     @property
     def gpus_per_env(self) -> float:
@@ -69,7 +71,7 @@ class Setup:
             config["synthetic_size"] = self.train_size
         if self.gpus:
             config["device"] = f"cuda:{shard % self.gpus}"
-        return config
+        return {**config, **dict(self.extra_env)}
 
 
 def log(message: str) -> None:
@@ -225,10 +227,13 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="GPU sizes (default: CPU, the default train settings)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)")
     parser.add_argument("--envs-per-gpu", type=int, default=4)
-    parser.add_argument("--learner-gpus", type=float, default=0.2, help="GPU share of the learner with --gpu")
+    parser.add_argument("--learner-gpus", type=float, default=None,
+                        help="GPU share of the learner with --gpu (default 0.2 on one GPU; 0.1 on several, so that the "
+                             "envs' share, (1 - this) / envs per GPU, leaves no room for one more env per GPU)")
     parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
     parser.add_argument("--mps-only", action="store_true", help="measure only under a private MPS daemon")
     parser.add_argument("--overlap", action="store_true", help="the train half overlaps learner updates with sampling")
+    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting for both halves (repeatable)")
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
@@ -237,13 +242,17 @@ def main() -> None:
     args = parser.parse_args()
     global SKIP_BARE
     SKIP_BARE = args.skip_bare
+    from esper_ray.cli import parse_env_overrides
+
+    extra_env = tuple(sorted(parse_env_overrides(args.env).items()))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if args.gpu:
         envs = args.gpus * args.envs_per_gpu
+        learner_gpus = args.learner_gpus if args.learner_gpus is not None else (0.2 if args.gpus == 1 else 0.1)
         setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, batch_size=512, max_epochs=20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
-                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=args.learner_gpus, cpus_per_env=args.cpus_per_env,
-                      overlap=args.overlap)
+                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
+                      overlap=args.overlap, extra_env=extra_env)
     else:
         # CPU: exactly the settings of a plain `esper-ray train`
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -255,7 +264,8 @@ def main() -> None:
                       batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=default.max_epochs,
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
-                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap)
+                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap,
+                      extra_env=extra_env)
     report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
     if not args.mps_only:
         report["without_mps"] = measure(setup, mps=False)

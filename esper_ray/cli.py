@@ -64,7 +64,7 @@ def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
             print(format_summary(s))
 
 
-def _parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
+def parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -93,7 +93,7 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     from esper_ray.train.checkpoints import fresh_run_folder, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
 
     flags = given(args, args.train_fields)
-    env = _parse_env_overrides(args.env)
+    env = parse_env_overrides(args.env)
     if args.resume is not None:
         checkpoint = resolve_checkpoint(args.resume)
         stored = load_checkpoint_config(checkpoint)
@@ -142,7 +142,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from esper_ray.train.evaluate import run_evaluation
 
     summaries = run_evaluation(resolve_checkpoint(args.checkpoint), args.episodes, seed=args.seed,
-                               env_overrides=_parse_env_overrides(args.env), progress=not args.json)
+                               env_overrides=parse_env_overrides(args.env), progress=not args.json)
     _print_summaries(summaries, args.json)
     return 0
 
