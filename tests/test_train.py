@@ -248,7 +248,8 @@ def test_train_config_file_is_strict(tmp_path, capsys):
     assert "set them at the top level" in capsys.readouterr().err
 
 
-def test_one_ctrl_c_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path):
+@pytest.mark.parametrize("overlap", [[], ["--overlap"]], ids=["plain", "overlap"])
+def test_one_ctrl_c_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path, overlap):
     import os
     import signal
     import subprocess
@@ -260,7 +261,7 @@ def test_one_ctrl_c_mid_round_stops_in_seconds_keeping_the_last_finished_round(t
     proc = subprocess.Popen(
         [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", "50", "--envs", "1", "--cpus-per-env", "1",
          "--max-epochs", "2000", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
-         "--output", str(out)],
+         "--output", str(out), *overlap],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines = []
