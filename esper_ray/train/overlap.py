@@ -8,8 +8,10 @@ weights learned on round k-2's batch. PPO's ratio divides by the log-probabiliti
 (the policy that acted), so the update stays a correct clipped surrogate; its first pass just starts with
 ratios away from 1, as in APPO without V-trace. It changes what is learned, so it is off by default.
 
-A save first learns from the pending batch, so a checkpoint holds no unlearned episodes and a resume from it
-replays the rounds an uninterrupted run makes: the round after any save has nothing to learn while it samples.
+A round's learner metrics (losses, entropies, KL, explained variance) describe the update on the previous
+round's batch. A save first learns from the pending batch, so a checkpoint holds no unlearned episodes and a
+resume from it replays the rounds an uninterrupted run makes: the round after any save has nothing to learn
+while it samples.
 On a machine without spare cores the overlapped update slows the envs instead of hiding behind them.
 """
 
