@@ -12,7 +12,9 @@ A round's learner metrics (losses, entropies, KL, explained variance) describe t
 round's batch. A save first learns from the pending batch, so a checkpoint holds no unlearned episodes and a
 resume from it replays the rounds an uninterrupted run makes: the round after any save has nothing to learn
 while it samples.
-On a machine without spare cores the overlapped update slows the envs instead of hiding behind them.
+
+It pays where the learner has a GPU share or cores of its own (H100, 4 envs: 0.91 -> 0.958 of the envs' bare
+speed); on 2 CPU cores the update only moves from between the rounds into them (0.580 -> 0.584).
 """
 
 from __future__ import annotations
