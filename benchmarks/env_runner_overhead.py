@@ -1,6 +1,6 @@
 """RLlib's own work per env step inside one env runner, without Ray's processes around it, on this machine.
 
-    python benchmarks/env_runner_overhead.py [--episodes 4]
+    python benchmarks/env_runner_overhead.py [--episodes 4] [--model gpu]
 
 Builds the env runner `esper-ray train` uses (the default train settings; env runner 1 of 2, so shard 0 of
 2) in this process, with one torch thread as a runner has, and samples whole episodes from it. The env's
@@ -23,6 +23,7 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=4, help="episodes to time (after one of warm-up)")
+    parser.add_argument("--model", default="cpu", help="the policy's size preset: cpu (default) or gpu (512 units)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from esper_ray.contracts.train_config import TrainConfig
@@ -30,7 +31,7 @@ def main() -> None:
     from esper_ray.train.env_runner import CpuPolicyEnvRunner
     from esper_ray.train.ppo_config import build_ppo_config
 
-    cfg = TrainConfig()
+    cfg = TrainConfig(model=args.model)
     runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=1, num_workers=cfg.envs)
     runner.sample(num_episodes=1)  # warm-up
     env_seconds, env_steps = 0.0, 0
@@ -52,6 +53,7 @@ def main() -> None:
     MorphogeneticEnv.step = original_step  # type: ignore[method-assign]
     print(json.dumps({
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__},
+        "model": args.model,
         "env_steps": env_steps,
         "sample_seconds_per_step": round(sample_seconds / env_steps, 5),
         "env_seconds_per_step": round(env_seconds / env_steps, 5),

@@ -92,3 +92,32 @@ def test_module_never_samples_a_masked_action_and_values_have_shape_b_t():
     blueprint_mask = obs["action_mask"][NVEC[0] : NVEC[0] + len(Blueprint)]
     assert all(blueprint_mask[b] for b in actions[:, 1].tolist())
     assert len(set(actions[:, 0].tolist())) > 1  # it explores among the legal ones
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_one_step_at_a_time_gives_what_the_whole_sequence_gives(preset):
+    """Sampling steps the LSTM one cell call at a time on the CPU; the learner runs nn.LSTM over whole episodes.
+    Both must give the same outputs and carried state (to float tolerance: the kernels differ)."""
+    env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6, "slots": ["r0c0", "r1c0"]})
+    torch.manual_seed(1)
+    module = MorphoPolicyModule(observation_space=env.observation_space,
+                                action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+                                model_config=dict(MODEL_PRESETS[preset], max_seq_len=6))
+    obs, _ = env.reset(seed=0)
+    observations = [obs]
+    for _ in range(4):
+        obs, *_ = env.step(np.zeros(len(env.action_space.nvec), dtype=np.int64))
+        observations.append(obs)
+    sequence = {k: torch.as_tensor(np.stack([o[k] for o in observations]))[None] for k in obs}  # [1, T, ...]
+    initial = {k: torch.as_tensor(v)[None] for k, v in module.get_initial_state().items()}
+    with torch.no_grad():
+        whole = module.forward_train({Columns.OBS: sequence, Columns.STATE_IN: initial})
+        state, steps = initial, []
+        for t in range(len(observations)):
+            out = module.forward_exploration({Columns.OBS: {k: v[:, t : t + 1] for k, v in sequence.items()},
+                                              Columns.STATE_IN: state})
+            steps.append(out[Columns.ACTION_DIST_INPUTS])
+            state = out[Columns.STATE_OUT]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole[Columns.ACTION_DIST_INPUTS], rtol=1e-5, atol=1e-5)
+    for key in ("h", "c"):
+        torch.testing.assert_close(state[key], whole[Columns.STATE_OUT][key], rtol=1e-5, atol=1e-5)

@@ -74,6 +74,14 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         blueprints = self.embedding(obs["blueprint_ids"].long()).flatten(-2)  # [B, T, S * E]
         x = self.encoder(torch.cat([features, blueprints], dim=-1))
         state = batch[Columns.STATE_IN]
+        if x.shape[1] == 1 and x.device.type == "cpu":
+            # One step (sampling in an env runner): the plain LSTM cell. nn.LSTM on the CPU goes through oneDNN, which
+            # re-packs the weights on every call: 5.3 ms against 0.21 ms a step for the 512-unit `gpu` preset on one
+            # core (0.08 against 0.02 ms for `cpu`); same weights, same math.
+            lstm = self.lstm
+            h, c = torch.lstm_cell(x[:, 0], (state["h"], state["c"]), lstm.weight_ih_l0, lstm.weight_hh_l0,
+                                   lstm.bias_ih_l0, lstm.bias_hh_l0)
+            return h.unsqueeze(1), {"h": h, "c": c}
         out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
         return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
 
