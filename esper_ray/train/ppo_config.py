@@ -5,7 +5,7 @@ Choices and where they differ from the original's PPO defaults (DOMAIN.md sectio
   is whole episodes and every round reports finished episodes.
 - LSTM sequences are whole episodes: `max_seq_len = max_epochs + 1`, because RLlib's learner appends one
   bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
-- `ppo_epochs` (default 4) full-batch passes (see train/learner.py). The original did 1 pass; with
+- `ppo_epochs` (default 16) full-batch passes (see train/learner.py). The original did 1 pass; with
   RLlib's stored-state sequences several passes are safe, and they learn faster from expensive episodes.
 - `overlap`: the learner trains on one round while the env runners sample the next (train/overlap.py).
 - No KL penalty (`use_kl_loss=False`), as in the original; an approximate KL is still logged.
