@@ -81,7 +81,22 @@ def log(message: str) -> None:
 def machine() -> dict[str, Any]:
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return {"card": card, "gpus_present": torch.cuda.device_count(), "cpus": os.cpu_count(),
-            "host": platform.node(), "torch": torch.__version__}
+            "host": platform.node(), "torch": torch.__version__, "commit": commit()}
+
+
+def commit() -> str | None:
+    """The checkout's commit (with "+" when it has changes), so a figure names the code that gave it."""
+    import subprocess
+
+    folder = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git here (the device machine's copy, say)
+    return head + ("+" if dirty else "")
 
 
 # ------------------------------------------------------------------------------------------------------ bare
