@@ -29,7 +29,7 @@ from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import flatten_numbers, summarize_round
-from esper_ray.train.rounds import push_state_to_runners, train_round
+from esper_ray.train.rounds import restore, train_round
 
 TRIAL_KEY = "trial"
 SUMMARY_PREFIX = "round/"
@@ -115,8 +115,7 @@ class MorphoTrial(tune.Trainable):
 
     def load_checkpoint(self, checkpoint: str) -> None:  # type: ignore[override]
         if self.algo is not None:
-            self.algo.restore_from_path(checkpoint)
-            push_state_to_runners(self.algo)
+            restore(self.algo, checkpoint)
         else:
             self.evaluated = json.loads((Path(checkpoint) / BASELINE_STATE_FILE).read_text())["evaluated"]
 

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.rounds import push_state_to_runners, train_round
+from esper_ray.train.rounds import restore, train_round
 
 NODE_PIN = 0.001  # a sliver of this node's "node:<ip>" resource pins a bundle to it
 
@@ -30,8 +30,7 @@ class AlgorithmDriver:
     def __init__(self, cfg: TrainConfig, resume: str | None, progress_actor: str | None = None) -> None:
         self.algo = build_ppo_config(cfg, progress_actor).build_algo()
         if resume is not None:
-            self.algo.restore_from_path(resume)  # weights, optimizer, filters, normaliser, iteration
-            push_state_to_runners(self.algo)
+            restore(self.algo, resume)
 
     def train(self) -> dict[str, Any]:
         return train_round(self.algo)

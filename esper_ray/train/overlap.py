@@ -86,10 +86,11 @@ class OverlappedPPO(PPO):
             modules = self._update(pending)
             update_seconds = time.perf_counter() - started
         episodes, env_runner_results = sampling.result()
-        hidden = min(update_seconds, sampling.finished_at - started)
-        self.metrics.log_value((TIMERS, ENV_RUNNER_SAMPLING_TIMER), sampling.finished_at - started)
+        sample_seconds = sampling.finished_at - started
+        self.metrics.log_value((TIMERS, ENV_RUNNER_SAMPLING_TIMER), sample_seconds)
         self.metrics.log_value((TIMERS, LEARNER_UPDATE_TIMER), update_seconds)
-        self.metrics.log_value((TIMERS, UPDATE_HIDDEN_TIMER), hidden, window=1)  # this round's, not an average
+        # this round's, not an average: both started together, so the shorter of the two ran side by side
+        self.metrics.log_value((TIMERS, UPDATE_HIDDEN_TIMER), min(update_seconds, sample_seconds), window=1)
         if modules:
             self._sync_weights(modules)
         if episodes:

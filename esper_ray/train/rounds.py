@@ -25,6 +25,13 @@ def train_round(algo: Any) -> dict[str, Any]:
     return algo.train()
 
 
+def restore(algo: Any, path: str) -> None:
+    """Load a checkpoint into `algo` (weights, optimizer, filters, normaliser, iteration) and hand its filter and
+    weights to every remote env runner."""
+    algo.restore_from_path(path)
+    push_state_to_runners(algo)
+
+
 def push_state_to_runners(algo: Any) -> None:
     """Give every remote env runner the algorithm's observation filter and weights, and wait until they hold them.
 
