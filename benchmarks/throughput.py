@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-SKIP_BARE = False
+HALVES = ("bare", "train")
+"""Which halves to measure (--only); a half not measured prints as null."""
 
 
 @dataclass(frozen=True)
@@ -218,23 +219,26 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
 
 
 def measure(setup: Setup, mps: bool) -> dict[str, Any]:
-    log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
-    with bare_mps(mps):
-        bare_rate = bare(setup) if not SKIP_BARE else {"env_steps_per_s": float("nan"), "samples_per_s": float("nan")}
-    log(f"bare: {bare_rate}")
-    log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
-    with local_ray(mps):
-        train_rate = train(setup, mps)
-    log(f"train: {train_rate}")
-    measured_bare = not SKIP_BARE
-    return {
-        "bare_env_steps_per_s": round(bare_rate["env_steps_per_s"], 2) if measured_bare else None,
-        "bare_samples_per_s": round(bare_rate["samples_per_s"]) if measured_bare else None,
-        "train_env_steps_per_s": round(train_rate["env_steps_per_s"], 2), "train_samples_per_s": round(train_rate["samples_per_s"]),
-        "train_over_bare": round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3) if measured_bare else None,
-        "train_samples_per_s_per_gpu": round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
-        "train_seconds_per_round": round(train_rate["seconds_per_round"], 2),
-    }
+    figures: dict[str, Any] = {}
+    if "bare" in HALVES:
+        log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
+        with bare_mps(mps):
+            bare_rate = bare(setup)
+        log(f"bare: {bare_rate}")
+        figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
+                       bare_samples_per_s=round(bare_rate["samples_per_s"]))
+    if "train" in HALVES:
+        log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
+        with local_ray(mps):
+            train_rate = train(setup, mps)
+        log(f"train: {train_rate}")
+        figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
+                       train_samples_per_s=round(train_rate["samples_per_s"]),
+                       train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
+                       train_seconds_per_round=round(train_rate["seconds_per_round"], 2))
+    if len(HALVES) == 2:
+        figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
+    return figures
 
 
 def main() -> None:
@@ -252,11 +256,11 @@ def main() -> None:
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
-    parser.add_argument("--skip-bare", action="store_true", help="only the train half (the bare figures print as 0)")
+    parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
     args = parser.parse_args()
-    global SKIP_BARE
-    SKIP_BARE = args.skip_bare
+    global HALVES
+    HALVES = (args.only,) if args.only else ("bare", "train")
     from esper_ray.cli import parse_env_overrides
 
     extra_env = tuple(sorted(parse_env_overrides(args.env).items()))

@@ -184,3 +184,15 @@ def test_env_runs_with_fp16_scaler_only_on_cuda():
     env.reset(seed=0)
     _, _, _, _, info = env.step(wait())
     assert env.precision.scaler is None and "grad_scale" not in info  # CPU runs in fp32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="channels-last matters to cuDNN only (benchmarks/gpu_check.sh)")
+def test_on_cuda_every_conv_weight_of_host_and_new_seeds_is_channels_last():
+    env = MorphogeneticEnv({"task": "synthetic", "synthetic_size": 1_000, "slots": ["r0c1"], "max_epochs": 3,
+                            "device": "cuda"})
+    env.reset(seed=0)
+    env.step(germinate(env, "r0c1", Blueprint.CONV_HEAVY))
+    weights = [(name, p) for name, p in env.model.named_parameters() if p.dim() == 4]
+    assert any(name.startswith("slots.r0c1.seed") for name, _ in weights)
+    for name, p in weights:
+        assert p.is_contiguous(memory_format=torch.channels_last), name

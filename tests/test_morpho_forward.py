@@ -123,6 +123,49 @@ def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     assert not torch.allclose(fused[0], fused[1])
 
 
+def _batch_sizes_seen(model):
+    """Batch size of each host block's input and of the head's, as a list filled by the next forward."""
+    seen = []
+    for name, module in [*((f"block{i}", b) for i, b in enumerate(model.host.blocks)), ("head", model.host.head)]:
+        module.register_forward_pre_hook(lambda m, args, name=name: seen.append((name, args[0].shape[0])))
+    return seen
+
+
+def test_fused_forward_runs_what_the_configurations_share_once():
+    slots = ["r0c0", "r0c2"]
+    model = make_model(slots, preset="cifar10", auto_forward=False)
+    drive_to(model.slot("r0c0"), Stage.HOLDING, blueprint="conv_light", style=Style.LINEAR_ADD)
+    drive_to(model.slot("r0c2"), Stage.HOLDING, blueprint="attention", style=Style.GATED_GATE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.eval()
+    x = images("cifar10", batch=5)
+    alphas = torch.tensor([[0.7, 1.0], [0.7, 0.0], [0.7, 0.4]])  # r0c0 the same in all: they part at r0c2
+    seen = _batch_sizes_seen(model)
+    with torch.no_grad():
+        fused = model.fused_forward(x, alphas)
+        assert seen == [("block0", 5), ("block1", 5), ("block2", 5), ("head", 15)]
+        for k in range(3):
+            torch.testing.assert_close(fused[k], _separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(fused[0], fused[1])
+
+
+def test_fused_forward_of_configurations_that_agree_runs_the_model_once():
+    model = make_model(["r0c1", "r1c1"], preset="cifar10", auto_forward=False)
+    drive_to(model.slot("r0c1"), Stage.FOSSILIZED, blueprint="conv_light")
+    model.eval()
+    x = images("cifar10", batch=4)
+    alphas = torch.tensor([[1.0, 0.3], [1.0, 0.9]])  # r1c1 has no seed: its column is ignored
+    seen = _batch_sizes_seen(model)
+    with torch.no_grad():
+        fused = model.fused_forward(x, alphas)
+        assert [size for _, size in seen] == [4, 4, 4, 4]
+        assert fused.shape == (2, 4, 10)
+        for k in range(2):
+            torch.testing.assert_close(fused[k], _separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+
+
 def test_counterfactual_plan_switches_off_each_blending_seed_and_pair_and_keeps_fossils():
     model = make_model(["r0c0", "r0c1", "r0c2", "r1c0"], auto_forward=False)
     drive_to(model.slot("r0c0"), Stage.HOLDING)

@@ -38,11 +38,19 @@ def train(cfg: TrainConfig, resume=None):
     return run_training(cfg, Path(cfg.output), resume=resume, log=lambda _: None)
 
 
+def _cudnn_deterministic(runner):
+    import torch  # in the runner's process (torch.backends.cudnn itself does not pickle)
+
+    return torch.backends.cudnn.deterministic
+
+
 def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics(ray_local, tmp_path):
     results = []
     algo = build_ppo_config(small(tmp_path)).build_algo()
     try:
         assert algo.learner_group.is_remote and algo.env_runner_group.num_remote_env_runners() == 2
+        # RLlib's seeding turns cuDNN's deterministic (3x slower) algorithms on in each runner; the env's setting rules
+        assert algo.env_runner_group.foreach_env_runner(_cudnn_deterministic, local_env_runner=False) == [False, False]
         for _ in range(2):
             results.append(algo.train())
     finally:

@@ -264,3 +264,29 @@ def test_seed_in_a_slot_hook_keeps_the_host_unchanged_at_birth():
     idx = tokens()
     with torch.no_grad():
         assert torch.equal(host(idx, at_slot=lambda s, h: seeds[s](h)), host(idx))
+
+
+def test_fused_forward_of_a_transformer_equals_one_forward_per_configuration():
+    from esper_ray.contracts.actions import Style
+    from esper_ray.contracts.lifecycle import LifecycleConfig
+    from esper_ray.contracts.stages import Stage
+    from esper_ray.morpho.model import MorphogeneticModel
+    from tests.morpho_helpers import drive_to
+
+    torch.manual_seed(0)
+    model = MorphogeneticModel(TransformerHost(SMALL), ["r0c0", "r0c1", "r0c2"], LifecycleConfig(auto_forward=False))
+    drive_to(model.slot("r0c0"), Stage.FOSSILIZED, blueprint="lora", style=Style.LINEAR_ADD)
+    drive_to(model.slot("r0c2"), Stage.HOLDING, blueprint="mlp", style=Style.GATED_GATE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.eval()
+    idx = tokens()
+    alphas = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])  # the plan's main and off:r0c2
+    with torch.no_grad():
+        fused = model.fused_forward(idx, alphas)
+        for k, row in enumerate(alphas.tolist()):
+            for slot, alpha in zip(model.seed_slots(), row):
+                slot.alpha_value.fill_(alpha)
+            torch.testing.assert_close(fused[k], model(idx), rtol=1e-5, atol=1e-5)
+    assert fused.shape == (2, 3, SMALL.seq_len, 256) and not torch.allclose(fused[0], fused[1])

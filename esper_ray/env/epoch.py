@@ -102,8 +102,7 @@ def validate_fused(
     """Accuracy and loss of every alpha configuration (rows of `alphas` [K, S]) in one pass over the set."""
     model.eval()
     device = x_val.device
-    k = alphas.shape[0]
-    alphas = alphas.to(device)
+    k = alphas.shape[0]  # alphas stay on the CPU: fused_forward reads them to share the configurations' prefix
     correct = torch.zeros(k, device=device, dtype=torch.int64)
     loss_sum = torch.zeros(k, device=device)
     with torch.inference_mode():

@@ -23,7 +23,7 @@ import random
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +52,7 @@ from esper_ray.morpho.transformer_blueprints import flex_attention_available
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.rewards import compute_reward
 
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 HOST_MOMENTUM = 0.9
 HOST_WEIGHT_DECAY = 5e-4
 
@@ -148,7 +149,7 @@ class MorphogeneticEnv(gym.Env):
             test_x, test_y = self._test_split
             stats = validate_fused(
                 self.model, test_x, test_y, self.model.current_alphas()[None],
-                chunk=self.cfg.val_batch_size, prepare=self.data.prepare, precision=self.precision,
+                chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
             )
         return stats.accuracy(), stats.loss()
 
@@ -172,10 +173,8 @@ class MorphogeneticEnv(gym.Env):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(episode_seed)
             model = MorphogeneticModel(build_host(self.cfg.effective_host_preset), self.slot_ids, self.cfg.lifecycle)
-        self.model = model.to(self.device)
+        self.model = self._in_layout(model.to(self.device))
         self.graphs.forget()
-        if self.device.type == "cuda":
-            self.model = self.model.to(memory_format=torch.channels_last)
         self.host_optimizer = torch.optim.SGD(
             self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY
         )
@@ -236,6 +235,7 @@ class MorphogeneticEnv(gym.Env):
             with torch.random.fork_rng(devices=[]):  # seed init is reproducible from (seed, shard, epoch)
                 torch.manual_seed(self._episode_seed + 7919 * (self.epoch + 1))
                 result = slot.germinate(decision.blueprint, decision.style, decision.tempo, decision.alpha_target)
+            self._in_layout(slot)  # the new seed and gate
             self.counts["germinated"] += 1
         elif decision.op is Op.SET_ALPHA_TARGET:
             result = slot.set_alpha_target(decision.alpha_target, decision.alpha_speed, decision.alpha_curve)
@@ -266,7 +266,7 @@ class MorphogeneticEnv(gym.Env):
     def _validate(self, plan: CounterfactualPlan) -> ValStats:
         return validate_fused(
             self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
-            chunk=self.cfg.val_batch_size, prepare=self.data.prepare, precision=self.precision,
+            chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
         )
 
     def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:
@@ -318,12 +318,24 @@ class MorphogeneticEnv(gym.Env):
             blueprints = tuple(b for b in blueprints if b is not Blueprint.FLEX_ATTENTION)
         return blueprints
 
+    def _in_layout(self, module: ModuleT) -> ModuleT:
+        """On CUDA, 4-d weights channels-last like the images (cuDNN's NHWC kernels). A seed left in the default
+        layout is converted on every call: with seeds converted once at birth, 4 bf16 envs on an H100 stepped 7 %
+        faster (benchmarks/throughput.py, 591K -> 632K samples/s bare; fp32 1 %)."""
+        return module.to(memory_format=torch.channels_last) if self.device.type == "cuda" else module
+
     def _prepare_train(self, x: torch.Tensor) -> torch.Tensor:
         if self.data.tokens:
             return x
         x = self.data.prepare(x)
         if self.cfg.effective_augment:
             x = crop_and_flip(x, self.data_generator)
+        return self._image_layout(x)
+
+    def _prepare_eval(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.data.tokens else self._image_layout(self.data.prepare(x))
+
+    def _image_layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" else x
 
     def _current_mask(self) -> np.ndarray | None:

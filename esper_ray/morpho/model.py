@@ -61,20 +61,40 @@ class MorphogeneticModel(nn.Module):
         Args:
             x: inputs [B, C, H, W] (images) or [B, T] (token ids).
             alphas: [K, S] alpha per configuration and enabled slot (in `slot_ids` order); slots without an
-                active seed ignore their column.
+                active seed ignore their column. Best on the CPU (it is read to find where the configurations
+                part; a device tensor costs a sync).
         Returns:
             logits [K, B, classes] or [K, B, T, vocab]. Use in eval mode: BatchNorm in train mode would mix the
             K copies.
+
+        The configurations compute the same features up to the first active slot whose alpha differs between
+        them, so that prefix runs once on B samples and is repeated K times there (for the usual plan, `main`
+        and `off:r0c1`, the host's first blocks run once instead of twice).
         """
         k, b = alphas.shape[0], x.shape[0]
         if alphas.shape[1] != len(self.slot_ids):
             raise ValueError(f"alphas has {alphas.shape[1]} columns; this model has {len(self.slot_ids)} slots")
-        repeated = x.repeat(k, *([1] * (x.dim() - 1)))  # [K*B, ...], config-major
+        alphas_cpu = alphas.detach().cpu()
+        differs = (alphas_cpu != alphas_cpu[:1]).any(dim=0).tolist()  # per slot: do the configurations disagree
+        alphas = alphas.to(x.device, torch.float32)
         feature_ones = [1] * (self.topology.feature_dims - 1)  # alpha per sample, broadcast over the slot's features
-        per_sample = alphas.to(torch.float32).repeat_interleave(b, dim=0).view(k * b, -1, *feature_ones)  # [K*B, S, 1, ...]
-        overrides = {s: per_sample[:, i] for i, s in enumerate(self.slot_ids)}
-        logits = self(repeated, overrides)
-        return logits.view(k, b, *logits.shape[1:])
+        repeated = False
+
+        def at_slot(slot_id: str, h: torch.Tensor) -> torch.Tensor:
+            nonlocal repeated
+            if slot_id not in self.slots:
+                return h
+            i = self.slot_ids.index(slot_id)
+            slot: SeedSlot = self.slots[slot_id]  # type: ignore[assignment]
+            if not repeated and slot.is_active and differs[i]:
+                h, repeated = h.repeat(k, *([1] * (h.dim() - 1))), True  # [K*B, ...], config-major
+            rows = alphas[:, i].repeat_interleave(b) if repeated else alphas[0, i].expand(b)
+            return slot(h, rows.view(-1, *feature_ones))
+
+        logits = self.host(x, at_slot)
+        if repeated:
+            return logits.view(k, b, *logits.shape[1:])
+        return logits.expand(k, *logits.shape)  # no active slot tells the configurations apart: all K are this one
 
     def current_alphas(self) -> torch.Tensor:
         """[S] the live alpha of each slot; a TRAINING seed counts as 0 (its output equals the host's)."""
