@@ -31,6 +31,9 @@ from typing import Any
 import torch
 
 HALVES = ("bare", "train")
+MPS_PER_GPU = False
+"""--mps-per-gpu: the bare half runs one MPS daemon per GPU instead of one for the node."""
+BARE_PIPES = "ESPER_BARE_MPS_PIPES"
 """Which halves to measure (--only); a half not measured prints as null."""
 
 
@@ -71,7 +74,7 @@ class Setup:
         if self.task == "synthetic":
             config["synthetic_size"] = self.train_size
         if self.gpus:
-            config["device"] = f"cuda:{shard % self.gpus}"
+            config["device"] = "cuda:0"  # the one GPU its process sees (_show_one_gpu)
         return {**config, **dict(self.extra_env)}
 
 
@@ -101,7 +104,21 @@ def commit() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------------ bare
+def _show_one_gpu(setup: Setup, shard: int) -> None:
+    """As Ray does for an actor with a GPU share: the process sees only its env's GPU, so it makes no CUDA context
+    (nor an MPS client) on the others. Before the process's first CUDA call."""
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = ids.split(",") if ids else [str(i) for i in range(setup.gpus)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[shard % setup.gpus]
+    pipes = os.environ.get(BARE_PIPES, "").split(",")
+    if len(pipes) > 1:  # one daemon per GPU: talk to this GPU's, which numbers the one GPU it sees 0
+        os.environ["CUDA_MPS_PIPE_DIRECTORY"] = pipes[shard % setup.gpus]
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+
+
 def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
+    if setup.gpus:
+        _show_one_gpu(setup, shard)
     torch.set_num_threads(threads)
     from esper_ray.env import MorphogeneticEnv
     from esper_ray.policy.baselines import RandomController
@@ -190,8 +207,9 @@ def local_ray(mps: bool):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
-    """The same private daemon for the bare processes (they inherit its pipe folder)."""
+def bare_mps(mps: bool, gpus: int = 1):  # type: ignore[no-untyped-def]
+    """Private daemons for the bare processes: one for the node (they inherit its pipe folder), or with
+    MPS_PER_GPU one per GPU, each seeing only its GPU (a process finds its own through BARE_PIPES)."""
     if not mps:
         yield
         return
@@ -200,29 +218,33 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
 
     from esper_ray.train.mps import CONTROL, mps_environment, new_run_id
 
-    env = mps_environment(new_run_id())
-    for folder in env.values():
-        os.makedirs(folder, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    subprocess.run([CONTROL, "-d"], check=True, timeout=30)
+    envs = [mps_environment(new_run_id()) for _ in range(gpus if MPS_PER_GPU else 1)]
+    for i, env in enumerate(envs):
+        for folder in env.values():
+            os.makedirs(folder, exist_ok=True)
+        only = {"CUDA_VISIBLE_DEVICES": str(i)} if MPS_PER_GPU else {}
+        subprocess.run([CONTROL, "-d"], env={**os.environ, **env, **only}, check=True, timeout=30)
+    saved = {k: os.environ.get(k) for k in (*envs[0], BARE_PIPES)}
+    os.environ.update(envs[0])
+    os.environ[BARE_PIPES] = ",".join(env["CUDA_MPS_PIPE_DIRECTORY"] for env in envs)
     try:
         yield
     finally:
-        subprocess.run([CONTROL], input="quit\n", text=True, timeout=30)
+        for env in envs:
+            subprocess.run([CONTROL], input="quit\n", text=True, env={**os.environ, **env}, timeout=30)
+            shutil.rmtree(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]), ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        shutil.rmtree(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]), ignore_errors=True)
 
 
 def measure(setup: Setup, mps: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     if "bare" in HALVES:
         log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
-        with bare_mps(mps):
+        with bare_mps(mps, setup.gpus):
             bare_rate = bare(setup)
         log(f"bare: {bare_rate}")
         figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
@@ -256,10 +278,12 @@ def main() -> None:
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
+    parser.add_argument("--mps-per-gpu", action="store_true", help="bare half: one MPS daemon per GPU (a diagnosis)")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
     args = parser.parse_args()
-    global HALVES
+    global HALVES, MPS_PER_GPU
+    MPS_PER_GPU = args.mps_per_gpu
     HALVES = (args.only,) if args.only else ("bare", "train")
     from esper_ray.cli import parse_env_overrides
 
