@@ -34,6 +34,10 @@ HALVES = ("bare", "train")
 MPS_PER_GPU = False
 """--mps-per-gpu: the bare half runs one MPS daemon per GPU instead of one for the node."""
 BARE_PIPES = "ESPER_BARE_MPS_PIPES"
+CPU_LOAD = 0
+"""--cpu-load N: N processes keep a core busy each beside the bare envs (do busy CPUs slow the envs?)."""
+PIN_CPUS: list[set[int]] = []
+"""--pin-numa: each bare env process runs on the CPUs of its GPU's NUMA node."""
 """Which halves to measure (--only); a half not measured prints as null."""
 
 
@@ -116,8 +120,34 @@ def _show_one_gpu(setup: Setup, shard: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = "0"
 
 
+def numa_cpus(gpus: int) -> list[set[int]]:
+    """The CPUs of each GPU's NUMA node (all CPUs where the system does not say). GPUs as nvidia-smi numbers them."""
+    import subprocess
+
+    everyone = set(range(os.cpu_count() or 1))
+    bus_ids = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True, timeout=30).stdout.split()[:gpus]
+    out = []
+    for bus in bus_ids:  # "00000000:18:00.0" -> sysfs "0000:18:00.0"
+        try:
+            node = int(Path(f"/sys/bus/pci/devices/{bus[-12:].lower()}/numa_node").read_text())
+            spans = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip().split(",") if node >= 0 else []
+        except (OSError, ValueError):
+            spans = []
+        cpus = {c for span in spans for lo, _, hi in [span.partition("-")] for c in range(int(lo), int(hi or lo) + 1)}
+        out.append(cpus or everyone)
+    return out
+
+
+def _spin() -> None:
+    while True:  # a busy core, for --cpu-load
+        pass
+
+
 def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
     if setup.gpus:
+        if PIN_CPUS:
+            os.sched_setaffinity(0, PIN_CPUS[shard % setup.gpus])
         _show_one_gpu(setup, shard)
     torch.set_num_threads(threads)
     from esper_ray.env import MorphogeneticEnv
@@ -143,7 +173,8 @@ def bare(setup: Setup) -> dict[str, float]:
     barrier, results = context.Barrier(setup.envs), context.Queue()
     threads = max(1, (os.cpu_count() or 1) // setup.envs)
     workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
-    for w in workers:
+    spinners = [context.Process(target=_spin, daemon=True) for _ in range(CPU_LOAD)]
+    for w in workers + spinners:
         w.start()
     outcomes: list[tuple[int, int, float]] = []
     while len(outcomes) < len(workers):  # a worker that dies (an import error, say) must not hang the benchmark
@@ -157,6 +188,8 @@ def bare(setup: Setup) -> dict[str, float]:
                 raise RuntimeError(f"bare env process failed (exit codes {failed}); its traceback is above") from None
     for w in workers:
         w.join()
+    for w in spinners:
+        w.kill()
     seconds = max(o[2] for o in outcomes)
     return {"env_steps_per_s": sum(o[0] for o in outcomes) / seconds, "samples_per_s": sum(o[1] for o in outcomes) / seconds}
 
@@ -279,16 +312,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
     parser.add_argument("--mps-per-gpu", action="store_true", help="bare half: one MPS daemon per GPU (a diagnosis)")
+    parser.add_argument("--cpu-load", type=int, default=0, help="bare half: N busy-looping processes beside the envs")
+    parser.add_argument("--pin-numa", action="store_true", help="bare half: pin each env to its GPU's NUMA node's CPUs")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
     args = parser.parse_args()
-    global HALVES, MPS_PER_GPU
-    MPS_PER_GPU = args.mps_per_gpu
+    global HALVES, MPS_PER_GPU, CPU_LOAD, PIN_CPUS
+    MPS_PER_GPU, CPU_LOAD = args.mps_per_gpu, args.cpu_load
     HALVES = (args.only,) if args.only else ("bare", "train")
     from esper_ray.cli import parse_env_overrides
 
     extra_env = tuple(sorted(parse_env_overrides(args.env).items()))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.pin_numa:
+        PIN_CPUS = numa_cpus(args.gpus)
+        log(f"bare envs pinned to their GPU's NUMA node: {[sorted(c) for c in PIN_CPUS]}")
     if args.gpu:
         envs = args.gpus * args.envs_per_gpu
         learner_gpus = args.learner_gpus if args.learner_gpus is not None else (0.2 if args.gpus == 1 else 0.1)
