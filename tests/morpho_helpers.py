@@ -40,3 +40,11 @@ def drive_to(slot: SeedSlot, stage: Stage, blueprint: str = "conv_light", style:
         else:
             assert slot.advance(), f"advance to {target.name} refused"
     assert slot.stage is stage, (slot.stage, stage)
+
+
+def perturbed_for_eval(model: MorphogeneticModel) -> MorphogeneticModel:
+    """Nudge every parameter (zero-initialised layers too, so every seed matters) and switch to eval mode."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()

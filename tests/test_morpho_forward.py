@@ -14,7 +14,7 @@ from esper_ray.morpho.alpha_schedule import AlphaSchedule, curve_progress
 from esper_ray.morpho.blueprints import build_seed
 from esper_ray.morpho.counterfactual import build_plan
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost
-from tests.morpho_helpers import drive_to, make_model
+from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval
 
 
 def images(preset: str, batch: int = 6, seed: int = 1) -> torch.Tensor:
@@ -110,10 +110,7 @@ def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     drive_to(model.slot("r0c0"), Stage.BLENDING, blueprint="conv_light", style=Style.LINEAR_ADD)
     drive_to(model.slot("r0c1"), Stage.HOLDING, blueprint="attention", style=Style.GATED_GATE)
     drive_to(model.slot("r1c1"), Stage.FOSSILIZED, blueprint="depthwise", style=Style.LINEAR_MULTIPLY)
-    with torch.no_grad():  # give the zero-initialised layers some weight so every seed matters
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.eval()
+    perturbed_for_eval(model)
     x = images(preset, batch=5)
     alphas = torch.rand(7, len(slots), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -136,10 +133,7 @@ def test_fused_forward_runs_what_the_configurations_share_once():
     model = make_model(slots, preset="cifar10", auto_forward=False)
     drive_to(model.slot("r0c0"), Stage.HOLDING, blueprint="conv_light", style=Style.LINEAR_ADD)
     drive_to(model.slot("r0c2"), Stage.HOLDING, blueprint="attention", style=Style.GATED_GATE)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.eval()
+    perturbed_for_eval(model)
     x = images("cifar10", batch=5)
     alphas = torch.tensor([[0.7, 1.0], [0.7, 0.0], [0.7, 0.4]])  # r0c0 the same in all: they part at r0c2
     seen = _batch_sizes_seen(model)

@@ -271,16 +271,13 @@ def test_fused_forward_of_a_transformer_equals_one_forward_per_configuration():
     from esper_ray.contracts.lifecycle import LifecycleConfig
     from esper_ray.contracts.stages import Stage
     from esper_ray.morpho.model import MorphogeneticModel
-    from tests.morpho_helpers import drive_to
+    from tests.morpho_helpers import drive_to, perturbed_for_eval
 
     torch.manual_seed(0)
     model = MorphogeneticModel(TransformerHost(SMALL), ["r0c0", "r0c1", "r0c2"], LifecycleConfig(auto_forward=False))
     drive_to(model.slot("r0c0"), Stage.FOSSILIZED, blueprint="lora", style=Style.LINEAR_ADD)
     drive_to(model.slot("r0c2"), Stage.HOLDING, blueprint="mlp", style=Style.GATED_GATE)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    model.eval()
+    perturbed_for_eval(model)
     idx = tokens()
     alphas = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])  # the plan's main and off:r0c2
     with torch.no_grad():
