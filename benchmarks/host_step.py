@@ -4,7 +4,9 @@
     python benchmarks/host_step.py --procs 1 --layout nchw --amp bf16 --cudnn-benchmark
 
 Each process trains the cifar10 host (slot r0c1 dormant) on its own 12,500-sample synthetic shard, batch 512,
-with the env's own train_epoch (CUDA-graph replays) and validate_fused (10,000 images), for `--seconds` after
+with the env's optimizer settings, the cifar10 task's crop-and-flip augmentation (which the throughput
+benchmark's synthetic task leaves out: a few kernels an epoch), and the env's own train_epoch (CUDA-graph
+replays) and validate_fused (10,000 images), for `--seconds` after
 warm-up. Prints one JSON line: the variant, training samples/s summed over the processes, and ms per epoch
 of one process. What it leaves out of an env step (lifecycle, rewards, observation) runs on the CPU; this
 shows what the GPU work of a step costs under each layout, precision and cuDNN setting.
@@ -23,10 +25,12 @@ import torch
 
 
 def _worker(args: argparse.Namespace, rank: int, barrier: Any, results: Any) -> None:
+    from esper_ray.contracts.env_config import TASK_DEFAULTS
     from esper_ray.data.augment import crop_and_flip
     from esper_ray.data.datasets import make_synthetic
     from esper_ray.data.sharding import DeviceShard
     from esper_ray.env.epoch import train_epoch, validate_fused
+    from esper_ray.env.morphogenetic_env import HOST_MOMENTUM, HOST_WEIGHT_DECAY
     from esper_ray.env.train_step import Precision, StepGraphs
     from esper_ray.morpho.hosts import build_host
     from esper_ray.morpho.model import MorphogeneticModel
@@ -37,7 +41,8 @@ def _worker(args: argparse.Namespace, rank: int, barrier: Any, results: Any) -> 
     torch.manual_seed(rank)
     data = make_synthetic(12_500)
     model = MorphogeneticModel(build_host("cifar10"), ["r0c1"]).to(device).to(memory_format=layout)
-    optimizer = torch.optim.SGD(model.host.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    optimizer = torch.optim.SGD(model.host.parameters(), lr=TASK_DEFAULTS["synthetic"]["host_lr"], momentum=HOST_MOMENTUM,
+                                weight_decay=HOST_WEIGHT_DECAY)
     generator = torch.Generator(device=device).manual_seed(rank)
     precision = Precision(dtype=torch.bfloat16) if args.amp == "bf16" else Precision()
     graphs = StepGraphs(enabled=device.type == "cuda")

@@ -30,15 +30,17 @@ from typing import Any
 
 import torch
 
+# Options of main()'s own process; spawned bare workers re-import this module, so what a worker needs is
+# passed to it as an argument.
 HALVES = ("bare", "train")
+"""Which halves to measure (--only); a half not measured prints as null."""
 MPS_PER_GPU = False
 """--mps-per-gpu: the bare half runs one MPS daemon per GPU instead of one for the node."""
 BARE_PIPES = "ESPER_BARE_MPS_PIPES"
 CPU_LOAD = 0
 """--cpu-load N: N processes keep a core busy each beside the bare envs (do busy CPUs slow the envs?)."""
 PIN_CPUS: list[set[int]] = []
-"""--pin-numa: each bare env process runs on the CPUs of its GPU's NUMA node."""
-"""Which halves to measure (--only); a half not measured prints as null."""
+"""--pin-numa: the CPUs of each GPU's NUMA node, for the bare env processes of that GPU."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +146,10 @@ def _spin() -> None:
         pass
 
 
-def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
+def _bare_worker(setup: Setup, shard: int, threads: int, cpus: set[int] | None, barrier: Any, results: Any) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     if setup.gpus:
-        if PIN_CPUS:
-            os.sched_setaffinity(0, PIN_CPUS[shard % setup.gpus])
         _show_one_gpu(setup, shard)
     torch.set_num_threads(threads)
     from esper_ray.env import MorphogeneticEnv
@@ -172,7 +174,9 @@ def bare(setup: Setup) -> dict[str, float]:
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(setup.envs), context.Queue()
     threads = max(1, (os.cpu_count() or 1) // setup.envs)
-    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
+    pins = [PIN_CPUS[k % setup.gpus] if PIN_CPUS and setup.gpus else None for k in range(setup.envs)]
+    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, pins[k], barrier, results))
+               for k in range(setup.envs)]
     spinners = [context.Process(target=_spin, daemon=True) for _ in range(CPU_LOAD)]
     for w in workers + spinners:
         w.start()
