@@ -34,13 +34,6 @@ import torch
 # passed to it as an argument.
 HALVES = ("bare", "train")
 """Which halves to measure (--only); a half not measured prints as null."""
-MPS_PER_GPU = False
-"""--mps-per-gpu: the bare half runs one MPS daemon per GPU instead of one for the node."""
-BARE_PIPES = "ESPER_BARE_MPS_PIPES"
-CPU_LOAD = 0
-"""--cpu-load N: N processes keep a core busy each beside the bare envs (do busy CPUs slow the envs?)."""
-PIN_CPUS: list[set[int]] = []
-"""--pin-numa: the CPUs of each GPU's NUMA node, for the bare env processes of that GPU."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +43,9 @@ class Setup:
     task: str
     train_size: int
     """Training samples of all envs together (each env gets train_size / envs)."""
+    val_size: int | None
+    """Validation samples of the synthetic task; each env validates on all of them, so this stays fixed whatever the
+    number of envs (equal work per env). None for a real task."""
     batch_size: int
     max_epochs: int
     episodes_per_env: int
@@ -79,6 +75,7 @@ class Setup:
                                   "cuda_graphs": self.cuda_graphs}
         if self.task == "synthetic":
             config["synthetic_size"] = self.train_size
+            config["synthetic_held_out"] = self.val_size
         if self.gpus:
             config["device"] = "cuda:0"  # the one GPU its process sees (_show_one_gpu)
         return {**config, **dict(self.extra_env)}
@@ -116,39 +113,9 @@ def _show_one_gpu(setup: Setup, shard: int) -> None:
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")
     visible = ids.split(",") if ids else [str(i) for i in range(setup.gpus)]
     os.environ["CUDA_VISIBLE_DEVICES"] = visible[shard % setup.gpus]
-    pipes = os.environ.get(BARE_PIPES, "").split(",")
-    if len(pipes) > 1:  # one daemon per GPU: talk to this GPU's, which numbers the one GPU it sees 0
-        os.environ["CUDA_MPS_PIPE_DIRECTORY"] = pipes[shard % setup.gpus]
-        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
 
 
-def numa_cpus(gpus: int) -> list[set[int]]:
-    """The CPUs of each GPU's NUMA node (all CPUs where the system does not say). GPUs as nvidia-smi numbers them."""
-    import subprocess
-
-    everyone = set(range(os.cpu_count() or 1))
-    bus_ids = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"], capture_output=True,
-                             text=True, check=True, timeout=30).stdout.split()[:gpus]
-    out = []
-    for bus in bus_ids:  # "00000000:18:00.0" -> sysfs "0000:18:00.0"
-        try:
-            node = int(Path(f"/sys/bus/pci/devices/{bus[-12:].lower()}/numa_node").read_text())
-            spans = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip().split(",") if node >= 0 else []
-        except (OSError, ValueError):
-            spans = []
-        cpus = {c for span in spans for lo, _, hi in [span.partition("-")] for c in range(int(lo), int(hi or lo) + 1)}
-        out.append(cpus or everyone)
-    return out
-
-
-def _spin() -> None:
-    while True:  # a busy core, for --cpu-load
-        pass
-
-
-def _bare_worker(setup: Setup, shard: int, threads: int, cpus: set[int] | None, barrier: Any, results: Any) -> None:
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
     if setup.gpus:
         _show_one_gpu(setup, shard)
     torch.set_num_threads(threads)
@@ -161,26 +128,24 @@ def _bare_worker(setup: Setup, shard: int, threads: int, cpus: set[int] | None, 
     for _ in range(3):  # warm up: CUDA context, cuDNN, the first graph capture
         obs, _, terminated, _, _ = env.step(controller.act(obs))
     barrier.wait()
-    start, steps, samples = time.perf_counter(), 0, 0
+    start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     while time.perf_counter() - start < setup.bare_seconds:
         obs, _, terminated, _, info = env.step(controller.act(obs))
         steps, samples = steps + 1, samples + int(info["train_total"])
         if terminated:
             obs, _ = env.reset()
-    results.put((steps, samples, time.perf_counter() - start))
+    wall = time.perf_counter() - start
+    results.put((shard, steps, samples, wall, (time.process_time() - cpu_start) / wall))
 
 
 def bare(setup: Setup) -> dict[str, float]:
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(setup.envs), context.Queue()
     threads = max(1, (os.cpu_count() or 1) // setup.envs)
-    pins = [PIN_CPUS[k % setup.gpus] if PIN_CPUS and setup.gpus else None for k in range(setup.envs)]
-    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, pins[k], barrier, results))
-               for k in range(setup.envs)]
-    spinners = [context.Process(target=_spin, daemon=True) for _ in range(CPU_LOAD)]
-    for w in workers + spinners:
+    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
+    for w in workers:
         w.start()
-    outcomes: list[tuple[int, int, float]] = []
+    outcomes: list[tuple[int, int, int, float, float]] = []
     while len(outcomes) < len(workers):  # a worker that dies (an import error, say) must not hang the benchmark
         try:
             outcomes.append(results.get(timeout=5))
@@ -192,10 +157,14 @@ def bare(setup: Setup) -> dict[str, float]:
                 raise RuntimeError(f"bare env process failed (exit codes {failed}); its traceback is above") from None
     for w in workers:
         w.join()
-    for w in spinners:
-        w.kill()
-    seconds = max(o[2] for o in outcomes)
-    return {"env_steps_per_s": sum(o[0] for o in outcomes) / seconds, "samples_per_s": sum(o[1] for o in outcomes) / seconds}
+    seconds = max(o[3] for o in outcomes)
+    figures = {"env_steps_per_s": sum(o[1] for o in outcomes) / seconds, "samples_per_s": sum(o[2] for o in outcomes) / seconds,
+               # CPU seconds per second of each env process (its threads together; a CUDA sync spins, so it counts)
+               "cpu_busy_per_env": sum(o[4] for o in outcomes) / len(outcomes)}
+    if setup.gpus > 1:  # does one GPU lag the others?
+        figures["samples_per_s_by_gpu"] = [sum(o[2] for o in outcomes if o[0] % setup.gpus == g) / seconds
+                                           for g in range(setup.gpus)]
+    return figures
 
 
 # ----------------------------------------------------------------------------------------------------- train
@@ -244,9 +213,8 @@ def local_ray(mps: bool):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def bare_mps(mps: bool, gpus: int = 1):  # type: ignore[no-untyped-def]
-    """Private daemons for the bare processes: one for the node (they inherit its pipe folder), or with
-    MPS_PER_GPU one per GPU, each seeing only its GPU (a process finds its own through BARE_PIPES)."""
+def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
+    """A private daemon for the bare processes (they inherit its pipe folder through the environment)."""
     if not mps:
         yield
         return
@@ -255,21 +223,17 @@ def bare_mps(mps: bool, gpus: int = 1):  # type: ignore[no-untyped-def]
 
     from esper_ray.train.mps import CONTROL, mps_environment, new_run_id
 
-    envs = [mps_environment(new_run_id()) for _ in range(gpus if MPS_PER_GPU else 1)]
-    for i, env in enumerate(envs):
-        for folder in env.values():
-            os.makedirs(folder, exist_ok=True)
-        only = {"CUDA_VISIBLE_DEVICES": str(i)} if MPS_PER_GPU else {}
-        subprocess.run([CONTROL, "-d"], env={**os.environ, **env, **only}, check=True, timeout=30)
-    saved = {k: os.environ.get(k) for k in (*envs[0], BARE_PIPES)}
-    os.environ.update(envs[0])
-    os.environ[BARE_PIPES] = ",".join(env["CUDA_MPS_PIPE_DIRECTORY"] for env in envs)
+    env = mps_environment(new_run_id())
+    for folder in env.values():
+        os.makedirs(folder, exist_ok=True)
+    subprocess.run([CONTROL, "-d"], env={**os.environ, **env}, check=True, timeout=30)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        for env in envs:
-            subprocess.run([CONTROL], input="quit\n", text=True, env={**os.environ, **env}, timeout=30)
-            shutil.rmtree(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]), ignore_errors=True)
+        subprocess.run([CONTROL], input="quit\n", text=True, env={**os.environ, **env}, timeout=30)
+        shutil.rmtree(os.path.dirname(env["CUDA_MPS_PIPE_DIRECTORY"]), ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -281,11 +245,14 @@ def measure(setup: Setup, mps: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     if "bare" in HALVES:
         log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
-        with bare_mps(mps, setup.gpus):
+        with bare_mps(mps):
             bare_rate = bare(setup)
         log(f"bare: {bare_rate}")
         figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
-                       bare_samples_per_s=round(bare_rate["samples_per_s"]))
+                       bare_samples_per_s=round(bare_rate["samples_per_s"]),
+                       bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2))
+        if "samples_per_s_by_gpu" in bare_rate:
+            figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in HALVES:
         log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
         with local_ray(mps):
@@ -315,26 +282,20 @@ def main() -> None:
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
-    parser.add_argument("--mps-per-gpu", action="store_true", help="bare half: one MPS daemon per GPU (a diagnosis)")
-    parser.add_argument("--cpu-load", type=int, default=0, help="bare half: N busy-looping processes beside the envs")
-    parser.add_argument("--pin-numa", action="store_true", help="bare half: pin each env to its GPU's NUMA node's CPUs")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
     args = parser.parse_args()
-    global HALVES, MPS_PER_GPU, CPU_LOAD, PIN_CPUS
-    MPS_PER_GPU, CPU_LOAD = args.mps_per_gpu, args.cpu_load
+    global HALVES
     HALVES = (args.only,) if args.only else ("bare", "train")
     from esper_ray.cli import parse_env_overrides
 
     extra_env = tuple(sorted(parse_env_overrides(args.env).items()))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if args.pin_numa:
-        PIN_CPUS = numa_cpus(args.gpus)
-        log(f"bare envs pinned to their GPU's NUMA node: {[sorted(c) for c in PIN_CPUS]}")
     if args.gpu:
         envs = args.gpus * args.envs_per_gpu
         learner_gpus = args.learner_gpus if args.learner_gpus is not None else (0.2 if args.gpus == 1 else 0.1)
-        setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, batch_size=512, max_epochs=20,
+        setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, val_size=10_000,
+                      batch_size=512, max_epochs=20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
                       overlap=args.overlap, extra_env=extra_env)
@@ -346,6 +307,7 @@ def main() -> None:
 
         default = TrainConfig()
         setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),
+                      val_size=None,
                       batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=default.max_epochs,
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",

@@ -10,9 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import load_cifar10, load_digits, make_synthetic
 from esper_ray.data.sharding import DeviceShard, shard_indices
+from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.epoch import Precision, train_epoch
 from tests.morpho_helpers import make_model
 
@@ -128,6 +130,18 @@ def test_synthetic_data_is_learnable_by_nearest_class_mean():
         accuracy = float((distances.argmin(1) == y).float().mean())
         assert accuracy > 0.5 and len(y) == 400
     assert data.train_x.shape[1:] == (3, 32, 32) and not torch.equal(data.val_x, data.test_x)
+
+
+def test_synthetic_held_out_size_does_not_follow_the_training_size():
+    # a benchmark comparing 4 and 8 envs at equal work per env needs the same validation set for both
+    small, large = make_synthetic(1000, held_out=300), make_synthetic(4000, held_out=300)
+    assert len(small.train_y) == 1000 and len(large.train_y) == 4000
+    assert len(small.val_y) == len(large.val_y) == len(small.test_y) == len(large.test_y) == 300
+    env = MorphogeneticEnv({"task": "synthetic", "synthetic_size": 1000, "synthetic_held_out": 300, "num_shards": 2,
+                            "slots": ["r0c1"], "max_epochs": 2, "device": "cpu"})
+    assert len(env.shard) == 500 and len(env.val_y) == 300  # the training set is sharded, validation is not
+    with pytest.raises(ValueError, match="synthetic_held_out=3: must be an integer >= 10"):
+        EnvConfig(task="synthetic", synthetic_held_out=3)
 
 
 def test_crop_and_flip_moves_content_within_the_padding():

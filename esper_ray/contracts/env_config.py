@@ -74,7 +74,10 @@ class EnvConfig:
     text_max_bytes: int | None = None
     """text: keep only the corpus's first this many bytes (None: all of it; the embedded corpus is ~466 KB)."""
     synthetic_size: int = 10_000
-    """Training samples of the synthetic task (validation and test get a fifth of that each)."""
+    """Training samples of the synthetic task, split among the shards."""
+    synthetic_held_out: int | None = None
+    """Validation and test samples of the synthetic task, each; None: a fifth of synthetic_size. Every env validates
+    on all of them, so a benchmark comparing runs of different env counts at equal work per env fixes this."""
     augment: bool | None = None
     """Random crop and flip on the device; None takes the task default (on for cifar10)."""
     gate_mode: str = "permissive"
@@ -103,6 +106,8 @@ class EnvConfig:
         for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
                               ("val_batch_size", 1)):
             check_int(name, getattr(self, name), minimum)
+        if self.synthetic_held_out is not None:
+            check_int("synthetic_held_out", self.synthetic_held_out, 10)
         if self.text_max_bytes is not None:
             check_int("text_max_bytes", self.text_max_bytes, 1_000)
         allowed_hosts = HOST_PRESET_CHOICES.get(self.task, (self.task,))

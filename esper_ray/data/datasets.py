@@ -112,13 +112,15 @@ def load_cifar10(data_dir: str | None) -> TaskData:
     return TaskData("cifar10", all_x[train], all_y[train], all_x[val], all_y[val], test_x, test_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD)
 
 
-def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10) -> TaskData:
+def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10,
+                   held_out: int | None = None) -> TaskData:
     """Learnable CIFAR-shaped data, stored as CIFAR is (uint8): each class is a smooth random prototype, samples add
-    noise and a gain, quantised as 128 + 32 x, so `prepare` gives back x (about unit scale)."""
+    noise and a gain, quantised as 128 + 32 x, so `prepare` gives back x (about unit scale). Validation and test get
+    `held_out` samples each (default: a fifth of train_size)."""
     gen = torch.Generator().manual_seed(SPLIT_SEED)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
     prototypes = torch.nn.functional.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False)
-    held_out = max(train_size // 5, num_classes)
+    held_out = max(train_size // 5 if held_out is None else held_out, num_classes)
 
     def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.randint(num_classes, (n,), generator=gen)
@@ -141,13 +143,13 @@ def load_text_task(data_dir: str | None, seq_len: int, max_bytes: int | None) ->
 
 
 def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
-                   max_bytes: int | None = None) -> TaskData:
+                   max_bytes: int | None = None, synthetic_held_out: int | None = None) -> TaskData:
     if task in ("digits", "digits-impaired"):
         return load_digits()
     if task == "cifar10":
         return load_cifar10(data_dir)
     if task == "synthetic":
-        return make_synthetic(synthetic_size)
+        return make_synthetic(synthetic_size, held_out=synthetic_held_out)
     if task == "text":
         return load_text_task(data_dir, seq_len, max_bytes)
     raise ValueError(f"unknown task {task!r}; choose one of digits, digits-impaired, cifar10, synthetic, text")

@@ -95,7 +95,8 @@ class MorphogeneticEnv(gym.Env):
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
         self.blueprints = self._usable_blueprints()
         self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size,
-                                             seq_len=getattr(probe.cfg, "seq_len", 64), max_bytes=self.cfg.text_max_bytes)
+                                             seq_len=getattr(probe.cfg, "seq_len", 64), max_bytes=self.cfg.text_max_bytes,
+                                             synthetic_held_out=self.cfg.synthetic_held_out)
         idx = shard_indices(len(self.data.train_y), self.cfg.shard, self.cfg.num_shards)
         with self._on_stream():
             self.shard = DeviceShard(self.data.train_x[idx], self.data.train_y[idx], self.device)
