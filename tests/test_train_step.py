@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from esper_ray.contracts.actions import Blueprint, Op, encode_joint
+from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, Blueprint, Op, encode_joint
+from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
-from esper_ray.env.train_step import StepGraphs, TrainStep
+from esper_ray.env.train_step import Accumulators, Precision, StepGraphs, TrainStep
 from esper_ray.policy.baselines import wait_action
+from tests.morpho_helpers import drive_to, make_model
 
 
 class ReplayedOnCpu:
@@ -71,3 +73,39 @@ def test_a_stale_captured_step_would_be_caught():
         _, _, _, _, info = env.step(action)
         losses += [info["train_loss"], info["val_loss"]]
     assert losses != episode_losses(captured=False)[0]
+
+
+def _key(model) -> tuple:
+    optimizer = model.__dict__.setdefault("_test_host_optimizer", torch.optim.SGD(model.host.parameters(), lr=0.1))
+    return TrainStep(model, optimizer, Precision(), 1.0, Accumulators(torch.device("cpu"))).key()
+
+
+def test_a_step_is_recaptured_exactly_when_its_code_path_changes():
+    """The key of a captured step changes when a seed starts or stops running, leaves TRAINING, or stops being
+    trained (a prune's ramp-down); stages that run the same step (dormant, germinated, the cool-down after a
+    prune; blending, holding, fossilized) share one key."""
+    keys = {}
+    for stage in (Stage.DORMANT, Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED):
+        model = make_model(["r0c1"], auto_forward=False)  # the same host and seed init each time
+        if stage is not Stage.DORMANT:
+            drive_to(model.slot("r0c1"), stage)
+        keys[stage] = [part for part in _key(model)[0][0] if not isinstance(part, torch.nn.Module | torch.optim.Optimizer)]
+    assert keys[Stage.GERMINATED] == keys[Stage.DORMANT]
+    assert keys[Stage.BLENDING] == keys[Stage.HOLDING] == keys[Stage.FOSSILIZED]
+    assert len({repr(keys[s]) for s in (Stage.DORMANT, Stage.TRAINING, Stage.BLENDING)}) == 3
+
+    model = make_model(["r0c1"], auto_forward=False)
+    slot = model.slot("r0c1")
+    drive_to(slot, Stage.BLENDING)
+    blending = _key(model)
+    for _ in range(slot.tempo_epochs):
+        slot.step_epoch()
+    assert slot.advance() and slot.stage is Stage.HOLDING
+    assert _key(model) == blending  # the same seed, optimizer and branch: the captured graph stays
+    slot.metrics.age = slot.cfg.min_prune_age
+    assert slot.prune(AlphaSpeed.SLOW, AlphaCurve.LINEAR)  # alpha ramps down: the seed still runs, untrained
+    assert _key(model) != blending
+    while slot.stage is not Stage.DORMANT:
+        slot.step_epoch()
+        if slot.stage in (Stage.PRUNED, Stage.EMBARGOED, Stage.RESETTING):
+            assert _key(model)[0] == ((slot.slot_id,),), slot.stage  # no seed runs: the host's own step

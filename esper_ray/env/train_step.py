@@ -7,7 +7,8 @@ clips, host and seed optimizer steps, loss/accuracy accumulation) is one launch.
 What may be captured: full batches of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host),
 and not the epoch's last batch (gradient telemetry reads it eagerly). A graph is tied to the module
 structure it was captured with, so it is keyed by everything that changes the step's code path or its
-tensors: the live seeds, their stages, blends and optimizers, the host optimizer, and the precision. A new
+tensors (`slot_key`): the seeds that run, the branch each takes, their blends and optimizers, the host
+optimizer, and the precision. A new
 key is captured after `WARMUP_STEPS` eager steps (which create optimizer state and let cuDNN choose its
 algorithms); the capture itself runs nothing, so every batch is trained exactly once, in order, and a graph
 replay computes what the eager step would (the same kernels on the same data).
@@ -50,6 +51,17 @@ def trained_slots(model: MorphogeneticModel) -> list[SeedSlot]:
     return [s for s in model.seed_slots() if s.stage in TRAINED_STAGES and s.optimizer is not None and not s.pruning]
 
 
+def slot_key(slot: SeedSlot, trained: bool) -> tuple[Any, ...]:
+    """What the step's code reads of a slot. Nothing while no seed runs in the forward pass (dormant, germinated,
+    pruned, embargoed, resetting: one and the same step). Else the seed's modules and optimizer, its blend, the
+    branch it takes in the forward pass (TRAINING adds only the seed's gradient; later stages blend by the
+    slot's alpha tensor, which a replay reads) and whether its optimizer steps. So BLENDING -> HOLDING ->
+    FOSSILIZED keep the captured graph, and a prune's ramp-down (no longer trained) gets a new one."""
+    if not slot.is_active:
+        return (slot.slot_id,)
+    return (slot.slot_id, slot.stage is Stage.TRAINING, trained, slot.algorithm, slot.seed, slot.gate, slot.optimizer)
+
+
 class Accumulators:
     """Loss sum and correct count of an epoch, on the device (read once, at the end)."""
 
@@ -73,7 +85,7 @@ class TrainStep:
         self.host_params = list(model.host.parameters())
         # The model's structure changes only between epochs (lifecycle steps), and a TrainStep lives for one epoch:
         # its key is computed once, not per batch.
-        per_slot = tuple((s.slot_id, s.stage, s.pruning, s.algorithm, s.seed, s.gate, s.optimizer) for s in model.seed_slots())
+        per_slot = tuple(slot_key(s, trained=s in self.slots) for s in model.seed_slots())
         self._key = (per_slot, host_optimizer, precision.dtype, max_grad_norm)
 
     def key(self) -> tuple[Any, ...]:
