@@ -39,7 +39,7 @@ def _worker(args: argparse.Namespace, rank: int, barrier: Any, results: Any) -> 
     device = torch.device(args.device)
     layout = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
     torch.manual_seed(rank)
-    data = make_synthetic(12_500)
+    data = make_synthetic(12_500, held_out=10_000)  # what each env of benchmarks/throughput.py trains and validates on
     model = MorphogeneticModel(build_host("cifar10"), ["r0c1"]).to(device).to(memory_format=layout)
     optimizer = torch.optim.SGD(model.host.parameters(), lr=TASK_DEFAULTS["synthetic"]["host_lr"], momentum=HOST_MOMENTUM,
                                 weight_decay=HOST_WEIGHT_DECAY)

@@ -3,10 +3,10 @@
     python benchmarks/profile_step.py --device cuda               # the throughput benchmark's env, one process
     python benchmarks/profile_step.py --device cuda --no-graphs   # eager train steps (every kernel named)
 
-One env of `benchmarks/throughput.py --gpu` (synthetic CIFAR-shaped data, a 12,500-sample shard, batch 512, slot
-r0c1, random controller), warmed up, then profiled for `--steps` steps. Prints the GPU time per step of the
-train epoch, the validation pass and the rest, and the kernels with the most GPU time. Kernels replayed from a
-CUDA graph are attributed to the phase that launched the graph.
+One env of `benchmarks/throughput.py --gpu` (synthetic CIFAR-shaped data, a 12,500-sample shard, 10,000 validation
+samples, batch 512, slot r0c1, random controller), warmed up, then profiled for `--steps` steps. Prints the GPU
+time per step of the train epoch, the validation pass and the rest, and the kernels with the most GPU time.
+Kernels replayed from a CUDA graph are attributed to the phase that launched the graph.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     for name in PHASES:  # the env calls these through its module's names
         setattr(env_module, name, labelled(name, getattr(env_module, name)))
-    config = {"task": "synthetic", "synthetic_size": 12_500, "batch_size": 512, "max_epochs": 20, "slots": ["r0c1"],
+    config = {"task": "synthetic", "synthetic_size": 12_500, "synthetic_held_out": 10_000, "batch_size": 512, "max_epochs": 20, "slots": ["r0c1"],
               "device": args.device, "cuda_graphs": not args.no_graphs, **parse_env_overrides(args.env)}
     env = MorphogeneticEnv(config)
     controller = RandomController(env.slot_ids, seed=0)
