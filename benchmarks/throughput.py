@@ -30,10 +30,7 @@ from typing import Any
 
 import torch
 
-# Options of main()'s own process; spawned bare workers re-import this module, so what a worker needs is
-# passed to it as an argument.
 HALVES = ("bare", "train")
-"""Which halves to measure (--only); a half not measured prints as null."""
 
 
 @dataclass(frozen=True)
@@ -241,9 +238,10 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
                 os.environ[k] = v
 
 
-def measure(setup: Setup, mps: bool) -> dict[str, Any]:
+def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[str, Any]:
+    """The figures of the halves asked for (a half not measured is left out, and so is the ratio)."""
     figures: dict[str, Any] = {}
-    if "bare" in HALVES:
+    if "bare" in halves:
         log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
         with bare_mps(mps):
             bare_rate = bare(setup)
@@ -253,7 +251,7 @@ def measure(setup: Setup, mps: bool) -> dict[str, Any]:
                        bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2))
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
-    if "train" in HALVES:
+    if "train" in halves:
         log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
         with local_ray(mps):
             train_rate = train(setup, mps)
@@ -262,7 +260,7 @@ def measure(setup: Setup, mps: bool) -> dict[str, Any]:
                        train_samples_per_s=round(train_rate["samples_per_s"]),
                        train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
                        train_seconds_per_round=round(train_rate["seconds_per_round"], 2))
-    if len(HALVES) == 2:
+    if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
     return figures
 
@@ -285,8 +283,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
     args = parser.parse_args()
-    global HALVES
-    HALVES = (args.only,) if args.only else ("bare", "train")
+    halves = (args.only,) if args.only else HALVES
     from esper_ray.cli import parse_env_overrides
 
     extra_env = tuple(sorted(parse_env_overrides(args.env).items()))
@@ -315,9 +312,9 @@ def main() -> None:
                       extra_env=extra_env)
     report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
     if not args.mps_only:
-        report["without_mps"] = measure(setup, mps=False)
+        report["without_mps"] = measure(setup, mps=False, halves=halves)
     if args.mps or args.mps_only:
-        report["with_mps"] = measure(setup, mps=True)
+        report["with_mps"] = measure(setup, mps=True, halves=halves)
     print(json.dumps(report))
 
 

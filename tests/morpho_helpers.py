@@ -48,3 +48,16 @@ def perturbed_for_eval(model: MorphogeneticModel) -> MorphogeneticModel:
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return model.eval()
+
+
+def separate_forward(model: MorphogeneticModel, x: torch.Tensor, alphas_row: torch.Tensor) -> torch.Tensor:
+    """Reference for fused_forward: set each slot's live alpha to the configuration's value, run the ordinary
+    forward, and put the alphas back."""
+    saved = [float(s.alpha_value) for s in model.seed_slots()]
+    for s, a in zip(model.seed_slots(), alphas_row.tolist()):
+        s.alpha_value.fill_(a)
+    try:
+        return model(x)
+    finally:
+        for s, a in zip(model.seed_slots(), saved):
+            s.alpha_value.fill_(a)

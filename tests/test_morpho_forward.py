@@ -14,7 +14,7 @@ from esper_ray.morpho.alpha_schedule import AlphaSchedule, curve_progress
 from esper_ray.morpho.blueprints import build_seed
 from esper_ray.morpho.counterfactual import build_plan
 from esper_ray.morpho.host import HOST_PRESETS, CNNHost
-from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval
+from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval, separate_forward
 
 
 def images(preset: str, batch: int = 6, seed: int = 1) -> torch.Tensor:
@@ -91,18 +91,6 @@ def test_add_blend_at_alpha_one_outputs_the_seed():
     assert torch.allclose(captured["out"], slot.seed(captured["h"]))
 
 
-def _separate_forward(model, x, alphas_row):
-    """Reference: set each active slot's live alpha to the config value and run the ordinary forward."""
-    saved = [float(s.alpha_value) for s in model.seed_slots()]
-    for s, a in zip(model.seed_slots(), alphas_row.tolist()):
-        s.alpha_value.fill_(a)
-    try:
-        return model(x)
-    finally:
-        for s, a in zip(model.seed_slots(), saved):
-            s.alpha_value.fill_(a)
-
-
 @pytest.mark.parametrize("preset", ["digits", "cifar10"])
 def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     slots = ["r0c0", "r0c1", "r1c1", "r0c2"]
@@ -116,7 +104,7 @@ def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     with torch.no_grad():
         fused = model.fused_forward(x, alphas)
         for k in range(alphas.shape[0]):
-            torch.testing.assert_close(fused[k], _separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fused[k], separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(fused[0], fused[1])
 
 
@@ -141,7 +129,7 @@ def test_fused_forward_runs_what_the_configurations_share_once():
         fused = model.fused_forward(x, alphas)
         assert seen == [("block0", 5), ("block1", 5), ("block2", 5), ("head", 15)]
         for k in range(3):
-            torch.testing.assert_close(fused[k], _separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fused[k], separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(fused[0], fused[1])
 
 
@@ -157,7 +145,7 @@ def test_fused_forward_of_configurations_that_agree_runs_the_model_once():
         assert [size for _, size in seen] == [4, 4, 4, 4]
         assert fused.shape == (2, 4, 10)
         for k in range(2):
-            torch.testing.assert_close(fused[k], _separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fused[k], separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
 
 
 def test_counterfactual_plan_switches_off_each_blending_seed_and_pair_and_keeps_fossils():
