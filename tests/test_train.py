@@ -13,10 +13,12 @@ from ray.rllib.core.columns import Columns
 
 from esper_ray.cli import main
 from esper_ray.contracts import metrics as m
-from esper_ray.contracts.actions import Op
+from esper_ray.contracts.actions import Blueprint, Op
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.env.masks import decode_action
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.train.checkpoints import resolve_checkpoint
+from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.algorithm_host import AlgorithmDriver
 from esper_ray.train.evaluate import feature_filter_of, load_policy
 from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
@@ -148,16 +150,40 @@ def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_th
         assert {k: getattr(replayed, k) for k in keys} == {k: getattr(original, k) for k in keys}
 
 
-def test_ppo_learns_to_keep_the_seeds_that_rescue_a_starved_host(ray_local, tmp_path):
-    """The default run (digits-impaired, 25-epoch episodes, 200 transitions a round) for 16 rounds. The untrained
-    policy prunes about two seeds an episode before any of them could show what it is worth; a seed that lives to
-    blend adds tens of points of accuracy and the shaped reward pays its counterfactual contribution."""
-    cfg = TrainConfig(seed=0, rounds=16, cpus_per_env=0.5, output=str(tmp_path / "learn"), checkpoint_every=0)
-    rounds = train(cfg).rounds
-    first, last = rounds[:2], rounds[-4:]
-    assert np.mean([r.pruned for r in last]) <= 0.5 * np.mean([r.pruned for r in first])
-    assert np.mean([r.final_accuracy for r in last]) >= np.mean([r.final_accuracy for r in first]) + 0.03
-    assert all(r.failed_env_steps == 0 for r in rounds)
+class KnownAnswerEnv(ShardedMorphogeneticEnv):
+    """The real env's spaces, observations, masks and infos, without host training: a step pays 1 for germinating
+    a conv_heavy seed (in any slot) and 0 for anything else, and leaves the host as it was (every slot stays
+    dormant, so the mask never changes). The answer is known, and the policy can find it only through what the
+    real runs use: the masked factored heads, the LSTM module, the observation filter, reward normalisation,
+    GAE and RLlib's PPO learner. An untrained policy picks it about 1 step in 10 (3 of 4 legal op/slot pairs
+    germinate, 1 of 7 CNN blueprints)."""
+
+    def step(self, action):
+        decision = decode_action(action, self._mask(), self.slot_ids)
+        self.epoch += 1
+        self.last_op, self.last_success = decision.op, True
+        reward = float(decision.op is Op.GERMINATE and decision.blueprint is Blueprint.CONV_HEAVY)
+        info = self._info(reward=None, timings={}, train=None)
+        return self._observation(), reward, self.epoch >= self.cfg.max_epochs, False, info
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ppo_learns_the_one_rewarded_action_of_a_constructed_env_on_every_seed(ray_local, tmp_path, seed):
+    """A learning test with a known answer rather than one seed's trajectory on one CPU. With the default PPO
+    settings (200 transitions and 16 passes a round) the rewarded action's share of steps grows about as fast as
+    PPO's clip (0.2) lets a probability grow, ~1.2x a round: seeds 0-2 gave 0.08-0.13 in round 1 and 0.49-0.61
+    in round 8 (2 cores). The bounds leave room for any CPU's arithmetic. Whether PPO learns to grow real hosts
+    is an A/B claim (docs/results/controllers): one seed's 16-round prune rate on digits-impaired fell to
+    0.12-0.88 of its start over 12 seeds, too spread for a unit test."""
+    cfg = TrainConfig(seed=seed, rounds=8, cpus_per_env=0.5, output=str(tmp_path / "known"), checkpoint_every=0)
+    config = build_ppo_config(cfg).environment(KnownAnswerEnv, env_config=cfg.env_config())
+    algo = config.build_algo()
+    try:
+        shares = [algo.train()[m.ENV_RUNNERS][m.EPISODE_RETURN] / cfg.max_epochs for _ in range(cfg.rounds)]
+    finally:
+        algo.stop()
+    assert shares[0] < 0.3, shares  # the untrained policy rarely finds it
+    assert shares[-1] > 0.35, shares  # the learned one takes it several times as often
 
 
 def test_episodes_store_exactly_the_normalised_observations_the_policy_acted_on(ray_local, tmp_path):
@@ -258,33 +284,41 @@ def test_train_config_file_is_strict(tmp_path, capsys):
 
 @pytest.mark.parametrize("overlap", [[], ["--overlap"]], ids=["plain", "overlap"])
 def test_one_ctrl_c_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path, overlap):
+    """What is awaited is an event, not a time: the line of round 1 (round 2 has then begun). The stop is measured
+    against round 1's own duration on the same machine under the same load: a round takes 20 s or more on 2 cores,
+    the stop (kill the env runners, learn the waiting batch with --overlap, save round 1) a few seconds."""
     import os
+    import re
     import signal
     import subprocess
     import sys
     import time
 
     out = tmp_path / "interrupted"
-    # one round is 1 env x 1 episode of 2,000 epochs (~40 s here); the Ctrl-C comes 2 s into round 2
+    # one round is 1 env x 1 episode of 1,000 epochs; the Ctrl-C comes once round 1's line is printed
     proc = subprocess.Popen(
         [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", "50", "--envs", "1", "--cpus-per-env", "1",
-         "--max-epochs", "2000", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
+         "--max-epochs", "1000", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
          "--output", str(out), *overlap],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines = []
-    for line in proc.stdout:  # wait until the first round has finished, then press Ctrl-C once
+    round_seconds = None
+    for line in proc.stdout:  # wait for round 1's line, then press Ctrl-C once
         lines.append(line)
         if line.startswith("round 1/50"):
-            time.sleep(2)
+            round_seconds = float(re.search(r"\| ([0-9.]+)s$", line.strip()).group(1))
             proc.send_signal(signal.SIGINT)
             pressed = time.monotonic()
             break
-    rest, _ = proc.communicate(timeout=300)
+    assert round_seconds is not None, "".join(lines)[-3000:]
+    rest, _ = proc.communicate(timeout=600)
     stopped_after = time.monotonic() - pressed
     printed = "".join(lines) + rest
     assert proc.returncode == 130, printed[-3000:]
-    assert "interrupted after 1 rounds" in printed and "Traceback" not in printed
-    assert stopped_after < 15, stopped_after  # the round in progress would have taken much longer
+    assert "interrupted after 1 rounds" in printed and "Traceback" not in printed and "round 2/50" not in printed
+    # round 2 would have taken about as long as round 1: stopping in well under that is stopping mid-round
+    assert stopped_after < 0.5 * round_seconds, (stopped_after, round_seconds)
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())
     assert latest == {"round": 1, "path": "round_00001"} and (resolve_checkpoint(out) / "train_config.json").is_file()
+    assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]

@@ -97,12 +97,13 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 summaries.append(summary)
                 if on_result is not None:
                     on_result(result)
-                log(progress_line(summary, cfg.rounds))
                 metrics_file.write(json.dumps(summary.as_dict()) + "\n")
                 metrics_file.flush()
                 for key, value in flatten_numbers(result).items():
                     if math.isfinite(value):  # e.g. a mean over no episodes this round
                         writer.add_scalar(key, value, summary.round)
+                # printed once recorded: a Ctrl-C at the sight of a round's line loses none of that round
+                log(progress_line(summary, cfg.rounds))
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
     except KeyboardInterrupt:
