@@ -92,12 +92,12 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     network = empty_grown_network(topology, architecture["host_config"], specs)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:  # a truncated zip: OSError
         raise ValueError(f"{weights}: unreadable ({str(err).splitlines()[0]}); the file is damaged, save the network again") from None
     try:
         network.load_state_dict(state, strict=True)
     except RuntimeError as err:
-        raise ValueError(f"{weights} does not fit {where}: {str(err).strip()}") from None
+        raise ValueError(f"{weights} does not fit {where}: {' '.join(str(err).split())}") from None  # one line
     if count_params(network) != architecture["params"].get("total"):
         raise ValueError(f"{where} says {architecture['params'].get('total')} parameters; the network built from it has "
                          f"{count_params(network)}")
