@@ -105,7 +105,7 @@ def plot_accuracy(path: Path, architecture: Mapping[str, Any]) -> None:
     line where each slot's seed was germinated (dotted) and fossilized (solid)."""
     run = architecture["run"]
     val, train = run["val_accuracy_by_epoch"], run["train_accuracy_by_epoch"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(9.0, 4.2))
     ax.plot(range(len(val)), val, color="tab:blue", linewidth=2, marker="o", markersize=3, label="validation")
     train_points = [(e, a) for e, a in enumerate(train) if a is not None]
     if train_points:
@@ -125,7 +125,7 @@ def plot_accuracy(path: Path, architecture: Mapping[str, Any]) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"host run of task {run['task']} (env seed {run['seed']}): {run['controller']}")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over the curves
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
