@@ -188,3 +188,18 @@ def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
     assert f"grown network: {folder}" in captured.err
     assert json.loads((folder / ARCHITECTURE_FILE).read_text())["run"]["test_accuracy"] == row["test_accuracy"]
     assert load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_a_flex_attention_seed_loads_where_it_cannot_train():
+    """Grown on a GPU, loaded on a CPU: FlexAttention has no CPU backward, but the loaded network only runs forward."""
+    from esper_ray.contracts.actions import BlendAlgorithm, Blueprint
+    from esper_ray.contracts.host import Topology
+    from esper_ray.morpho.grown import GrownSeedSpec, empty_grown_network
+    from esper_ray.morpho.transformer_blueprints import FlexAttentionSeed
+
+    spec = GrownSeedSpec("r0c1", Blueprint.FLEX_ATTENTION, BlendAlgorithm.ADD, 1.0, Stage.FOSSILIZED)
+    config = {"seq_len": 16, "d_model": 32, "n_heads": 4, "n_layers": 2}
+    network = empty_grown_network(Topology.TRANSFORMER, config, [spec]).eval()
+    assert isinstance(network.seeds["r0c1"].seed, FlexAttentionSeed)
+    with torch.no_grad():
+        assert network(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
