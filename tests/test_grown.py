@@ -203,3 +203,16 @@ def test_a_flex_attention_seed_loads_where_it_cannot_train():
     assert isinstance(network.seeds["r0c1"].seed, FlexAttentionSeed)
     with torch.no_grad():
         assert network(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
+
+
+def test_an_architecture_file_that_describes_another_network_is_refused(tmp_path):
+    model, _ = cnn_model()
+    save_grown_network(tmp_path / "net", grown_from(model), {})
+    architecture = tmp_path / "net" / ARCHITECTURE_FILE
+    described = json.loads(architecture.read_text())
+    for field, value, match in (("host_config", {**described["host_config"], "heads": 2}, "describes no network.*heads"),
+                                ("seeds", [{**described["seeds"][0], "stage": "TRAINING"}], "stage=.TRAINING.*expected one of"),
+                                ("seeds", [{**described["seeds"][0], "blueprint": "mlp"}], "not available for CNN hosts")):
+        architecture.write_text(json.dumps({**described, field: value}))
+        with pytest.raises(ValueError, match=match):
+            load_grown(tmp_path / "net")

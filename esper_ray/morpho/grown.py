@@ -78,8 +78,15 @@ class GrownSeedSpec:
             blueprint=field("blueprint", lambda v: Blueprint[str(v).upper()], f"one of {[b.key for b in Blueprint]}"),
             blend=field("blend", lambda v: BlendAlgorithm[str(v).upper()], f"one of {[a.name.lower() for a in BlendAlgorithm]}"),
             alpha=alpha,
-            stage=field("stage", lambda v: Stage[str(v)], f"one of {[s.name for s in KEPT_STAGES]}"),
+            stage=field("stage", _kept_stage, f"one of {sorted(s.name for s in KEPT_STAGES)}"),
         )
+
+
+def _kept_stage(name: Any) -> Stage:
+    stage = Stage[str(name)]
+    if stage not in KEPT_STAGES:
+        raise ValueError(f"stage {stage.name} is never kept")
+    return stage
 
 
 class GrownSeed(nn.Module):

@@ -89,7 +89,10 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     except ValueError:
         raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
-    network = empty_grown_network(topology, architecture["host_config"], specs)
+    try:
+        network = empty_grown_network(topology, architecture["host_config"], specs)
+    except (TypeError, ValueError) as err:  # host_config fields the host config does not take, a slot it lacks, ...
+        raise ValueError(f"{where}: describes no network this esper-ray can build ({err})") from None
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:  # a truncated zip: OSError

@@ -52,7 +52,8 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
     network = grown_from(env.model)
     slots = {}
     for slot in env.model.seed_slots():
-        events = history.seeds.get(slot.slot_id)
+        # a slot back to DORMANT after a prune has forgotten its blueprint: its old seed's events go with it
+        events = history.seeds.get(slot.slot_id) if slot.blueprint is not None else None
         slots[slot.slot_id] = {
             "stage": slot.stage.name,
             "blueprint": slot.blueprint.key if slot.blueprint is not None else None,
