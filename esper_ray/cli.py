@@ -44,14 +44,27 @@ def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
 
 VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
+EVAL_EPISODES = 3
+SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
+             "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only")
 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
-    from esper_ray.train.heuristic import run_heuristic
+    from esper_ray.train.grow import check_save_folder, saver
+    from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
-    summaries = run_heuristic(given(args, args.env_fields), args.episodes, progress=not args.json)
+    folder = check_save_folder(args.save, args.episodes) if args.save else None
+    summaries = run_heuristic(given(args, args.env_fields), args.episodes, progress=not args.json, measure_test=folder is not None,
+                              on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
     _print_summaries(summaries, args.json)
+    _print_saved(folder, args.json)
     return 0
+
+
+def _print_saved(folder: Path | None, as_json: bool) -> None:
+    if folder is not None:  # on stderr under --json, so stdout stays one JSON document
+        print(f"grown network: {folder} (see {folder / 'summary.md'}; load it with esper_ray.load_grown({str(folder)!r}))",
+              file=sys.stderr if as_json else sys.stdout)
 
 
 def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
@@ -140,10 +153,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from esper_ray.train.checkpoints import resolve_checkpoint
     from esper_ray.train.evaluate import run_evaluation
+    from esper_ray.train.grow import check_save_folder, saver
 
-    summaries = run_evaluation(resolve_checkpoint(args.checkpoint), args.episodes, seed=args.seed,
-                               env_overrides=parse_env_overrides(args.env), progress=not args.json)
+    episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
+    folder = check_save_folder(args.save, episodes) if args.save else None
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
+                               progress=not args.json,
+                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {checkpoint}") if folder else None)
     _print_summaries(summaries, args.json)
+    _print_saved(folder, args.json)
     return 0
 
 
@@ -198,10 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
         "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
-        "germinated/fossilized/pruned.",
+        "germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
     heuristic.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
 
@@ -220,15 +240,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser(
         "eval", allow_abbrev=False,
-        help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does)",
+        help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
-        "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`.",
+        "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
+        "With --save DIR, one episode, whose grown network is kept in DIR (a PyTorch module: esper_ray.load_grown(DIR)).",
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")
-    evaluate.add_argument("--episodes", type=int, default=3, help="episodes to run (default: 3)")
+    evaluate.add_argument("--episodes", type=int, default=None, help=f"episodes to run (default: {EVAL_EPISODES}, or 1 with --save)")
     evaluate.add_argument("--seed", type=int, default=None, help="env seed (default: the training seed)")
     evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
     evaluate.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    evaluate.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     evaluate.set_defaults(func=_cmd_eval)
 
     ab = sub.add_parser(

@@ -11,6 +11,7 @@ import pytest
 import torch
 from ray.rllib.core.columns import Columns
 
+import esper_ray
 from esper_ray.cli import main
 from esper_ray.contracts import metrics as m
 from esper_ray.contracts.actions import Blueprint, Op
@@ -225,6 +226,13 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(moved), "--episodes", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and all(r["steps"] == 3 and 0 <= r["final_accuracy"] <= 1 and 0 < r["test_accuracy"] <= 1 for r in rows)
+    # --save keeps one episode's grown network (the first of the evaluation above: same env seed)
+    assert main(["eval", "--checkpoint", str(moved), "--save", str(tmp_path / "grown"), "--json"]) == 0
+    [saved] = json.loads(capsys.readouterr().out)
+    architecture = json.loads((tmp_path / "grown" / "architecture.json").read_text())
+    assert saved["test_accuracy"] == rows[0]["test_accuracy"] == architecture["run"]["test_accuracy"]
+    assert architecture["run"]["controller"].startswith("the greedy PPO policy of checkpoint")
+    assert not esper_ray.load_grown(tmp_path / "grown").training
     # --rounds is the total: 1 round is done, so --rounds 1 has nothing to do and says so
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", str(moved), "--rounds", "1"])

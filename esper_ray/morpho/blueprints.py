@@ -135,11 +135,12 @@ def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) 
 
 
 def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,
-               device: torch.device | str = "cpu") -> nn.Module:
+               device: torch.device | str = "cpu", *, inference_only: bool = False) -> nn.Module:
     """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology.
-    No silent fallback for unknown names; `device` only decides whether flex_attention can train there."""
+    No silent fallback for unknown names; `device` only decides whether flex_attention can train there
+    (`inference_only` skips that check: see build_transformer_seed)."""
     if topology is Topology.TRANSFORMER:
-        return build_transformer_seed(blueprint, channels, device)
+        return build_transformer_seed(blueprint, channels, device, inference_only=inference_only)
     return _BUILDERS[resolve_blueprint(blueprint)](channels)
 
 

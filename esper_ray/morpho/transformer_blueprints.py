@@ -184,15 +184,17 @@ def resolve_transformer_blueprint(name: str | Blueprint) -> Blueprint:
     return parse_blueprint(name, TRANSFORMER_BLUEPRINTS, "transformer hosts")
 
 
-def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu") -> nn.Module:
+def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu", *,
+                           inference_only: bool = False) -> nn.Module:
     """A fresh seed for a slot of width `channels`, to be trained on `device`. No silent fallback.
 
-    `device` only matters for flex_attention, which raises ValueError where it cannot train there.
+    `device` only matters for flex_attention, which raises ValueError where it cannot train there, unless
+    `inference_only` (a grown network being loaded: its forward runs on the CPU too, only the backward does not).
     The seed is built on the CPU; move it with `.to(device)`.
     """
     resolved = resolve_transformer_blueprint(blueprint)
     check_int("channels", channels, 1)
-    if resolved is Blueprint.FLEX_ATTENTION:
+    if resolved is Blueprint.FLEX_ATTENTION and not inference_only:
         ok, reason = flex_attention_available(device)
         if not ok:
             raise ValueError(f"blueprint 'flex_attention' is not available: {reason}")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
 
+from esper_ray.contracts.stages import LIVE_STAGES, Stage
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
 
@@ -47,6 +48,51 @@ class EpisodeSummary:
         return asdict(self)
 
 
+HOLDS_A_SEED = LIVE_STAGES | {Stage.FOSSILIZED}
+
+
+@dataclass(frozen=True)
+class SeedEvents:
+    """When a slot's current seed was germinated and fossilized: epoch t is the step whose decision came just
+    before host epoch t trained (1-based); None if it has not happened."""
+
+    germinated_epoch: int
+    fossilized_epoch: int | None = None
+
+
+class EpisodeHistory:
+    """What an episode's infos say epoch by epoch: the accuracy curves and each slot's seed events.
+
+    Index 0 of the validation curve is the host before any training (reset); the training curve has no entry there.
+    """
+
+    def __init__(self) -> None:
+        self.val_accuracy: list[float] = []
+        self.train_accuracy: list[float | None] = []
+        self.episode_seed: int | None = None
+        """The seed the env drew for this episode's host initialisation and data order."""
+        self.seeds: dict[str, SeedEvents] = {}
+        """The latest seed of every slot that ever held one (a pruned seed stays until the slot germinates again)."""
+        self._stages: dict[str, Stage] = {}
+
+    def record(self, info: Mapping[str, Any]) -> None:
+        epoch = int(info["epoch"])
+        self.episode_seed = int(info["episode_seed"])
+        self.val_accuracy.append(float(info["val_accuracy"]))
+        self.train_accuracy.append(float(info["train_accuracy"]) if "train_accuracy" in info else None)
+        for slot, name in info["stages"].items():
+            stage, before = Stage[name], self._stages.get(slot, Stage.DORMANT)
+            if stage in HOLDS_A_SEED and before not in HOLDS_A_SEED:  # only GERMINATE gives a slot a seed
+                self.seeds[slot] = SeedEvents(germinated_epoch=epoch)
+            if stage is Stage.FOSSILIZED and before is not Stage.FOSSILIZED:
+                self.seeds[slot] = replace(self.seeds[slot], fossilized_epoch=epoch)
+            self._stages[slot] = stage
+
+
+EpisodeEnd = Callable[[MorphogeneticEnv, "EpisodeSummary", EpisodeHistory], None]
+"""Called after each episode, while the env still holds its final model (to keep the grown network, say)."""
+
+
 def run_episode(
     env: MorphogeneticEnv,
     controller: Controller,
@@ -55,17 +101,23 @@ def run_episode(
     *,
     reset_seed: int | None = None,
     measure_test: bool = False,
+    history: EpisodeHistory | None = None,
 ) -> EpisodeSummary:
-    """One whole episode; `measure_test` adds the final model's held-out test accuracy (evaluations only)."""
+    """One whole episode; `measure_test` adds the final model's held-out test accuracy (evaluations only), and
+    `history` records its curves and seed events."""
     start = time.perf_counter()
     obs, info = env.reset(seed=reset_seed)
     controller.reset()
+    if history is not None:
+        history.record(info)
     initial = float(info["val_accuracy"])
     total, steps = 0.0, 0
     while True:
         obs, reward, terminated, truncated, info = env.step(controller.act(obs))
         total += reward
         steps += 1
+        if history is not None:
+            history.record(info)
         if on_step is not None:
             on_step(steps, info)
         if terminated or truncated:
@@ -82,8 +134,9 @@ def run_episode(
 
 
 def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool,
-                 measure_test: bool = False) -> list[EpisodeSummary]:
-    """`episodes` episodes in a row, with a progress bar of their epochs on stderr (tqdm; off when not a terminal)."""
+                 measure_test: bool = False, on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
+    """`episodes` episodes in a row, with a progress bar of their epochs on stderr (tqdm; off when not a terminal);
+    `on_episode_end` sees each one's env, summary and history before the next episode resets the env."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     summaries: list[EpisodeSummary] = []
@@ -95,7 +148,10 @@ def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, p
             bar.update(1)
 
         for episode in range(episodes):
-            summaries.append(run_episode(env, controller, episode, on_step=on_step, measure_test=measure_test))
+            history = EpisodeHistory()
+            summaries.append(run_episode(env, controller, episode, on_step=on_step, measure_test=measure_test, history=history))
+            if on_episode_end is not None:
+                on_episode_end(env, summaries[-1], history)
             bar.update(episode_end_steps(bar, episode + 1, env.cfg.max_epochs))
     return summaries
 

@@ -32,7 +32,7 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.train.episodes import Controller, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.checkpoints import load_checkpoint_config
 from esper_ray.train.overlap import learn_pending
 
@@ -157,7 +157,7 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int) -> list[
 
 
 def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,
-                   progress: bool = True) -> list[EpisodeSummary]:
+                   progress: bool = True, on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
     """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden)."""
     cfg = load_checkpoint_config(checkpoint)
     env_config = {**cfg.env_config(shard=0, num_shards=1), **(env_overrides or {})}
@@ -165,4 +165,5 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
     module, feature_filter = load_policy(checkpoint)
-    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True)
+    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True,
+                        on_episode_end=on_episode_end)

@@ -7,9 +7,13 @@ from typing import Any
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.train.episodes import EpisodeSummary, run_episodes
+from esper_ray.train.episodes import EpisodeEnd, EpisodeSummary, run_episodes
+
+CONTROLLER_NAME = "the heuristic controller (`esper-ray heuristic`)"
 
 
-def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool = True) -> list[EpisodeSummary]:
+def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool = True, *, measure_test: bool = False,
+                  on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
     env = MorphogeneticEnv(env_config)
-    return run_episodes(env, HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value), episodes, progress)
+    controller = HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value)
+    return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end)

@@ -1,0 +1,89 @@
+"""`--save DIR` of `esper-ray eval` and `heuristic`: keep the network a host run grew, with its description.
+
+    DIR/weights.pt, DIR/architecture.json   the network (morpho/grown_artifact.py; `esper_ray.load_grown(DIR)`)
+    DIR/summary.md                          the architecture as a table, the test accuracy, how to load it
+    DIR/accuracy.png                        the run's accuracy curve with the seeds' events
+
+architecture.json adds to the network's own description the run that grew it (`run`: task, controller, seeds,
+device, accuracies and curves), how to prepare inputs (`input`) and every enabled slot's seed events
+(`slots`), so the folder says everything summary.md shows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import esper_ray
+from esper_ray.data.datasets import TaskData
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.morpho.grown import grown_from, kept_alpha
+from esper_ray.morpho.grown_artifact import describe, save_grown_network
+from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
+from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, plot_accuracy, summary_markdown
+
+
+def check_save_folder(path: str | Path, episodes: int) -> Path:
+    """The folder `--save` will write, refused before any host trains if it cannot be written as asked."""
+    if episodes != 1:
+        raise ValueError(f"--save keeps one host run's network and --episodes is {episodes}; give --episodes 1 "
+                         "(run again with another --seed to keep another network)")
+    folder = Path(path).expanduser().resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise FileExistsError(f"--save {folder}: already exists and is not an empty folder; choose a new one")
+    return folder
+
+
+def input_description(data: TaskData, example: Any) -> dict[str, Any]:
+    """How to turn the task's raw samples into what the network's forward takes (TaskData.prepare)."""
+    if data.tokens:
+        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64",
+                "prepare": "token ids [B, T] (bytes, 0..255) as they are; logits [B, T, vocab] predict the next byte"}
+    return {"kind": "images", "shape": list(example.shape), "scale": data.scale, "mean": list(data.mean), "std": list(data.std),
+            "prepare": "x = (raw / scale - mean) / std per channel, for raw images [B, C, H, W] stored as the task "
+                       "stores them; logits [B, classes]"}
+
+
+def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory, controller: str) -> None:
+    """Write the env's final network and its description into `folder` (summary needs its test accuracy)."""
+    if env.model is None or summary.test_accuracy is None or summary.test_loss is None:
+        raise RuntimeError("save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)")
+    network = grown_from(env.model)
+    slots = {}
+    for slot in env.model.seed_slots():
+        # a slot back to DORMANT after a prune has forgotten its blueprint: its old seed's events go with it
+        events = history.seeds.get(slot.slot_id) if slot.blueprint is not None else None
+        slots[slot.slot_id] = {
+            "stage": slot.stage.name,
+            "blueprint": slot.blueprint.key if slot.blueprint is not None else None,
+            "in_network": kept_alpha(slot) is not None,
+            "germinated_epoch": events.germinated_epoch if events else None,
+            "fossilized_epoch": events.fossilized_epoch if events else None,
+        }
+    run = {
+        "task": env.cfg.task, "host_preset": env.cfg.effective_host_preset, "controller": controller,
+        "seed": env.cfg.seed, "episode_seed": history.episode_seed, "max_epochs": env.cfg.max_epochs, "epochs": summary.steps,
+        "ended_by_rollback": summary.rolled_back, "device": str(env.device), "amp": env.cfg.amp,
+        "test_accuracy": summary.test_accuracy,
+        "test_loss": summary.test_loss if math.isfinite(summary.test_loss) else None,  # strict JSON: a diverged loss is null
+        "initial_val_accuracy": summary.initial_accuracy, "final_val_accuracy": summary.final_accuracy,
+        "val_accuracy_by_epoch": history.val_accuracy, "train_accuracy_by_epoch": history.train_accuracy,
+        "esper_ray_version": esper_ray.__version__,
+    }
+    extra = {"run": run, "input": input_description(env.data, env.data.test_x[0]), "slots": slots}
+    architecture = {**describe(network), **extra}
+    folder.mkdir(parents=True, exist_ok=True)
+    # the summary and its figure first, the architecture file last: a folder without it is an unfinished save
+    plot_accuracy(folder / CURVE_FILE, architecture)
+    (folder / SUMMARY_FILE).write_text(summary_markdown(folder, architecture))
+    save_grown_network(folder, network, extra)
+
+
+def saver(folder: Path, controller: str) -> EpisodeEnd:
+    """The `on_episode_end` hook of a `--save` run (one episode: check_save_folder refuses more)."""
+
+    def save(env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory) -> None:
+        save_grown_run(folder, env, summary, history, controller)
+
+    return save

@@ -1,0 +1,218 @@
+"""The grown network as the product: GrownNetwork, its folder (`--save DIR`) and `esper_ray.load_grown`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import esper_ray
+from esper_ray.cli import main
+from esper_ray.contracts.actions import Style
+from esper_ray.contracts.lifecycle import LifecycleConfig
+from esper_ray.contracts.stages import Stage
+from esper_ray.contracts.transformer_host import TransformerHostConfig
+from esper_ray.data.datasets import load_task_data
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.morpho.grown import grown_from
+from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, WEIGHTS_FILE, load_grown, save_grown_network
+from esper_ray.morpho.model import MorphogeneticModel
+from esper_ray.morpho.transformer import TransformerHost
+from esper_ray.policy.baselines import wait_action
+from esper_ray.train.episodes import EpisodeHistory, run_episodes
+from esper_ray.train.grow import saver
+from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grow_every_kind_of_slot(model: MorphogeneticModel, blueprints: tuple[str, str, str]) -> None:
+    """Slot 0 fossilized (gated blend), slot 1 blending in at alpha 1/3 (multiply), slot 2 still TRAINING (add)."""
+    s0, s1, s2 = model.seed_slots()[:3]
+    drive_to(s0, Stage.FOSSILIZED, blueprint=blueprints[0], style=Style.GATED_GATE)
+    drive_to(s1, Stage.BLENDING, blueprint=blueprints[1], style=Style.LINEAR_MULTIPLY)
+    s1.step_epoch()  # one tick of its 3-tick ramp: alpha 1/3
+    drive_to(s2, Stage.TRAINING, blueprint=blueprints[2], style=Style.SIGMOID_ADD)
+
+
+def cnn_model() -> tuple[MorphogeneticModel, torch.Tensor]:
+    model = make_model(["r0c0", "r0c1", "r0c2", "r1c0"], auto_forward=False)
+    grow_every_kind_of_slot(model, ("conv_light", "bottleneck", "attention"))
+    return perturbed_for_eval(model), torch.randn(6, 1, 8, 8)
+
+
+def transformer_model() -> tuple[MorphogeneticModel, torch.Tensor]:
+    torch.manual_seed(0)
+    host = TransformerHost(TransformerHostConfig(seq_len=16, d_model=32, n_heads=4, n_layers=3))
+    model = MorphogeneticModel(host, ["r0c0", "r0c1", "r0c2"], LifecycleConfig(auto_forward=False))
+    grow_every_kind_of_slot(model, ("mlp", "lora", "attention"))
+    return perturbed_for_eval(model), torch.randint(0, 256, (4, 16))
+
+
+@pytest.mark.parametrize("build", [cnn_model, transformer_model], ids=["cnn", "transformer"])
+def test_saved_network_computes_the_models_final_forward_bit_for_bit(build, tmp_path):
+    model, x = build()
+    assert [s.stage for s in model.seed_slots()[:3]] == [Stage.FOSSILIZED, Stage.BLENDING, Stage.TRAINING]
+    with torch.no_grad():
+        reference = model.fused_forward(x, model.current_alphas()[None])[0]  # how the env measures accuracy
+        network = grown_from(model)
+        assert torch.equal(network(x), reference)
+        save_grown_network(tmp_path / "net", network, {})
+        loaded = load_grown(tmp_path / "net")
+        assert not loaded.training
+        assert torch.equal(loaded(x), reference)
+    kept = {s.slot: (s.stage, s.blend.name, s.alpha) for s in loaded.seed_specs}
+    assert kept == {"r0c0": (Stage.FOSSILIZED, "GATE", 1.0), "r0c1": (Stage.BLENDING, "MULTIPLY", 1 / 3)}  # TRAINING: alpha 0, left out
+    architecture = json.loads((tmp_path / "net" / ARCHITECTURE_FILE).read_text())
+    host_params = sum(p.numel() for p in model.host.parameters())
+    seed_params = sum(sum(p.numel() for p in model.slot(s).seed_parameters()) for s in ("r0c0", "r0c1"))
+    assert architecture["params"] == {"host": host_params, "seeds": seed_params, "total": host_params + seed_params}
+
+
+class ScenarioController:
+    """Constructs the end state under test: on its first decision it grows the env's slots (fossilized, blending,
+    training), then waits. The env's own epochs then train the seeds and move the blend on."""
+
+    def __init__(self, env: MorphogeneticEnv) -> None:
+        self.env = env
+
+    def reset(self) -> None:
+        self.first = True
+
+    def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        if self.first:
+            grow_every_kind_of_slot(self.env.model, ("conv_light", "depthwise", "norm"))
+            self.first = False
+        return wait_action(len(self.env.slot_ids))
+
+
+def test_reloaded_network_scores_the_runs_test_accuracy_on_cpu(tmp_path):
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 2, "device": "cpu", "auto_forward": False})
+    folder = tmp_path / "grown"
+    [summary] = run_episodes(env, ScenarioController(env), 1, progress=False, measure_test=True,
+                             on_episode_end=saver(folder, "a scripted scenario"))
+    assert sorted(p.name for p in folder.iterdir()) == ["accuracy.png", "architecture.json", "summary.md", "weights.pt"]
+    network = load_grown(folder)
+    data = load_task_data("digits-impaired")
+    correct = 0
+    with torch.no_grad():  # an independent count: plain forward, argmax, compare, in the env's validation chunks
+        for start in range(0, len(data.test_y), env.cfg.val_batch_size):
+            x, y = data.test_x[start : start + env.cfg.val_batch_size], data.test_y[start : start + env.cfg.val_batch_size]
+            correct += int((network(data.prepare(x)).argmax(dim=1) == y).sum())
+    assert correct / len(data.test_y) == summary.test_accuracy
+    architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
+    assert architecture["run"]["test_accuracy"] == summary.test_accuracy
+    assert {s["slot"]: (s["stage"], s["alpha"]) for s in architecture["seeds"]} == {"r0c0": ("FOSSILIZED", 1.0), "r0c1": ("BLENDING", 1.0)}
+    assert architecture["slots"]["r0c2"] == {"stage": "TRAINING", "blueprint": "norm", "in_network": False,
+                                             "germinated_epoch": 1, "fossilized_epoch": None}
+    summary_md = (folder / "summary.md").read_text()
+    assert f"{100 * summary.test_accuracy:.2f} %" in summary_md and "| r0c1 | depthwise | BLENDING | yes | multiply | 1 |" in summary_md
+
+
+def test_loading_needs_no_ray(tmp_path):
+    model, _ = cnn_model()
+    save_grown_network(tmp_path / "net", grown_from(model), {})
+    code = (f"import sys, esper_ray; net = esper_ray.load_grown({str(tmp_path / 'net')!r}); "
+            "assert 'ray' not in sys.modules, 'ray was imported'; print(type(net).__name__, net.training)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["GrownNetwork", "False"]
+
+
+def test_partial_or_damaged_folders_name_the_file(tmp_path):
+    model, _ = cnn_model()
+    save_grown_network(tmp_path / "net", grown_from(model), {})
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        esper_ray.load_grown(tmp_path / "nowhere")
+    for missing in (WEIGHTS_FILE, ARCHITECTURE_FILE):
+        partial = tmp_path / f"without-{missing}"
+        partial.mkdir()
+        kept = ARCHITECTURE_FILE if missing == WEIGHTS_FILE else WEIGHTS_FILE
+        (partial / kept).write_bytes((tmp_path / "net" / kept).read_bytes())
+        with pytest.raises(FileNotFoundError, match=f"{missing} is missing"):
+            load_grown(partial)
+    weights = tmp_path / "net" / WEIGHTS_FILE
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=f"{WEIGHTS_FILE}: unreadable"):
+        load_grown(tmp_path / "net")
+    weights.write_bytes(whole)
+    architecture = tmp_path / "net" / ARCHITECTURE_FILE
+    described = json.loads(architecture.read_text())
+    described["seeds"] = described["seeds"][:1]  # the weights hold a seed the file no longer describes
+    architecture.write_text(json.dumps(described))
+    with pytest.raises(ValueError, match="does not fit.*Unexpected key.*seeds.r0c1"):
+        load_grown(tmp_path / "net")
+    architecture.write_text("{\"format\": ")
+    with pytest.raises(ValueError, match=f"{ARCHITECTURE_FILE}: not valid JSON"):
+        load_grown(tmp_path / "net")
+
+
+def test_history_dates_each_slots_current_seed():
+    history = EpisodeHistory()
+    stages = [  # (r0c0, r0c1) after reset and after each step
+        ("DORMANT", "DORMANT"), ("TRAINING", "DORMANT"), ("TRAINING", "TRAINING"), ("BLENDING", "PRUNED"),
+        ("HOLDING", "EMBARGOED"), ("FOSSILIZED", "RESETTING"), ("FOSSILIZED", "DORMANT"), ("FOSSILIZED", "TRAINING"),
+    ]
+    for epoch, (a, b) in enumerate(stages):
+        history.record({"epoch": epoch, "episode_seed": 7, "val_accuracy": epoch / 10, "stages": {"r0c0": a, "r0c1": b},
+                        **({"train_accuracy": epoch / 20} if epoch else {})})
+    assert history.seeds["r0c0"].germinated_epoch == 1 and history.seeds["r0c0"].fossilized_epoch == 5
+    assert history.seeds["r0c1"].germinated_epoch == 7 and history.seeds["r0c1"].fossilized_epoch is None  # the second seed
+    assert history.val_accuracy == [e / 10 for e in range(8)] and history.train_accuracy[0] is None
+
+
+def test_save_refuses_a_used_folder_or_several_episodes_before_training(tmp_path, capsys):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["heuristic", "--task", "digits", "--save", str(used)])
+    assert exit_info.value.code == 2 and "not an empty folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["heuristic", "--task", "digits", "--episodes", "2", "--save", str(tmp_path / "new")])
+    assert exit_info.value.code == 2 and "--episodes 1" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
+    folder = tmp_path / "grown"
+    assert main(["heuristic", "--task", "digits", "--max-epochs", "2", "--device", "cpu", "--save", str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    [row] = json.loads(captured.out)
+    assert f"grown network: {folder}" in captured.err
+    assert json.loads((folder / ARCHITECTURE_FILE).read_text())["run"]["test_accuracy"] == row["test_accuracy"]
+    assert load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_a_flex_attention_seed_loads_where_it_cannot_train():
+    """Grown on a GPU, loaded on a CPU: FlexAttention has no CPU backward, but the loaded network only runs forward."""
+    from esper_ray.contracts.actions import BlendAlgorithm, Blueprint
+    from esper_ray.contracts.host import Topology
+    from esper_ray.morpho.grown import GrownSeedSpec, empty_grown_network
+    from esper_ray.morpho.transformer_blueprints import FlexAttentionSeed
+
+    spec = GrownSeedSpec("r0c1", Blueprint.FLEX_ATTENTION, BlendAlgorithm.ADD, 1.0, Stage.FOSSILIZED)
+    config = {"seq_len": 16, "d_model": 32, "n_heads": 4, "n_layers": 2}
+    network = empty_grown_network(Topology.TRANSFORMER, config, [spec]).eval()
+    assert isinstance(network.seeds["r0c1"].seed, FlexAttentionSeed)
+    with torch.no_grad():
+        assert network(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
+
+
+def test_an_architecture_file_that_describes_another_network_is_refused(tmp_path):
+    model, _ = cnn_model()
+    save_grown_network(tmp_path / "net", grown_from(model), {})
+    architecture = tmp_path / "net" / ARCHITECTURE_FILE
+    described = json.loads(architecture.read_text())
+    for field, value, match in (("host_config", {**described["host_config"], "heads": 2}, "describes no network.*heads"),
+                                ("seeds", [{**described["seeds"][0], "stage": "TRAINING"}], "stage=.TRAINING.*expected one of"),
+                                ("seeds", [{**described["seeds"][0], "blueprint": "mlp"}], "not available for CNN hosts")):
+        architecture.write_text(json.dumps({**described, field: value}))
+        with pytest.raises(ValueError, match=match):
+            load_grown(tmp_path / "net")
