@@ -1,8 +1,13 @@
-"""Who makes the growth decisions in a run or an A/B arm."""
+"""Who makes the growth decisions in a run or an A/B arm, and what a `fixed` arm plants."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+
+from esper_ray.contracts.actions import Blueprint, Style, Tempo, parse_blueprint, topology_blueprints
 
 
 class ControllerKind(str, Enum):
@@ -14,6 +19,9 @@ class ControllerKind(str, Enum):
     """Always WAIT: the host as it is, never grown. The baseline every growth claim is read against."""
     RANDOM = "random"
     """Uniform over the legal values of every head."""
+    FIXED = "fixed"
+    """Plants one named seed (blueprint, slot) at the first step and fossilizes it as early as the lifecycle and
+    gates allow, then waits: the host "born bigger", the baseline a growth claim at equal size is read against."""
 
     @classmethod
     def parse(cls, value: object, where: str = "controller") -> ControllerKind:
@@ -21,3 +29,58 @@ class ControllerKind(str, Enum):
             return cls(value)
         except ValueError:
             raise ValueError(f"{where}={value!r}: unknown controller; choose one of {[k.value for k in cls]}") from None
+
+
+@dataclass(frozen=True)
+class FixedSeed:
+    """The seed a `fixed` controller plants: which blueprint in which slot, and how it blends in.
+
+    The blend always targets alpha 1.0: a seed blended to 0.5 or 0.7 never reaches HOLDING (gate G3), so it
+    could never be fossilized.
+    """
+
+    blueprint: Blueprint
+    slot: str
+    style: Style = Style.SIGMOID_ADD
+    """Blend operator and curve of the initial blend-in (the heuristic's default)."""
+    tempo: Tempo = Tempo.STANDARD
+    """Epochs of the blend-in ramp: fast 3, standard 5, slow 8."""
+
+    @property
+    def label(self) -> str:
+        """`conv_heavy@r0c1`, as reports name the arm's seed."""
+        return f"{self.blueprint.key}@{self.slot}"
+
+    @classmethod
+    def from_mapping(cls, mapping: object, where: str, *, topology: str, slots: Sequence[str]) -> FixedSeed:
+        """Parse `{blueprint: conv_heavy, slot: r0c1, style: sigmoid_add, tempo: standard}`; style and tempo are
+        optional. ValueError naming `where`, the key, its value and what is allowed."""
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"{where}={mapping!r}: must be a mapping such as {{blueprint: conv_heavy, slot: r0c1}}")
+        known = ("blueprint", "slot", "style", "tempo")
+        unknown = sorted(set(mapping) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {list(known)}")
+        missing = [k for k in ("blueprint", "slot") if k not in mapping]
+        if missing:
+            raise ValueError(f"{where}: missing {missing}; a fixed arm names a blueprint and a slot, e.g. "
+                             f"{{blueprint: conv_heavy, slot: r0c1}}")
+        try:
+            blueprint = parse_blueprint(mapping["blueprint"], topology_blueprints(topology), f"{topology} hosts")
+        except ValueError as err:
+            raise ValueError(f"{where}.blueprint: {err}") from None
+        if mapping["slot"] not in slots:
+            raise ValueError(f"{where}.slot={mapping['slot']!r}: not an enabled slot; enabled slots: {list(slots)}")
+        return cls(blueprint, str(mapping["slot"]), _enum(Style, mapping.get("style", "sigmoid_add"), f"{where}.style"),
+                   _enum(Tempo, mapping.get("tempo", "standard"), f"{where}.tempo"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"blueprint": self.blueprint.key, "slot": self.slot, "style": self.style.name.lower(),
+                "tempo": self.tempo.name.lower()}
+
+
+def _enum(kind: type[Style] | type[Tempo], value: object, where: str) -> Any:
+    names = [m.name.lower() for m in kind]
+    if not isinstance(value, str) or value.lower() not in names:
+        raise ValueError(f"{where}={value!r}: choose one of {names}")
+    return kind[value.upper()]

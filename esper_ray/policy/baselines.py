@@ -9,7 +9,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from esper_ray.contracts.actions import HEAD_NAMES, Op, encode_joint
+from esper_ray.contracts.actions import (
+    HEAD_NAMES,
+    AlphaCurve,
+    AlphaSpeed,
+    AlphaTarget,
+    Blueprint,
+    Op,
+    Style,
+    Tempo,
+    encode_joint,
+)
 from esper_ray.env.masks import action_nvec, head_offsets
 
 
@@ -18,6 +28,17 @@ def wait_action(num_slots: int) -> np.ndarray:
     action = np.zeros(len(action_nvec(num_slots)), dtype=np.int64)
     action[0] = encode_joint(Op.WAIT, None, num_slots)
     return action
+
+
+def lifecycle_action(op: Op, slot_index: int | None, num_slots: int, *, blueprint: Blueprint = Blueprint.CONV_LIGHT,
+                     style: Style = Style.SIGMOID_ADD, tempo: Tempo = Tempo.STANDARD,
+                     alpha_target: AlphaTarget = AlphaTarget.FULL) -> np.ndarray:
+    """One action of a rule-based controller: the heads GERMINATE reads as given, the others at their defaults
+    (a prune is instant, a retarget linear)."""
+    return np.array([
+        encode_joint(op, slot_index, num_slots), int(blueprint), int(style), int(tempo), int(alpha_target),
+        int(AlphaSpeed.INSTANT), int(AlphaCurve.LINEAR),
+    ], dtype=np.int64)
 
 
 class NoGrowthController:

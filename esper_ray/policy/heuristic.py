@@ -14,17 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from esper_ray.contracts.actions import (
-    AlphaCurve,
-    AlphaSpeed,
-    AlphaTarget,
-    Blueprint,
-    Op,
-    Style,
-    Tempo,
-    encode_joint,
-    topology_blueprints,
-)
+from esper_ray.contracts.actions import Blueprint, Op, encode_joint, topology_blueprints
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import (
@@ -39,6 +29,7 @@ from esper_ray.env.observation import (
     decode_stage,
     slot_offset,
 )
+from esper_ray.policy.baselines import lifecycle_action
 
 DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
 # The original's rotation is for CNNs; on a transformer host the cheap adapters come first.
@@ -208,12 +199,4 @@ class HeuristicController:
         return None
 
     def _action(self, op: Op, slot_index: int | None, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
-        return np.array([
-            encode_joint(op, slot_index, len(self.slot_ids)),
-            int(blueprint),
-            int(Style.SIGMOID_ADD),
-            int(Tempo.STANDARD),
-            int(AlphaTarget.FULL),
-            int(AlphaSpeed.INSTANT),
-            int(AlphaCurve.LINEAR),
-        ], dtype=np.int64)
+        return lifecycle_action(op, slot_index, len(self.slot_ids), blueprint=blueprint)
