@@ -47,6 +47,7 @@ from esper_ray.env.masks import action_nvec, compute_mask, decode_action
 from esper_ray.env.spaces import MaskedMultiDiscrete
 from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size
 from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
+from esper_ray.morpho.flops import FlopCounter, FlopTally
 from esper_ray.morpho.hosts import build_host
 from esper_ray.morpho.transformer_blueprints import flex_attention_available
 from esper_ray.morpho.model import MorphogeneticModel
@@ -94,6 +95,7 @@ class MorphogeneticEnv(gym.Env):
         self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
         self.blueprints = self._usable_blueprints()
+        self.flop_counter = FlopCounter(self.cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
         self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size,
                                              seq_len=getattr(probe.cfg, "seq_len", 64), max_bytes=self.cfg.text_max_bytes,
                                              synthetic_held_out=self.cfg.synthetic_held_out)
@@ -187,7 +189,8 @@ class MorphogeneticEnv(gym.Env):
         self.last_success = True
         self.escrow_credits = {s: 0.0 for s in self.slot_ids}
         self.drip_pools = {s: 0.0 for s in self.slot_ids}
-        self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0}
+        self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0, "refused": 0}
+        self.flops = FlopTally()
         self.governor = Governor(self.random_guess_loss)
         plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
         self._record_validation(plan, self._validate(plan))
@@ -248,6 +251,7 @@ class MorphogeneticEnv(gym.Env):
             self.counts["fossilized"] += int(result.passed)
         else:
             result = slot.advance()
+        self.counts["refused"] += int(not result.passed)  # a gate or precondition said no; the slot is unchanged
         return result.passed
 
     def _train_epoch(self) -> TrainStats:
@@ -255,6 +259,9 @@ class MorphogeneticEnv(gym.Env):
         if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
             poison_with_nan(self.model.host)
         capture = GradientCapture(self.model)
+        total, seeds = self.flop_counter.train_epoch(self.model.seed_slots(), rows=len(self.shard))
+        self.flops.train += total
+        self.flops.train_seeds += seeds
         stats = train_epoch(
             self.model, self.host_optimizer, self.shard,
             batch_size=self.cfg.effective_batch_size, generator=self.data_generator, prepare=self._prepare_train,
@@ -265,6 +272,10 @@ class MorphogeneticEnv(gym.Env):
         return stats
 
     def _validate(self, plan: CounterfactualPlan) -> ValStats:
+        assert self.model is not None
+        main, extra = self.flop_counter.validation(self.model.seed_slots(), plan.alphas, rows=len(self.val_y))
+        self.flops.validation += main
+        self.flops.counterfactual += extra
         return validate_fused(
             self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
             chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
@@ -409,6 +420,7 @@ class MorphogeneticEnv(gym.Env):
             "action_success": self.last_success,
             "rollback": rollback_reason,
             **{f"count/{k}": v for k, v in self.counts.items()},
+            **self.flops.as_info(),
             **{f"time/{k}": v for k, v in timings.items()},
         }
         if train is not None:

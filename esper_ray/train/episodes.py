@@ -33,6 +33,16 @@ class EpisodeSummary:
     fossilized: int
     pruned: int
     rollbacks: int
+    refused: int
+    """Actions the env refused (a gate or precondition failed; the slot stayed as it was)."""
+    train_flops: int
+    """Host and seed training FLOPs of the episode (forward + backward; morpho/flops.py says what counts)."""
+    seed_train_flops: int
+    """The seeds' part of `train_flops`."""
+    validation_flops: int
+    """Validation passes of the model as it was each epoch."""
+    counterfactual_flops: int
+    """The extra configurations of the counterfactual validation (seeds switched off)."""
     rolled_back: bool
     """The episode ended early, by a governor rollback (a full run ends after max_epochs)."""
     seconds: float
@@ -128,7 +138,10 @@ def run_episode(
         final_accuracy=float(info["val_accuracy"]), host_params=int(info["host_params"]),
         params_added=int(info["seed_params"]), germinated=int(info["count/germinated"]),
         fossilized=int(info["count/fossilized"]), pruned=int(info["count/pruned"]),
-        rollbacks=int(info["count/rollbacks"]), rolled_back=bool(info["rollback"]), seconds=time.perf_counter() - start,
+        rollbacks=int(info["count/rollbacks"]), refused=int(info["count/refused"]), train_flops=int(info["flops/train"]),
+        seed_train_flops=int(info["flops/train_seeds"]), validation_flops=int(info["flops/validation"]),
+        counterfactual_flops=int(info["flops/counterfactual"]), rolled_back=bool(info["rollback"]),
+        seconds=time.perf_counter() - start,
         test_accuracy=test_accuracy, test_loss=test_loss,
     )
 
@@ -166,6 +179,7 @@ def format_summary(s: EpisodeSummary) -> str:
     return (
         f"episode {s.episode}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
         f"params added {s.params_added:,} on a {s.host_params:,}-param host, seeds germinated {s.germinated} / "
-        f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, {s.seconds:.1f}s"
+        f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, training {s.train_flops:.3g} FLOPs, "
+        f"{s.seconds:.1f}s"
         + (", ended by governor rollback" if s.rolled_back else "")
     )
