@@ -1,4 +1,4 @@
-"""The A/B report: results.json (strict JSON), report.md and three figures.
+"""The A/B report: results.json (strict JSON), report.md and four figures.
 
     metric_by_arm.png        every finished trial's metric as a point, seeds joined across arms (the pairing),
                              the arm's mean with its t-interval; a box only from 10 points up
@@ -6,6 +6,8 @@
                              per-seed lines; baseline arms as a level with its band
     performance_profile.png  the fraction of runs scoring above each threshold, with 95 % bootstrap bands
                              (rliable's score distributions)
+    metric_vs_flops.png      every finished trial's metric against the training FLOPs of its evaluation episodes'
+                             host runs (one point per seed): quality against compute, per arm
 Arms keep the experiment file's order and one colour everywhere.
 """
 
@@ -25,6 +27,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
+from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import FINISHED, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
     ArmSummary,
@@ -37,7 +40,7 @@ from esper_ray.experiments.statistics import (  # noqa: E402
     verdict,
 )
 
-FIGURES = ("metric_by_arm.png", "learning_curves.png", "performance_profile.png")
+FIGURES = ("metric_by_arm.png", "learning_curves.png", "performance_profile.png", "metric_vs_flops.png")
 BOX_FROM_N = 10
 PROFILE_RESAMPLES = 2_000
 METRIC_LABELS = {
@@ -69,6 +72,8 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     arms = [summarize_arm(arm, by_seed) for arm, by_seed in values.items()]
     pairs = compare_arms(values)
     verdicts = [verdict(p, spec.metric, spec.alpha, len(pairs)) for p in pairs]
+    arm_compute, pair_compute = summarize_compute(record)
+    size_verdicts = [size_sentence(p) for p in pair_compute]
     results = as_json(record)
     results["statistics"] = {
         "metric": spec.metric, "alpha": spec.alpha, "pairs_in_family": len(pairs),
@@ -76,13 +81,16 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
         "secondary_test": "Mann-Whitney U (exact permutation distribution), Holm over all pairs",
         "arms": [asdict(a) for a in arms], "pairs": [asdict(p) for p in pairs], "verdicts": verdicts,
         "excluded_trials": [{"arm": t.arm, "seed": t.seed, "status": t.status, "error": t.error} for t in record.excluded],
+        "compute": {"arms": [asdict(a) for a in arm_compute], "pairs": [asdict(p) for p in pair_compute],
+                    "size_verdicts": size_verdicts},
     }
     (output / "results.json").write_text(json.dumps(strict_json(results), indent=2, allow_nan=False))
-    (output / "report.md").write_text(markdown(record, arms, pairs, verdicts))
+    (output / "report.md").write_text(markdown(record, arms, pairs, verdicts, arm_compute, size_verdicts))
     colors = arm_colors(list(spec.arms))
     plot_metric_by_arm(output / FIGURES[0], values, spec.metric, colors)
     plot_learning_curves(output / FIGURES[1], record, colors)
     plot_performance_profile(output / FIGURES[2], values, spec.metric, colors)
+    plot_metric_vs_flops(output / FIGURES[3], values, by_seed(record, "train_flops"), spec.metric, colors)
     return results
 
 
@@ -98,7 +106,8 @@ def _ci(interval: Interval) -> str:
     return f"[{_fmt(interval.low)}, {_fmt(interval.high)}]{level}"
 
 
-def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str]) -> str:
+def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str],
+             arm_compute: list[ArmCompute], size_verdicts: list[str]) -> str:
     spec = record.spec
     planned = len(record.trials)
     excluded = record.excluded
@@ -108,7 +117,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
         f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
         f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO rounds per trial.",
-        f"Controllers: " + ", ".join(f"{a} = {spec.controller(a).value}" for a in spec.arms) + ".",
+        f"Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: a random permutation with order seed {record.order_seed}"
         f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
@@ -119,7 +128,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"pair(s); Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
         f"non-zero seed pairs to reach alpha={spec.alpha}.",
         "",
-        *[f"- {v}" for v in verdicts],
+        *[f"- {v} {s}" for v, s in zip(verdicts, size_verdicts)],
     ]
     if excluded:
         lines += ["", f"**n shrank:** {len(excluded)} of {planned} planned trials did not finish and are excluded from "
@@ -131,7 +140,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "",
         "| arm | controller | n | mean [95 % t] | median [order statistics] | IQM [95 % BCa] |",
         "|---|---|---|---|---|---|",
-        *[f"| {a.arm} | {spec.controller(a.arm).value} | {a.n} | {_fmt(a.mean)} {_ci(a.mean_ci)} | "
+        *[f"| {a.arm} | {_controller_label(spec, a.arm)} | {a.n} | {_fmt(a.mean)} {_ci(a.mean_ci)} | "
           f"{_fmt(a.median)} {_ci(a.median_ci)} | {_fmt(a.iqm)} {_ci(a.iqm_ci)} |" for a in arms],
         "",
         "## Pairs",
@@ -149,12 +158,44 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
             f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
             f"{'; '.join(p.notes)} |"
         )
+    lines += compute_lines(arm_compute)
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
                      f"{_fmt(t.metric(spec.metric, spec.last_rounds))} | {len(t.history)} |")
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _controller_label(spec: Any, arm: str) -> str:
+    fixed = spec.fixed_seed(arm)
+    return f"fixed({fixed.label})" if fixed is not None else spec.controller(arm).value
+
+
+def compute_lines(arm_compute: list[ArmCompute]) -> list[str]:
+    """The size and compute table: means per evaluation episode over each arm's finished trials."""
+    def flops(x: float) -> str:
+        return "n/a" if not math.isfinite(x) else f"{x:.3g}"
+
+    lines = [
+        "", "## Size and compute", "",
+        "Means per evaluation episode over each arm's finished trials. FLOPs count convolutions, linear layers and "
+        "attention matmuls from the modules' shapes (training = forward + backward of host and seeds; validation = "
+        "the model as it is; counterfactual = the extra configurations with seeds switched off); seconds are wall "
+        "seconds of an episode on the trial's device. A PPO arm's figures are its greedy policy's evaluation "
+        "episodes; the host runs that trained the controller are not included.",
+        "",
+        "| arm | n | final params [min, max] | params added | training FLOPs | of which seeds | validation FLOPs | "
+        "counterfactual FLOPs | seconds | refused actions |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in arm_compute:
+        m = a.means
+        lines.append(f"| {a.arm} | {a.n} | {_fmt(m['final_params'], 6)} [{_fmt(a.final_params_range[0], 6)}, "
+                     f"{_fmt(a.final_params_range[1], 6)}] | {_fmt(m['params_added'], 6)} | {flops(m['train_flops'])} | "
+                     f"{flops(m['seed_train_flops'])} | {flops(m['validation_flops'])} | {flops(m['counterfactual_flops'])} | "
+                     f"{_fmt(m['seconds'], 3)} | {_fmt(m['refused'], 3)} |")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------- figures
@@ -225,6 +266,26 @@ def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str,
     ax.title.set_fontsize(9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_flops: dict[str, dict[int, float]],
+                         metric: str, colors: dict[str, Any]) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for arm, by_seed_value in values.items():
+        seeds = sorted(set(by_seed_value) & set(train_flops[arm]))
+        if seeds:
+            ax.scatter([train_flops[arm][s] for s in seeds], [by_seed_value[s] for s in seeds], color=colors[arm], s=24,
+                       label=f"{arm} (n={len(seeds)})", zorder=3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("training FLOPs of an evaluation episode's host run (host + seeds, forward + backward)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} against training compute, one point per seed")
+    ax.title.set_fontsize(9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

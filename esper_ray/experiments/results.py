@@ -25,6 +25,9 @@ EXPERIMENT_FILE = "experiment.json"
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
                 "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
+COMPUTE_COLUMNS = ("final_params", "refused", "train_flops", "seed_train_flops", "validation_flops", "counterfactual_flops",
+                   "seconds")
+"""Size and compute of the evaluation episodes (means per episode); NaN in runs made before they were recorded."""
 FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
 TRIAL_DIR_RE = re.compile(r"^(.+)_seed(\d+)_[0-9a-f]+_\d+$")  # runner._trial_name: {arm}_seed{seed}_{trial_id}
 
@@ -58,7 +61,7 @@ class TrialResult:
         if name.startswith("test_"):
             return self.evaluation[name]
         per_param = name.endswith("_per_param")
-        if self.controller is not ControllerKind.PPO:  # a fixed controller: its evaluation episodes are its rollouts
+        if self.controller is not ControllerKind.PPO:  # nothing trained: its evaluation episodes are its rollouts
             return self.evaluation["val_accuracy_per_param" if per_param else "val_accuracy"]
         values = [v for v in self.rollout_curve(per_param)[-last_rounds:] if math.isfinite(v)]
         return sum(values) / len(values) if values else math.nan
@@ -104,6 +107,7 @@ def _history_and_evaluation(frame: Any) -> tuple[list[dict[str, float]], dict[st
             history.append(entry)
         if EVAL_PREFIX + "test_accuracy" in row and math.isfinite(_float(row[EVAL_PREFIX + "test_accuracy"])):
             evaluation = {c: _float(row[EVAL_PREFIX + c]) for c in EVAL_COLUMNS}
+            evaluation.update({c: _float(row[EVAL_PREFIX + c]) if EVAL_PREFIX + c in row else math.nan for c in COMPUTE_COLUMNS})
     first = frame.iloc[0]
     return history, evaluation, _float(first["timestamp"]) - _float(first["time_this_iter_s"])
 
@@ -157,6 +161,7 @@ def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
 
 def as_json(record: ExperimentRecord) -> dict[str, Any]:
     configs = {(t.arm, t.seed): t.train for t in record.spec.trials()}
+    fixed = {arm: record.spec.fixed_seed(arm) for arm in record.spec.arms}
     return {
         "experiment": record.spec.to_dict(),
         "source": record.source,
@@ -164,7 +169,8 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
         "order_seed_drawn": record.order_seed_drawn,
         "trials": [
             {
-                "arm": t.arm, "seed": t.seed, "controller": t.controller.value, "start_position": t.position,
+                "arm": t.arm, "seed": t.seed, "controller": t.controller.value,
+                "fixed": fixed[t.arm].to_dict() if fixed[t.arm] is not None else None, "start_position": t.position,
                 "started_at": t.started_at, "status": t.status, "error": t.error, "config": configs[(t.arm, t.seed)],
                 "history": t.history, "evaluation": t.evaluation,
                 "final_metric": t.metric(record.spec.metric, record.spec.last_rounds),

@@ -149,6 +149,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         output.mkdir(parents=True, exist_ok=True)
         ordered = plan(spec, output, source)
         trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
+                   "fixed": t.fixed.to_dict() if t.fixed is not None else None,
                    "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
         tuner = tune.Tuner(
             MorphoTrial,

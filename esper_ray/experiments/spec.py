@@ -5,6 +5,9 @@
       ppo: {controller: ppo, reward_mode: shaped}
       heuristic: {controller: heuristic}
       none: {controller: none}      # always WAIT: the host without growth
+      heavy_r0c1:                   # born bigger: this seed planted at once, fossilized as early as allowed
+        controller: fixed
+        fixed: {blueprint: conv_heavy, slot: r0c1}   # optional: style (sigmoid_add), tempo (standard)
     seeds: [0, 1, 2, 3, 4, 5, 6, 7] # one list, shared by every arm: same host init, data order, eval episodes
     rounds: 20                      # PPO rounds per trial (baseline controllers do not train)
     training: {task: digits-impaired, max_epochs: 25, envs: 2}   # settings common to all arms
@@ -27,16 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.contracts.controllers import ControllerKind, FixedSeed
 from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
+from esper_ray.morpho.hosts import topology_of
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
 METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
-ARM_ONLY_KEYS = ("controller",)
+ARM_ONLY_KEYS = ("controller", "fixed")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class TrialSpec:
     controller: ControllerKind
     train: dict[str, Any]
     """TrainConfig settings of this trial (its own copy)."""
+    fixed: FixedSeed | None = None
+    """The seed a `fixed` controller plants (None for the other controllers)."""
 
     @property
     def name(self) -> str:
@@ -57,8 +63,9 @@ class ExperimentSpec:
     name: str
     """Experiment name; results go to esper_runs/<name> unless --output says otherwise."""
     arms: Mapping[str, Mapping[str, Any]]
-    """Arm name -> `controller` (ppo, heuristic, none or random; default ppo) and the training settings that
-    differ from `training` (a reward_mode, say)."""
+    """Arm name -> `controller` (ppo, heuristic, none, random or fixed; default ppo), for `fixed` the seed it plants
+    (`fixed: {blueprint: conv_heavy, slot: r0c1}`), and the training settings that differ from `training` (a
+    reward_mode, say)."""
     seeds: tuple[int, ...]
     """Seeds shared by every arm: seed s gives the same host initialisation, data order and evaluation episodes
     in every arm, so the arms are compared seed by seed (paired)."""
@@ -120,7 +127,11 @@ class ExperimentSpec:
         if "controller" in self.training:
             raise ValueError("training: `controller` is chosen per arm (arms.<name>.controller), not for all arms")
         for arm, settings in self.arms.items():
-            ControllerKind.parse(settings.get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
+            kind = ControllerKind.parse(settings.get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
+            if (kind is ControllerKind.FIXED) != ("fixed" in settings):
+                raise ValueError(f"arms.{arm}: `fixed` names the seed of a fixed controller, e.g. controller: fixed, "
+                                 f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
+                                 + (" and it has none" if kind is ControllerKind.FIXED else ""))
         for trial in self.trials():
             TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
 
@@ -143,6 +154,14 @@ class ExperimentSpec:
     def controller(self, arm: str) -> ControllerKind:
         return ControllerKind.parse(self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
 
+    def fixed_seed(self, arm: str) -> FixedSeed | None:
+        """The seed arm `arm` plants, if its controller is `fixed` (checked against its task and slots)."""
+        settings = self.arms[arm]
+        if "fixed" not in settings:
+            return None
+        train = TrainConfig.from_mapping(self._arm_settings(arm))
+        return FixedSeed.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task), slots=train.slots)
+
     @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
@@ -150,13 +169,17 @@ class ExperimentSpec:
     def trials(self) -> list[TrialSpec]:
         """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
         out = []
-        for arm, arm_settings in self.arms.items():
-            overrides = {k: v for k, v in arm_settings.items() if k not in ARM_ONLY_KEYS}
-            env = {**dict(self.training.get("env", {})), **dict(overrides.get("env", {}))}
-            settings = {**self.training, **overrides, "env": env, "rounds": self.rounds}
+        for arm in self.arms:
+            settings, fixed = self._arm_settings(arm), self.fixed_seed(arm)
             for seed in self.seeds:
-                out.append(TrialSpec(arm, seed, self.controller(arm), copy.deepcopy({**settings, "seed": seed})))
+                out.append(TrialSpec(arm, seed, self.controller(arm), copy.deepcopy({**settings, "seed": seed}), fixed))
         return out
+
+    def _arm_settings(self, arm: str) -> dict[str, Any]:
+        """The arm's TrainConfig settings, less the seed: `training` with the arm's overrides (env merged)."""
+        overrides = {k: v for k, v in self.arms[arm].items() if k not in ARM_ONLY_KEYS}
+        env = {**dict(self.training.get("env", {})), **dict(overrides.get("env", {}))}
+        return {**self.training, **overrides, "env": env, "rounds": self.rounds}
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}

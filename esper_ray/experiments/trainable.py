@@ -2,7 +2,7 @@
 
 A `ppo` trial builds the trial's PPO algorithm and trains it round by round; after its last round it runs the
 evaluation episodes with the greedy policy on its own env runners. A baseline trial (`heuristic`, `none`,
-`random`) has nothing to train: its single step runs the same evaluation episodes in the trial's process.
+`random`, `fixed`) has nothing to train: its single step runs the same evaluation episodes in the trial's process.
 
 Tune reserves a ppo trial's resources as RLlib would for PPO itself (a placement group of the driver, env
 runner and learner bundles, PACK or SPREAD), and the algorithm's actors are placed inside it. A baseline trial
@@ -22,9 +22,10 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.result import DONE
 
-from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.contracts.controllers import ControllerKind, FixedSeed
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
+from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.ppo_config import build_ppo_config
@@ -43,6 +44,15 @@ def train_config_of(config: dict[str, Any]) -> TrainConfig:
 
 def controller_of(config: dict[str, Any]) -> ControllerKind:
     return ControllerKind.parse(config[TRIAL_KEY]["controller"])
+
+
+def fixed_seed_of(config: dict[str, Any]) -> FixedSeed | None:
+    """The seed of a `fixed` trial. Trials of runs started before fixed arms existed have no such key."""
+    fixed = config[TRIAL_KEY].get("fixed")
+    if fixed is None:
+        return None
+    cfg = train_config_of(config)
+    return FixedSeed.from_mapping(fixed, "fixed", topology=topology_of(cfg.task), slots=cfg.slots)
 
 
 def per_kparam(accuracy: float, total_params: int) -> float:
@@ -66,6 +76,14 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
         EVAL_PREFIX + "host_params": float(np.mean([s.host_params for s in summaries])),
         EVAL_PREFIX + "fossilized": float(np.mean([s.fossilized for s in summaries])),
         EVAL_PREFIX + "germinated": float(np.mean([s.germinated for s in summaries])),
+        # size and compute (per episode): what the grown model costs, to read the metric at equal size
+        EVAL_PREFIX + "final_params": float(params.mean()),
+        EVAL_PREFIX + "refused": float(np.mean([s.refused for s in summaries])),
+        EVAL_PREFIX + "train_flops": float(np.mean([s.train_flops for s in summaries])),
+        EVAL_PREFIX + "seed_train_flops": float(np.mean([s.seed_train_flops for s in summaries])),
+        EVAL_PREFIX + "validation_flops": float(np.mean([s.validation_flops for s in summaries])),
+        EVAL_PREFIX + "counterfactual_flops": float(np.mean([s.counterfactual_flops for s in summaries])),
+        EVAL_PREFIX + "seconds": float(np.mean([s.seconds for s in summaries])),
     }
 
 
@@ -85,6 +103,7 @@ class MorphoTrial(tune.Trainable):
         self.cfg = train_config_of(config)
         self.controller = controller_of(config)
         self.eval_episodes = int(config[TRIAL_KEY]["eval_episodes"])
+        self.fixed = fixed_seed_of(config)
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
         self.evaluated = False
 
@@ -100,7 +119,7 @@ class MorphoTrial(tune.Trainable):
         return metrics
 
     def _baseline_step(self) -> dict[str, Any]:
-        controller = baseline_controller(self.controller, self.cfg)
+        controller = baseline_controller(self.controller, self.cfg, self.fixed)
         summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller)
         self.evaluated = True
         metrics: dict[str, Any] = evaluation_metrics(summaries)
