@@ -70,6 +70,12 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     ({"training": {"seed": 3}}, r"\['seed'\] are set by the experiment"),
     ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "nope"}}}, "reward_mode='nope'"),
     ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"max_epoch": 3}}}, r"unknown training setting\(s\) \['max_epoch'\]"),
+    ({"arms": {"a": {}, "f": {"controller": "fixed"}}}, r"arms.f: `fixed` names the seed .* this arm's controller is fixed and it has none"),
+    ({"arms": {"a": {"fixed": {"blueprint": "norm", "slot": "r0c1"}}, "b": {}}}, r"arms.a: `fixed` names .* controller is ppo"),
+    ({"arms": {"a": {}, "f": {"controller": "fixed", "fixed": {"blueprint": "mlp", "slot": "r0c1"}}}},
+     r"arms.f.fixed.blueprint: blueprint 'mlp' is not available for cnn hosts"),
+    ({"arms": {"a": {}, "f": {"controller": "fixed", "slots": ["r0c0"], "fixed": {"blueprint": "norm", "slot": "r0c1"}}}},
+     r"arms.f.fixed.slot='r0c1': not an enabled slot; enabled slots: \['r0c0'\]"),
 ])
 def test_bad_experiment_files_fail_before_anything_runs(change, match):
     with pytest.raises(ValueError, match=match):
@@ -102,6 +108,15 @@ def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
     assert len(rewards.seeds) >= 8
 
 
+def test_a_fixed_arm_carries_its_seed_into_every_trial():
+    spec = ExperimentSpec.from_mapping({**BASE, "arms": {"a": {}, "heavy": {
+        "controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1", "tempo": "fast"}}}})
+    fixed = [t for t in spec.trials() if t.arm == "heavy"]
+    assert len(fixed) == 3 and all(t.controller is ControllerKind.FIXED and t.fixed.label == "conv_heavy@r0c1" for t in fixed)
+    assert fixed[0].fixed.to_dict() == {"blueprint": "conv_heavy", "slot": "r0c1", "style": "sigmoid_add", "tempo": "fast"}
+    assert "fixed" not in fixed[0].train and spec.fixed_seed("a") is None
+
+
 # --------------------------------------------------------------------------- the report, without Ray
 def record_with(statuses: dict[tuple[str, int], str], values: dict[tuple[str, int], float]) -> ExperimentRecord:
     spec = ExperimentSpec.from_mapping({**BASE, "arms": {"ppo": {}, "none": {"controller": "none"}}, "seeds": list(range(8))})
@@ -117,6 +132,47 @@ def record_with(statuses: dict[tuple[str, int], str], values: dict[tuple[str, in
         trials.append(TrialResult(arm, seed, position, ControllerKind.PPO if arm == "ppo" else ControllerKind.NONE, status,
                                   error="RuntimeError: boom" if status == ERROR else None, history=history, evaluation=evaluation))
     return ExperimentRecord(spec, 5, False, trials, "exp.yaml")
+
+
+def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
+    """ppo against a fixed arm that keeps a 3x larger model and trains 2x the FLOPs, same accuracy: the report
+    must say so from the per-trial figures, as strict JSON (no NaN even where a trial has none)."""
+    spec = ExperimentSpec.from_mapping({**BASE, "seeds": list(range(8)), "arms": {
+        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}})
+    trials = []
+    for position, (arm, seed) in enumerate((a, s) for s in range(8) for a in ("ppo", "heavy")):
+        params = (400.0 if arm == "ppo" else 1200.0) + seed
+        train = (1e9 if arm == "ppo" else 2e9) * (1 + seed / 10)
+        evaluation = {"episodes": 4.0, "test_accuracy": 0.6 + 0.01 * seed, "test_accuracy_std": 0.0,
+                      "test_accuracy_per_param": 1.0, "val_accuracy": 0.6, "val_accuracy_per_param": 1.0,
+                      "params_added": params - 160, "host_params": 160.0, "fossilized": 1.0, "germinated": 1.0,
+                      "final_params": params, "refused": 0.0, "train_flops": train, "seed_train_flops": train / 2,
+                      "validation_flops": 1e8, "counterfactual_flops": 0.0 if arm == "heavy" else 1e8,
+                      "seconds": math.nan if seed == 7 else 2.0}
+        history = [{"round": 1.0, "final_accuracy": 0.6, "params_added": 0.0, "host_params": 160.0, "episode_return": 1.0,
+                    "episodes": 4.0, "seconds": 1.0}] if arm == "ppo" else []
+        trials.append(TrialResult(arm, seed, position, spec.controller(arm), FINISHED, history=history, evaluation=evaluation))
+    results = write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
+    assert any(t["evaluation"]["seconds"] is not None and math.isnan(t["evaluation"]["seconds"]) for t in results["trials"])
+
+    def refuse(token: str) -> float:
+        raise AssertionError(f"{token} is not JSON")
+
+    stored = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert json.loads(json.dumps(stored, allow_nan=False)) == stored
+    assert results["statistics"]["compute"]["arms"][1]["means"]["seconds"] == 2.0
+    pair = stored["statistics"]["compute"]["pairs"][0]
+    assert pair["params_difference"] == -800 and pair["train_flops_ratio"] == pytest.approx(0.5)
+    assert pair["params_ratio"] == pytest.approx(np.median([(400 + s) / (1200 + s) for s in range(8)]))  # 0.3355
+    sentence = stored["statistics"]["compute"]["size_verdicts"][0]
+    assert sentence.startswith("At equal size: ppo has 66 % fewer final parameters than heavy (median paired difference -800)")
+    assert "50 % fewer training FLOPs" in sentence
+    heavy = next(a for a in stored["statistics"]["compute"]["arms"] if a["arm"] == "heavy")
+    assert heavy["means"]["final_params"] == pytest.approx(1203.5) and heavy["means"]["seconds"] == 2.0  # seed 7: no seconds
+    assert next(t for t in stored["trials"] if t["arm"] == "heavy")["fixed"]["blueprint"] == "conv_heavy"
+    text = (tmp_path / "report.md").read_text()
+    assert "heavy = fixed(conv_heavy@r0c1)" in text and "## Size and compute" in text and sentence in text
+    assert (tmp_path / "metric_vs_flops.png").stat().st_size > 0
 
 
 def test_failed_and_unfinished_trials_are_excluded_listed_and_shrink_n(tmp_path):
@@ -207,6 +263,35 @@ def test_smoke_experiment_trains_evaluates_and_reports(ray_local, tmp_path, caps
     assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--resume"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert [t["evaluation"] for t in again["trials"]] == [t["evaluation"] for t in trials]  # nothing re-ran
+
+
+@pytest.mark.expensive
+def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_local, tmp_path):
+    experiment = tmp_path / "fixed.yaml"
+    experiment.write_text(json.dumps({
+        "name": "fixed", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "order_seed": 1,
+        "arms": {"none": {"controller": "none"},
+                 "norm": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}}},
+        "max_concurrent_trials": 2,
+        "training": {"task": "digits-impaired", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5, "env": {"batch_size": 1024}},
+    }))
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+
+    def refuse(token: str) -> float:
+        raise AssertionError(f"{token} is not JSON")
+
+    results = json.loads((out / "results.json").read_text(), parse_constant=refuse)
+    for t in results["trials"]:
+        e = t["evaluation"]
+        assert t["status"] == "finished" and e["train_flops"] > e["validation_flops"] > 0 and e["seconds"] > 0
+        if t["arm"] == "norm":  # germinated at step 1: its seed trains (2C + 1 = 9 params at C = 4) and costs FLOPs
+            assert t["fixed"] == {"blueprint": "norm", "slot": "r0c1", "style": "sigmoid_add", "tempo": "standard"}
+            assert e["germinated"] == 1 and e["final_params"] == e["host_params"] + 9 and e["refused"] == 0
+        else:
+            assert e["final_params"] == e["host_params"] and e["seed_train_flops"] == 0 and e["counterfactual_flops"] == 0
+    assert results["statistics"]["compute"]["size_verdicts"][0].startswith("At equal size: none has")
+    assert (out / "metric_vs_flops.png").stat().st_size > 0
 
 
 @pytest.mark.expensive

@@ -1,0 +1,88 @@
+"""The `fixed` controller: one named seed, germinated at the first step, fossilized at the earliest legal epoch."""
+
+from __future__ import annotations
+
+import pytest
+
+from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.controllers import FixedSeed
+from esper_ray.contracts.lifecycle import LifecycleConfig
+from esper_ray.contracts.stages import Stage
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.env.masks import head_offsets
+from esper_ray.policy.fixed import FixedSeedController
+
+LIFECYCLE = LifecycleConfig()
+SEED = FixedSeed(Blueprint.CONV_HEAVY, "r0c1")
+
+
+def run_fixed(auto_forward: bool, max_epochs: int) -> list[dict]:
+    """One episode on digits-impaired; per step the mask the controller saw, its action and the env's answer."""
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
+                            "auto_forward": auto_forward, "seed": 3})
+    controller = FixedSeedController(env.slot_ids, max_epochs, SEED, LIFECYCLE.min_training_epochs)
+    obs, _ = env.reset(seed=0)
+    controller.reset()
+    joint = head_offsets(len(env.slot_ids))["op_slot"]
+    steps = []
+    for step in range(1, max_epochs + 1):
+        action = controller.act(obs)
+        mask = obs["action_mask"][joint].copy()
+        obs, _, terminated, _, info = env.step(action)
+        steps.append({"step": step, "action": action, "mask": mask, "info": info})
+        if terminated:
+            break
+    return steps
+
+
+@pytest.mark.parametrize(("auto_forward", "fossilize_step"), [
+    # auto-forward: GERMINATE at step 1 (TRAINING from its tick), 10 epochs of TRAINING (G2 at the tick of step 11),
+    # 5 epochs of blend-in ramp (HOLDING at the tick of step 16), FOSSILIZE at step 17
+    (True, 1 + LIFECYCLE.min_training_epochs + 5 + 1),
+    # no auto-forward: one more step, to ADVANCE out of GERMINATED, and the G3 advance into HOLDING is an action
+    # (step 17), so FOSSILIZE comes at step 18
+    (False, 1 + 1 + LIFECYCLE.min_training_epochs + 5 + 1),
+])
+def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_forward, fossilize_step):
+    steps = run_fixed(auto_forward, max_epochs=fossilize_step + 1)
+    n = 3
+    slot = ["r0c0", "r0c1", "r0c2"].index(SEED.slot)
+    ops = [decode_joint(int(s["action"][0]), n) for s in steps]
+    assert ops[0] == (Op.GERMINATE, slot) and Blueprint(int(steps[0]["action"][1])) is Blueprint.CONV_HEAVY
+    fossilize = encode_joint(Op.FOSSILIZE, slot, n)
+    first_legal = next(s["step"] for s in steps if s["mask"][fossilize])  # the lifecycle's and the gates' oracle
+    assert first_legal == fossilize_step
+    assert ops[fossilize_step - 1] == (Op.FOSSILIZE, slot) and steps[fossilize_step - 1]["info"]["action_success"]
+    assert steps[-1]["info"]["stages"][SEED.slot] == Stage.FOSSILIZED.name
+    assert all(op == (Op.WAIT, None) for op in ops[fossilize_step:])  # then it waits
+    assert steps[-1]["info"]["count/fossilized"] == 1 and steps[-1]["info"]["count/refused"] == 0
+    assert steps[-1]["info"]["seed_params"] == 18 * 4 * 4 + 4 * 4  # conv_heavy at C=4: 18C^2 + 4C (DOMAIN.md)
+
+
+def test_env_counts_refused_actions_and_the_fixed_controller_retries():
+    """Without auto-forward an ADVANCE out of TRAINING before 10 epochs fails G2: the env counts the refusal,
+    leaves the seed where it was, and the controller (which reads only the observation) asks again later."""
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 5, "device": "cpu", "batch_size": 1024,
+                            "auto_forward": False})
+    obs, _ = env.reset(seed=0)
+    controller = FixedSeedController(env.slot_ids, 5, SEED, min_training_epochs=0)  # asks at once: G2 says no
+    for _ in range(3):  # GERMINATE, ADVANCE to TRAINING, ADVANCE refused by G2
+        obs, _, _, _, info = env.step(controller.act(obs))
+    assert info["count/refused"] == 1 and not info["action_success"] and info["stages"]["r0c1"] == Stage.TRAINING.name
+    again = controller.act(obs)
+    assert decode_joint(int(again[0]), 3) == (Op.ADVANCE, 1)
+
+
+def test_fixed_seed_settings_name_the_key_and_what_is_allowed():
+    slots = ("r0c0", "r0c1")
+    assert FixedSeed.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn",
+                                  slots=slots).label == "conv_heavy@r0c1"
+    with pytest.raises(ValueError, match=r"arms.f.fixed.slot='r0c2': not an enabled slot; enabled slots"):
+        FixedSeed.from_mapping({"blueprint": "conv_heavy", "slot": "r0c2"}, "arms.f.fixed", topology="cnn", slots=slots)
+    with pytest.raises(ValueError, match=r"arms.f.fixed.blueprint: blueprint 'lora' is not available for cnn hosts"):
+        FixedSeed.from_mapping({"blueprint": "lora", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots)
+    with pytest.raises(ValueError, match=r"arms.f.fixed.tempo='quick': choose one of \['fast', 'standard', 'slow'\]"):
+        FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "tempo": "quick"}, "arms.f.fixed", topology="cnn", slots=slots)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['alpha_target'\]"):
+        FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "alpha_target": "half"}, "arms.f.fixed",
+                               topology="cnn", slots=slots)
