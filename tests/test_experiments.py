@@ -106,6 +106,15 @@ def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
     rewards = ExperimentSpec.from_yaml(REPO / "tune_configs" / "reward_modes.yaml")
     assert {s["reward_mode"] for s in rewards.arms.values() if "reward_mode" in s} == {"shaped", "simplified", "sparse"}
     assert len(rewards.seeds) >= 8
+    assert ControllerKind.FIXED in {controllers.controller(a) for a in controllers.arms}  # growth read against size
+
+
+@pytest.mark.parametrize("name", ["controllers", "reward_modes", "text"])
+def test_shipped_comparisons_can_reach_alpha_after_holm_over_all_pairs(name):
+    """Holm multiplies the smallest p by the number of pairs: 8 seeds (p >= 2/2^8) allow at most 6 pairs (4 arms)."""
+    spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / f"{name}.yaml")
+    pairs = len(spec.arms) * (len(spec.arms) - 1) // 2
+    assert pairs * 2 / 2 ** len(spec.seeds) < spec.alpha, (pairs, len(spec.seeds))
 
 
 def test_a_fixed_arm_carries_its_seed_into_every_trial():
