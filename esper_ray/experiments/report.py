@@ -281,7 +281,7 @@ def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_
                        label=f"{arm} (n={len(seeds)})", zorder=3)
     if ax.get_legend_handles_labels()[0]:
         ax.set_xscale("log")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it hid points
     ax.set_xlabel("training FLOPs of an evaluation episode's host run (host + seeds, forward + backward)")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} against training compute, one point per seed")
