@@ -78,3 +78,20 @@ def test_a_round_without_failures_says_nothing_of_them():
     summary = summarize_round(result)
     assert summary.failed_env_steps == 0 and summary.env_step_errors == "" and round_failures(result) == ()
     assert "FAILED" not in progress_line(summary, 5)
+
+
+def test_an_ab_trials_round_event_names_its_failed_steps():
+    from types import SimpleNamespace
+
+    from esper_ray.experiments.runner import TrialEvents
+    from esper_ray.experiments.trainable import SUMMARY_PREFIX, TRIAL_KEY
+
+    printed: list[str] = []
+    events = TrialEvents(total=2, rounds=5, print_fn=lambda text, flush: printed.append(text))
+    trial = SimpleNamespace(config={TRIAL_KEY: {"arm": "ppo", "seed": 3}})
+    summary = summarize_round(_round_result([[ValueError("bad blueprint")], []], lifetime=1))
+    events.on_trial_result(0, [], trial, {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
+    summary = summarize_round(_round_result([[], []], lifetime=1))
+    events.on_trial_result(0, [], trial, {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
+    assert "ppo/seed3 round 3/5" in printed[0] and "FAILED env steps 1" in printed[0] and "ValueError: bad blueprint" in printed[0]
+    assert "FAILED" not in printed[1]

@@ -165,6 +165,9 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
+                # this copies them into its folder under tune/ with each checkpoint.
+                sync_config=tune.SyncConfig(sync_artifacts=True),
                 callbacks=[events], verbose=0,
             ),
         )
