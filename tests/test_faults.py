@@ -1,5 +1,6 @@
-"""Faults a run must survive, on a local Ray with 2 CPUs: a NaN host, a killed env runner, a trial that raises,
-and `kill -9` of `esper-ray train` between checkpoints (resumed rounds replay the uninterrupted run's)."""
+"""Faults a run must survive, on a local Ray with 2 CPUs: a NaN host, an env step that raises (and the run says
+what it raised), a killed env runner, a trial that raises, and `kill -9` of `esper-ray train` between checkpoints
+(resumed rounds replay the uninterrupted run's)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.env.faults import FAIL_TRIAL, NAN_AT_EPOCH
+from esper_ray.env.faults import FAIL_TRIAL, NAN_AT_EPOCH, RAISE_AT_EPOCH
 from esper_ray.train.algorithm_host import AlgorithmDriver
 from esper_ray.train.round_summary import summarize_round
+from esper_ray.train.step_failures import FAILURES_LOG
 
 pytestmark = pytest.mark.expensive
 NAN_SEED = 77
+RAISE_SEED = 91
 SMALL = dict(task="digits", envs=2, cpus_per_env=0.5, episodes_per_env=1, learners=0, env={"batch_size": 512})
 
 
@@ -31,10 +34,11 @@ def ray_with_faults():
 
     os.environ[FAIL_TRIAL] = "broken/1"
     os.environ[NAN_AT_EPOCH] = f"4:seed={NAN_SEED}"
+    os.environ[RAISE_AT_EPOCH] = f"2:seed={RAISE_SEED}"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
-    del os.environ[FAIL_TRIAL], os.environ[NAN_AT_EPOCH]
+    del os.environ[FAIL_TRIAL], os.environ[NAN_AT_EPOCH], os.environ[RAISE_AT_EPOCH]
 
 
 def test_a_nan_host_rolls_back_ends_its_episode_and_training_goes_on(ray_with_faults):
@@ -46,6 +50,30 @@ def test_a_nan_host_rolls_back_ends_its_episode_and_training_goes_on(ray_with_fa
     assert all(s.rollbacks >= 1 and s.failed_env_steps == 0 for s in summaries)  # every episode hits epoch 4
     assert all(math.isfinite(s.episode_return) and s.episodes >= 1 for s in summaries)
     assert [s.round for s in summaries] == [1, 2, 3]
+
+
+def test_a_failed_env_step_is_named_on_its_round_line_counted_and_its_traceback_kept(ray_with_faults, tmp_path, capsys):
+    """Each env runner's first episode raises at epoch 2 (once per process): RLlib recreates the env and samples on,
+    and without --verbose the round line must still say what was raised."""
+    from esper_ray.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--task", "digits", "--rounds", "2", "--envs", "2", "--cpus-per-env", "0.5", "--learners", "0",
+                 "--max-epochs", "3", "--episodes-per-env", "1", "--env", "batch_size=512", "--seed", str(RAISE_SEED),
+                 "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    lines = {int(line.split()[1].split("/")[0]): line for line in printed.splitlines() if line.startswith("round ")}
+    error = f"InjectedFault: injected env step failure at epoch 2 ({RAISE_AT_EPOCH})"
+    assert "FAILED env steps 2" in lines[1] and lines[1].count(error) == 1 and f"{error} (2x)" in lines[1]  # once, counted
+    assert "FAILED" not in lines[2]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["failed_env_steps"], r["failed_env_steps_lifetime"]) for r in rows] == [(2, 2), (0, 2)]
+    assert all(r["episodes"] == 2 for r in rows)  # each lost episode was replaced by a whole new one
+    log = (out / FAILURES_LOG).read_text()
+    assert log.startswith(f"round 1: 2 env step(s) raised {error}\nTraceback") and log.count("Traceback") == 1
+    assert "raise_if_asked" in log and "_train_epoch" in log  # the frames that raised
+    events = next((out / "tensorboard").glob("events.out.tfevents.*")).read_bytes()
+    assert b"raise_if_asked" in events  # the traceback as TensorBoard text too
 
 
 def test_a_killed_env_runner_is_restarted_and_the_run_goes_on(ray_with_faults):

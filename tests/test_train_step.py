@@ -5,14 +5,22 @@ real CUDA graphs with eager on a GPU."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import pytest
 import torch
 
 from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, Blueprint, Op, encode_joint
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
+from esper_ray.env import train_step
 from esper_ray.env.train_step import Accumulators, Precision, StepGraphs, TrainStep
 from esper_ray.policy.baselines import wait_action
-from tests.morpho_helpers import drive_to, make_model
+from tests.morpho_helpers import drive_to, give_healthy_gradients, make_model
+
+TEXT = {"task": "text", "text_max_bytes": 8_000, "batch_size": 16, "max_epochs": 8}
+"""7 batches of 16 sequences per epoch: the step is captured from the third batch on (the last runs eagerly)."""
 
 
 class ReplayedOnCpu:
@@ -109,3 +117,74 @@ def test_a_step_is_recaptured_exactly_when_its_code_path_changes():
         slot.step_epoch()
         if slot.stage in (Stage.PRUNED, Stage.EMBARGOED, Stage.RESETTING):
             assert _key(model)[0] == ((slot.slot_id,),), slot.stage  # no seed runs: the host's own step
+
+
+def germinate_action(blueprint: Blueprint) -> np.ndarray:
+    action = wait_action(3)
+    action[0], action[1] = encode_joint(Op.GERMINATE, 0, 3), int(blueprint)
+    return action
+
+
+def text_episode_with_a_seed(env: MorphogeneticEnv, blueprint: Blueprint) -> tuple[list[int], list[float]]:
+    """The host alone for an epoch, then a seed of `blueprint` in r0c0 through 2 epochs of TRAINING and 2 of
+    BLENDING. Returns the env's capture count after each epoch, and every train and validation loss."""
+    env.reset(seed=0)
+    slot = env.model.slot("r0c0")
+    captures, losses = [], []
+
+    def step(action) -> None:
+        _, _, _, _, info = env.step(action)
+        captures.append(env.graphs.captures)
+        losses.extend([info["train_loss"], info["val_loss"]])
+
+    step(wait_action(3))
+    step(germinate_action(blueprint))  # GERMINATED: the seed does not run yet; TRAINING from the epoch's end
+    assert slot.stage is Stage.TRAINING and slot.blueprint is blueprint
+    for _ in range(2):
+        step(wait_action(3))
+    slot.metrics.epochs_in_stage = slot.cfg.min_training_epochs  # G2's wait and gradient check are not under test here
+    give_healthy_gradients(slot)
+    assert slot.advance() and slot.stage is Stage.BLENDING
+    for _ in range(2):
+        step(wait_action(3))
+    assert slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.is_active and float(slot.alpha_value) > 0  # blended in
+    return captures, losses
+
+
+@pytest.fixture
+def one_torch_thread():
+    """As in an env runner given one CPU (train/env_factory.py): two threads on a busy 2-core machine ran these
+    text epochs 7x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("eager_only", [False, True])
+def test_a_step_in_which_an_eager_only_seed_runs_is_never_captured(monkeypatch, one_torch_thread, eager_only):
+    """flex_attention's seed cannot run in a CUDA graph (EAGER_STEP_BLUEPRINTS), and has no CPU backward: the
+    attention seed stands in for it on the CPU, once marked eager-only (and once not, to show captures happen)."""
+    if eager_only:
+        monkeypatch.setattr(train_step, "EAGER_STEP_BLUEPRINTS", frozenset({Blueprint.ATTENTION}))
+    env = MorphogeneticEnv({**TEXT, "device": "cpu"})
+    env.graphs = StepGraphs(enabled=True, capture=ReplayedOnCpu)
+    captures, losses = text_episode_with_a_seed(env, Blueprint.ATTENTION)
+    assert captures[0] == 1  # the host alone was captured
+    if eager_only:
+        assert captures[-1] == 1  # nothing more while the seed ran
+    else:
+        assert captures[-1] == 3  # TRAINING, then BLENDING
+    assert all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_flex_attention_seed_trains_through_blending_on_cuda_with_graphs_on():
+    """Captured, the seed's step raised "Cannot copy between CPU and CUDA tensors during CUDA graph capture" in
+    flex_attention and every such episode was lost; it now runs eagerly while the rest of the episode is captured."""
+    env = MorphogeneticEnv({**TEXT, "device": "cuda", "cuda_graphs": True})
+    assert env.graphs.enabled
+    captures, losses = text_episode_with_a_seed(env, Blueprint.FLEX_ATTENTION)
+    assert captures[0] == 1 and captures[-1] == 1  # the host alone was captured; the steps with the seed ran eagerly
+    assert all(math.isfinite(v) for v in losses)

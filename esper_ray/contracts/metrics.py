@@ -21,6 +21,10 @@ GRAD_SCALE_MAX = "esper/grad_scale_max"
 EPISODES = "esper/episodes"
 EPISODE_RETURN = "esper/episode_return"
 """This round's mean episode return (RLlib's episode_return_mean is smoothed over the last 100 episodes)."""
+ENV_STEP_FAILURES_ROUND = "esper/env_step_failures"
+"""Env steps that raised this round (each loses its episode; RLlib's num_env_step_failures counts since the start)."""
+ENV_STEP_ERRORS = "esper/env_step_errors"
+"""This round's failed env steps as (type and first line, traceback) pairs, at most a few per env runner."""
 
 # RLlib's own keys that the progress line reads.
 ENV_RUNNERS = "env_runners"

@@ -38,7 +38,7 @@ from esper_ray.contracts.stages import Stage
 from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import TaskData, load_task_data
 from esper_ray.data.sharding import DeviceShard, shard_indices
-from esper_ray.env.faults import nan_epoch, poison_with_nan
+from esper_ray.env.faults import nan_epoch, poison_with_nan, raise_if_asked
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
 from esper_ray.env.train_step import Precision, StepGraphs
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
@@ -258,6 +258,7 @@ class MorphogeneticEnv(gym.Env):
         assert self.model is not None
         if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
             poison_with_nan(self.model.host)
+        raise_if_asked(self.epoch + 1, self.cfg.seed)  # likewise
         capture = GradientCapture(self.model)
         total, seeds = self.flop_counter.train_epoch(self.model.seed_slots(), rows=len(self.shard))
         self.flops.train += total

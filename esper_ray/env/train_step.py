@@ -5,7 +5,8 @@ the GPU waits on Python. Captured once as a CUDA graph, the whole step (forward,
 clips, host and seed optimizer steps, loss/accuracy accumulation) is one launch.
 
 What may be captured: full batches of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host),
-and not the epoch's last batch (gradient telemetry reads it eagerly). A graph is tied to the module
+not the epoch's last batch (gradient telemetry reads it eagerly), and no step in which a seed of
+EAGER_STEP_BLUEPRINTS runs (flex_attention: it copies from the CPU as it computes). A graph is tied to the module
 structure it was captured with, so it is keyed by everything that changes the step's code path or its
 tensors (`slot_key`): the seeds that run, the branch each takes, their blends and optimizers, the host
 optimizer, and the precision. A new
@@ -27,6 +28,7 @@ from torch import nn
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
+from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 
 # Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
 TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
@@ -87,6 +89,8 @@ class TrainStep:
         # its key is computed once, not per batch.
         per_slot = tuple(slot_key(s, trained=s in self.slots) for s in model.seed_slots())
         self._key = (per_slot, host_optimizer, precision.dtype, max_grad_norm)
+        # False while a seed that cannot run in a CUDA graph runs in the forward pass (a prune's ramp-down included).
+        self.capturable = not any(s.blueprint in EAGER_STEP_BLUEPRINTS for s in model.seed_slots() if s.is_active)
 
     def key(self) -> tuple[Any, ...]:
         """Everything a captured graph depends on besides tensor values (objects compare by identity)."""
@@ -160,7 +164,7 @@ class StepGraphs:
         return self._accumulators
 
     def usable(self, step: TrainStep) -> bool:
-        return self.enabled and step.precision.scaler is None
+        return self.enabled and step.precision.scaler is None and step.capturable
 
     def run(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
         """One full-size batch that is not the epoch's last: replay, capture, or (while warming up) eager."""

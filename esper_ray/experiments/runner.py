@@ -26,6 +26,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.resources import connect_ray
+from esper_ray.train.step_failures import FAILURES_LOG
 
 
 def _trial_label(trial: Any) -> str:
@@ -59,6 +60,9 @@ class TrialEvents(tune.Callback):
         if SUMMARY_PREFIX + "round" in result:
             parts.append(f"round {int(result[SUMMARY_PREFIX + 'round'])}/{self.rounds}: rollout acc "
                          f"{100 * result[SUMMARY_PREFIX + 'final_accuracy']:.1f}%")
+            if result[SUMMARY_PREFIX + "failed_env_steps"]:
+                parts.append(f"FAILED env steps {int(result[SUMMARY_PREFIX + 'failed_env_steps'])} (episodes lost; tracebacks "
+                             f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")
         if EVAL_PREFIX + "test_accuracy" in result:
             parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
                          f"{int(result[EVAL_PREFIX + 'episodes'])} episodes, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
@@ -162,6 +166,9 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
                 checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
+                # this copies them into its folder under tune/ with each checkpoint.
+                sync_config=tune.SyncConfig(sync_artifacts=True),
                 callbacks=[events], verbose=0,
             ),
         )

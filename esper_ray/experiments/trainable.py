@@ -31,6 +31,7 @@ from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runner
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import flatten_numbers, summarize_round
 from esper_ray.train.rounds import restore, train_round
+from esper_ray.train.step_failures import append_tracebacks, round_failures
 
 TRIAL_KEY = "trial"
 SUMMARY_PREFIX = "round/"
@@ -112,6 +113,9 @@ class MorphoTrial(tune.Trainable):
             return self._baseline_step()
         result = train_round(self.algo)
         summary = summarize_round(result)
+        failures = round_failures(result)
+        if failures:  # the round's event line names the errors (runner.py); the tracebacks stay in the trial's folder
+            append_tracebacks(Path(self.logdir), summary.round, failures)
         metrics = {k: v for k, v in flatten_numbers(result).items() if math.isfinite(v)}
         metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
         if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data

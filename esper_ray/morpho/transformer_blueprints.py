@@ -118,6 +118,7 @@ class FlexAttentionSeed(AttentionSeed):
 
     Runs eagerly (no torch.compile), which materialises the full score matrix: correct, not fast. The mask
     is built once per (T, device) and cached. Check `flex_attention_available(device)` before training it.
+    It cannot run inside a captured CUDA graph (see EAGER_STEP_BLUEPRINTS).
     """
 
     def __init__(self, channels: int) -> None:
@@ -132,6 +133,16 @@ class FlexAttentionSeed(AttentionSeed):
         if key not in self._masks:
             self._masks[key] = create_block_mask(_causal, None, None, T, T, device=q.device)
         return flex_attention(q, k, v, block_mask=self._masks[key])  # type: ignore[return-value]  # (B, nh, T, hs)
+
+
+EAGER_STEP_BLUEPRINTS: frozenset[Blueprint] = frozenset({Blueprint.FLEX_ATTENTION})
+"""Blueprints whose seed cannot run inside a captured CUDA graph: while one runs in the forward pass, the train
+step stays eager. Uncompiled flex_attention computes with torch's dense reference implementation
+(torch/_higher_order_ops/flex_attention.py), which makes tensors from Python scalars as it goes: the forward's
+`torch.tensor(-inf, device=scores.device)` and the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
+GPU are pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
+CUDA graph capture unless the CPU tensor is pinned"), and each call also runs torch.compile's tracing. The seed
+is not fused anyway, so a graph would save little."""
 
 
 @functools.lru_cache(maxsize=None)

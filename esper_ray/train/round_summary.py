@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import metrics as m
+from esper_ray.train.step_failures import failures_text, round_failures
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class RoundSummary:
     pruned: float
     rollbacks: int
     failed_env_steps: int
+    """Env steps that raised this round (each lost its episode)."""
+    failed_env_steps_lifetime: int
+    env_step_errors: str
+    """This round's distinct errors, type and first line, with their counts ("" if none)."""
     steps_per_second: float
     seconds: float
 
@@ -39,6 +44,12 @@ def _number(group: dict[str, Any], key: str, default: float = math.nan) -> float
     """A metric that RLlib omits until the first episode ends (and this round may have none)."""
     value = group[key] if key in group else default
     return float(value)
+
+
+def _count(group: dict[str, Any], key: str) -> int:
+    """A summed count: absent before it is first logged, NaN in a round where nothing was logged under it."""
+    value = _number(group, key, 0)
+    return int(value) if math.isfinite(value) else 0
 
 
 def summarize_round(result: dict[str, Any]) -> RoundSummary:
@@ -59,8 +70,10 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         germinated=_number(runners, m.SEEDS_GERMINATED),
         fossilized=_number(runners, m.SEEDS_FOSSILIZED),
         pruned=_number(runners, m.SEEDS_PRUNED),
-        rollbacks=int(_number(runners, m.ROLLBACKS, 0)),
-        failed_env_steps=int(_number(runners, m.ENV_STEP_FAILURES, 0)),
+        rollbacks=_count(runners, m.ROLLBACKS),
+        failed_env_steps=_count(runners, m.ENV_STEP_FAILURES_ROUND),
+        failed_env_steps_lifetime=_count(runners, m.ENV_STEP_FAILURES),
+        env_step_errors=failures_text(round_failures(result)),
         steps_per_second=steps / seconds if seconds > 0 else math.nan,
         seconds=seconds,
     )
@@ -77,7 +90,7 @@ def progress_line(s: RoundSummary, total_rounds: int) -> str:
     if s.rollbacks:
         line += f" | rollbacks {s.rollbacks}"
     if s.failed_env_steps:
-        line += f" | FAILED env steps {s.failed_env_steps}"
+        line += f" | FAILED env steps {s.failed_env_steps} (episodes lost): {s.env_step_errors}"
     return line
 
 

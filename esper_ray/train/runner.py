@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.round_summary import RoundSummary, flatten_numbers, progress_line, summarize_round
+from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,15 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 for key, value in flatten_numbers(result).items():
                     if math.isfinite(value):  # e.g. a mean over no episodes this round
                         writer.add_scalar(key, value, summary.round)
+                failures = round_failures(result)
+                if failures:  # the round line names the errors; their tracebacks go to the log file and TensorBoard
+                    failures_log = append_tracebacks(output, summary.round, failures)
+                    report = textwrap.indent(traceback_report(summary.round, failures), "    ")  # Markdown: preformatted
+                    writer.add_text("env_step_failures", report, summary.round)
                 # printed once recorded: a Ctrl-C at the sight of a round's line loses none of that round
                 log(progress_line(summary, cfg.rounds))
+                if failures:
+                    log(f"  tracebacks: {failures_log}")
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
     except KeyboardInterrupt:
@@ -134,6 +143,9 @@ def format_outcome(outcome: TrainingOutcome) -> str:
             f"episode return {first.episode_return:.2f} -> {last.episode_return:.2f}"
         )
         lines.append(f"  {steps} env steps, {steps / busy:.1f} steps/s, {busy / len(outcome.rounds):.1f}s per round")
+        failed = sum(r.failed_env_steps for r in outcome.rounds)
+        if failed:
+            lines.append(f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}")
     if outcome.checkpoint is not None:
         lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {outcome.output} --rounds N)")
     else:
