@@ -4,9 +4,14 @@ Every lifecycle action validates completely before it changes anything, so a ref
 transition, failed gate, unknown blueprint) leaves the slot exactly as it was. Stage changes all go through
 `_enter`, which checks the transition table.
 
-Gradient isolation: the seed always reads `host.detach()`, so no seed-path gradient reaches the host. While
-TRAINING, the slot outputs `host + (s - s.detach())`: the value is the host's exactly, and the seed still
-receives dLoss/dOutput (a straight-through estimator).
+Gradient isolation (DOMAIN.md section 2): while TRAINING, the seed reads `host.detach()` and the slot outputs
+`host + (s - s.detach())`: the value is the host's exactly, the host's gradients are those of a host without
+the seed, and the seed still receives dLoss/dOutput (a straight-through estimator). From BLENDING on, a CNN seed
+keeps reading `host.detach()`; a transformer seed reads the residual stream itself, so the host co-adapts
+through the seed path. That matters: ADD blends `host + alpha * (s - host)`, whose gradient to the host is
+(1 - alpha) when s does not depend on it, so an isolated seed at alpha 1 cuts every host layer below its slot
+off the loss. On the `text` host a seed blended in at r0c2 froze all three blocks, and the host stayed at the
+accuracy it had when the blend ended (issue 19: 0.45 without growth, 0.22-0.26 with a kept seed).
 
 The seed's optimizer belongs to the slot: created at germination, kept with its momentum across stage
 changes, dropped at prune. It is never re-created behind the caller's back.
@@ -94,6 +99,12 @@ class SeedSlot(nn.Module):
     def seed_parameters(self) -> list[nn.Parameter]:
         return [p for m in (self.seed, self.gate) if m is not None for p in m.parameters()]
 
+    @property
+    def isolated(self) -> bool:
+        """The seed reads a detached copy of the host's features: always on a CNN, only while TRAINING on a
+        transformer (see the module docstring)."""
+        return self.topology is Topology.CNN or self.stage is Stage.TRAINING
+
     def can_prune(self) -> bool:
         return (
             self.is_live
@@ -111,7 +122,7 @@ class SeedSlot(nn.Module):
         ([B, 1, 1, 1] or [B, 1, 1]) if given."""
         if not self.is_active:
             return host
-        seed_in = host.detach()
+        seed_in = host.detach() if self.isolated else host
         seed_out = self.seed(seed_in)  # type: ignore[misc]
         if alpha_override is not None:
             return blend(self.algorithm, host, seed_out, seed_in, alpha_override, self.gate)
