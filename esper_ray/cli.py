@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     host = sub.add_parser("host", allow_abbrev=False,
                           help="show a task's host network: its slots and each blueprint's parameter count")
-    host.add_argument("--task", default="digits", choices=HOST_PRESET_NAMES, help="host preset: a task, or text-gpu (default: digits)")
+    host.add_argument("--task", default="digits", choices=HOST_PRESET_NAMES, help="host preset: a task, or text-gpu or text-starved (default: digits)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(

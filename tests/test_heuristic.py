@@ -51,6 +51,23 @@ def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued()
     assert first == 6 and decisions[first] == ((Op.GERMINATE, 0), Blueprint.CONV_LIGHT)  # first slot, first of the rotation
 
 
+@pytest.mark.parametrize(("topology", "germinates"), [("cnn", False), ("transformer", True)])
+def test_a_language_models_slow_climb_counts_as_a_plateau_on_a_transformer_only(topology, germinates):
+    """A constructed run: the loss falls by 1.5 % and the accuracy rises by 0.8 pp every epoch, as a byte-level
+    language model's do for dozens of epochs. On a transformer that is a plateau (threshold 1 pp per token); on
+    a CNN it is progress (0.5 pp), so the heuristic keeps waiting."""
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6})
+    env.reset(seed=0)
+    controller = HeuristicController(env.slot_ids, 40, HeuristicConfig(rotation=(Blueprint.NORM,)), topology=topology)
+    losses = [2.0 * 0.985**e for e in range(9)]
+    accuracies = [0.30 + 0.008 * e for e in range(9)]
+    ops = [decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]), 3)[0]
+           for e in range(9)]
+    assert (Op.GERMINATE in ops) is germinates, ops
+    if germinates:
+        assert ops.index(Op.GERMINATE) == 5  # epoch >= 5, with 3 stable and 3 plateau epochs behind it
+
+
 def _holding_env(contribution: float) -> tuple[MorphogeneticEnv, HeuristicController]:
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6, "auto_forward": False})
     env.reset(seed=0)

@@ -126,10 +126,10 @@ def test_presets_build_run_and_match_their_stated_parameter_counts(name):
     cfg = transformer_preset(name)
     host = TransformerHost(cfg)
     assert count_params(host) == hand_param_count(cfg)
-    assert count_params(host) == {"text": 170_560, "text-gpu": 4_870_144}[name]
+    assert count_params(host) == {"text": 170_560, "text-gpu": 4_870_144, "text-starved": 170_560}[name]
     with torch.no_grad():
         assert host(torch.zeros(1, 4, dtype=torch.int64)).shape == (1, 4, 256)
-    with pytest.raises(ValueError, match="unknown transformer preset 'gpt2'; available: text, text-gpu"):
+    with pytest.raises(ValueError, match="unknown transformer preset 'gpt2'; available: text, text-gpu, text-starved"):
         transformer_preset("gpt2")
 
 

@@ -28,7 +28,7 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
     # transformer learns with in a few epochs
     "text": {"batch_size": 32, "host_lr": 0.3, "augment": False},
 }
-HOST_PRESET_CHOICES = {"text": ("text", "text-gpu")}
+HOST_PRESET_CHOICES = {"text": ("text", "text-gpu", "text-starved")}
 """Hosts a task may use besides its own preset (the default is the preset named after the task)."""
 
 
@@ -53,6 +53,9 @@ class EnvConfig:
     """Host SGD learning rate (momentum 0.9, weight decay 5e-4); None takes the task default."""
     seed_lr: float = 0.01
     """Learning rate of each seed's own SGD optimizer."""
+    min_training_epochs: int = 10
+    """Epochs a seed spends in TRAINING before it may blend (gate G2). With 10, the fastest lifecycle is
+    germinate, 10 epochs of TRAINING, a 3-epoch blend, then FOSSILIZE at epoch 15: an episode needs more epochs."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "off"
@@ -70,7 +73,8 @@ class EnvConfig:
     (TinyStories, say) instead of the embedded corpus."""
     host_preset: str | None = None
     """The host network: None takes the task's own; task text may use text-gpu (a 4.9M-parameter transformer
-    with a 256-byte context) instead of text (170K parameters, 64 bytes)."""
+    with a 256-byte context) or text-starved (the text host whose own attention sees only the current byte, a
+    host that attention seeds can rescue) instead of text (170K parameters, 64 bytes)."""
     text_max_bytes: int | None = None
     """text: keep only the corpus's first this many bytes (None: all of it; the embedded corpus is ~466 KB)."""
     synthetic_size: int = 10_000
@@ -103,7 +107,7 @@ class EnvConfig:
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
-        for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
+        for name, minimum in (("max_epochs", 1), ("seed", 0), ("min_training_epochs", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
                               ("val_batch_size", 1)):
             check_int(name, getattr(self, name), minimum)
         if self.synthetic_held_out is not None:
@@ -146,7 +150,8 @@ class EnvConfig:
 
     @property
     def lifecycle(self) -> LifecycleConfig:
-        return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr)  # type: ignore[arg-type]
+        return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr,  # type: ignore[arg-type]
+                               min_training_epochs=self.min_training_epochs)
 
     @property
     def effective_batch_size(self) -> int:

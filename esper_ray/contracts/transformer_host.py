@@ -23,6 +23,9 @@ class TransformerHostConfig:
     """Hidden width of each block's MLP, in multiples of d_model (GPT-2 uses 4)."""
     dropout: float = 0.0
     """Dropout after the embeddings, on the attention weights and after each residual branch (0 = off)."""
+    attention_window: int | None = None
+    """Positions each query of the host's own attention sees: itself and the `attention_window - 1` before it
+    (None = the whole causal context). A small window starves the host of context; seeds do not have one."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_heads", "n_layers", "mlp_ratio"):
@@ -33,6 +36,8 @@ class TransformerHostConfig:
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "
                 f"choose n_heads from {divisors} or change d_model"
             )
+        if self.attention_window is not None:
+            check_int("attention_window", self.attention_window, 1)
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r}: must be a number in [0, 1)")
 

@@ -12,7 +12,7 @@ Host = CNNHost | TransformerHost
 
 
 def build_host(preset: str) -> Host:
-    """A fresh host of a preset: a task name (digits, digits-impaired, cifar10, synthetic, text) or text-gpu."""
+    """A fresh host of a preset: a task name (digits, digits-impaired, cifar10, synthetic, text), text-gpu or text-starved."""
     if preset in HOST_PRESETS:
         return CNNHost(HOST_PRESETS[preset])
     if preset in TRANSFORMER_PRESETS:

@@ -27,6 +27,10 @@ TRANSFORMER_PRESETS: dict[str, TransformerHostConfig] = {
     # GPUs: 4,870,144 params (65,536 tied byte embedding, 65,536 positional), 256-byte context. One epoch
     # of the embedded corpus (about 1,500 sequences of 256 bytes) at batch 64 took 0.46 s on an H200.
     "text-gpu": TransformerHostConfig(vocab_size=256, seq_len=256, d_model=256, n_heads=8, n_layers=6),
+    # A starved host that seeds can rescue (as digits-impaired is for the CNN): the text host whose own attention
+    # sees only the current byte, so it can at best learn which byte follows which (a bigram model). An
+    # attention seed is the only way it gets context. Same parameters as "text".
+    "text-starved": TransformerHostConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=3, attention_window=1),
 }
 
 SlotHook = Callable[[str, torch.Tensor], torch.Tensor]
@@ -41,12 +45,16 @@ def transformer_preset(name: str) -> TransformerHostConfig:
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, window: int | None = None, seq_len: int = 0) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
         self.n_heads = n_heads
         self.dropout = dropout
+        self.window = window
+        if window is not None:  # banded causal mask: query t sees keys t - window + 1 .. t
+            band = torch.ones(seq_len, seq_len, dtype=torch.bool).tril().triu(-(window - 1))
+            self.register_buffer("band", band, persistent=False)
         self.qkv = nn.Linear(d_model, 3 * d_model)  # query, key and value of every head in one matmul
         self.proj = nn.Linear(d_model, d_model)
         self.resid_drop = nn.Dropout(dropout)
@@ -54,7 +62,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)  # (B, nh, T, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.window is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, nh, T, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.band[:T, :T], dropout_p=dropout_p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
         return self.resid_drop(self.proj(y))
 
@@ -76,7 +88,7 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerHostConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_window, cfg.seq_len)
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.dropout)
 
