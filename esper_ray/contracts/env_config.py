@@ -107,8 +107,8 @@ class EnvConfig:
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
-        for name, minimum in (("max_epochs", 1), ("seed", 0), ("min_training_epochs", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
-                              ("val_batch_size", 1)):
+        for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
+                              ("val_batch_size", 1), ("min_training_epochs", 0)):
             check_int(name, getattr(self, name), minimum)
         if self.synthetic_held_out is not None:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
