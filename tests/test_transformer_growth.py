@@ -11,7 +11,7 @@ import torch
 
 from esper_ray.contracts.actions import Blueprint, Style, Tempo
 from esper_ray.contracts.controllers import FixedSeed
-from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS
+from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, EnvConfig
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.contracts.transformer_host import TransformerHostConfig
@@ -138,3 +138,25 @@ def test_a_fossilized_transformer_seed_costs_the_host_no_accuracy_on_several_see
         bare.append(run_episode(env, NoGrowthController(env.slot_ids), 0, reset_seed=seed, measure_test=True).test_accuracy)
     print(f"test accuracy with a kept mlp seed {grown}, without growth {bare}")
     assert all(g > b - FOSSIL_MARGIN for g, b in zip(grown, bare)), (grown, bare)
+
+
+def test_a_seed_learns_at_seed_lr_while_training_and_at_the_blended_rate_once_it_blends():
+    torch.manual_seed(0)
+    lifecycle = LifecycleConfig(auto_forward=False, seed_lr=0.01, blended_seed_lr=0.3)
+    model = MorphogeneticModel(TransformerHost(SMALL), ["r0c0", "r0c1"], lifecycle)
+    drive_to(model.slot("r0c0"), Stage.TRAINING, blueprint="attention")
+    drive_to(model.slot("r0c1"), Stage.FOSSILIZED, blueprint="attention")
+    assert [g["lr"] for g in model.slot("r0c0").optimizer.param_groups] == [0.01]
+    assert [g["lr"] for g in model.slot("r0c1").optimizer.param_groups] == [0.3]
+
+
+@pytest.mark.parametrize(("settings", "blended"), [
+    ({"task": "text"}, 0.3),  # the text host's learning rate
+    ({"task": "text", "host_lr": 0.1}, 0.1),
+    ({"task": "text", "blended_seed_lr": 0.05}, 0.05),
+    ({"task": "digits-impaired"}, 0.01),  # image tasks keep seed_lr, as measured there
+])
+def test_the_blended_seed_rate_follows_the_text_host_and_keeps_seed_lr_on_images(settings, blended):
+    assert EnvConfig(**settings).lifecycle.blended_seed_lr == blended
+    with pytest.raises(ValueError, match="blended_seed_lr=0"):
+        EnvConfig(**{**settings, "blended_seed_lr": 0})

@@ -52,7 +52,11 @@ class EnvConfig:
     host_lr: float | None = None
     """Host SGD learning rate (momentum 0.9, weight decay 5e-4); None takes the task default."""
     seed_lr: float = 0.01
-    """Learning rate of each seed's own SGD optimizer."""
+    """Learning rate of each seed's own SGD optimizer while it TRAINS (alpha 0, straight-through)."""
+    blended_seed_lr: float | None = None
+    """Learning rate of a seed's SGD optimizer from BLENDING on; None takes the host's on text (a kept attention
+    seed at 0.01 under a host at 0.3 barely moved: text-starved, seed 0, test 0.292 against 0.364 at 0.3) and
+    seed_lr on the image tasks."""
     min_training_epochs: int = 10
     """Epochs a seed spends in TRAINING before it may blend (gate G2). With 10, the fastest lifecycle is
     germinate, 10 epochs of TRAINING, a 3-epoch blend, then FOSSILIZE at epoch 15: an episode needs more epochs."""
@@ -122,7 +126,7 @@ class EnvConfig:
         for name in ("batch_size", "max_seeds"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
-        for name in ("host_lr", "seed_lr", "max_grad_norm"):
+        for name in ("host_lr", "seed_lr", "blended_seed_lr", "max_grad_norm"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a number > 0")
@@ -151,7 +155,13 @@ class EnvConfig:
     @property
     def lifecycle(self) -> LifecycleConfig:
         return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr,  # type: ignore[arg-type]
-                               min_training_epochs=self.min_training_epochs)
+                               min_training_epochs=self.min_training_epochs, blended_seed_lr=self.effective_blended_seed_lr)
+
+    @property
+    def effective_blended_seed_lr(self) -> float:
+        if self.blended_seed_lr is not None:
+            return self.blended_seed_lr
+        return self.effective_host_lr if self.task == "text" else self.seed_lr
 
     @property
     def effective_batch_size(self) -> int:

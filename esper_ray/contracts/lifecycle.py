@@ -42,6 +42,9 @@ class LifecycleConfig:
     seed_lr: float = 0.01
     """SGD learning rate of each seed's own optimizer (momentum 0.9)."""
     seed_momentum: float = 0.9
+    blended_seed_lr: float | None = None
+    """Learning rate of a seed's optimizer from BLENDING on, when the seed is part of the model's output;
+    None keeps `seed_lr`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))
@@ -49,3 +52,5 @@ class LifecycleConfig:
             check_int(name, getattr(self, name), 0)
         if not self.seed_lr > 0:
             raise ValueError(f"seed_lr={self.seed_lr!r}: must be > 0")
+        if self.blended_seed_lr is not None and not self.blended_seed_lr > 0:
+            raise ValueError(f"blended_seed_lr={self.blended_seed_lr!r}: must be > 0, or None to keep seed_lr")
