@@ -43,7 +43,8 @@ def transformer_preset(name: str) -> TransformerHostConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which position t attends to positions <= t only."""
+    """Multi-head self-attention in which position t attends to positions <= t only (with `window`, only to the
+    last `window` of them, t included)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, window: int | None = None, seq_len: int = 0) -> None:
         super().__init__()
