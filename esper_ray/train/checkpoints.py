@@ -2,7 +2,7 @@
 
     config.json                 the TrainConfig
     metrics.jsonl               one RoundSummary per round
-    tensorboard/                every numeric result of every round
+    tensorboard/                each round's figures, grouped (tensorboard_log.py), and the settings as text
     checkpoints/round_NNNNN/    RLlib checkpoints (weights, optimizer, observation filter, reward normaliser)
                                 + train_config.json
     checkpoints/latest.json     the newest checkpoint, as a path relative to checkpoints/, so a copied or moved

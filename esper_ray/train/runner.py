@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
-from esper_ray.train.round_summary import RoundSummary, flatten_numbers, progress_line, summarize_round
+from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
+from esper_ray.train.tensorboard_log import log_config, log_round
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     nodes = algo.env_runner_nodes()
     log(f"placement {cfg.placement}: {len(nodes)} env runners on {len(set(nodes))} node(s)")
     writer = SummaryWriter(str(output / "tensorboard"))
+    log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
     interrupted = False
@@ -100,9 +101,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 log(progress_line(summary, cfg.rounds))
                 metrics_file.write(json.dumps(summary.as_dict()) + "\n")
                 metrics_file.flush()
-                for key, value in flatten_numbers(result).items():
-                    if math.isfinite(value):  # e.g. a mean over no episodes this round
-                        writer.add_scalar(key, value, summary.round)
+                log_round(writer, result, summary.round)
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
     except KeyboardInterrupt:
