@@ -21,6 +21,8 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
+from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from esper_ray.train.termination import Terminated
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -135,6 +137,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
           f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
+    if outcome.terminated:
+        return TERMINATED_EXIT_CODE
     return 130 if outcome.interrupted else 0
 
 
@@ -293,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
+    except Terminated:  # SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
+        parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
     except KeyboardInterrupt:
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")
     except Exception as err:

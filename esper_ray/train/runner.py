@@ -2,7 +2,8 @@
 
 Checkpoints are written every `checkpoint_every` rounds and at the end (folder layout: checkpoints.py). One
 Ctrl-C stops the run within seconds: the env runners are killed mid-round (their partial round is lost, as it
-would be anyway), the last finished round is saved if it was not yet, and the command exits with 130.
+would be anyway), the last finished round is saved if it was not yet, and the command exits with 130. SIGTERM
+does the same and exits with 143 (termination.py).
 
 With `placement: SPREAD` the algorithm runs in a driver actor whose placement group spreads env runners and
 learners over nodes (algorithm_host.py); with PACK (default) it runs in this process.
@@ -29,6 +30,7 @@ from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
 from esper_ray.train.tensorboard_log import log_config, log_round
+from esper_ray.train.termination import Terminated, sigterm_raises_terminated
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,10 @@ class TrainingOutcome:
     """Newest checkpoint (None when the run was interrupted before its first round finished)."""
     output: Path
     interrupted: bool
+    """Stopped by Ctrl-C or SIGTERM before its last round."""
     seconds: float
+    terminated: bool = False
+    """Stopped by SIGTERM (a job manager's stop), not by Ctrl-C."""
 
 
 def save_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
@@ -62,20 +67,23 @@ def run_training(
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     mps_env = mps_environment(new_run_id()) if cfg.mps else None
     connect_ray(cfg.address, log, env_vars=mps_env)
-    check_fits(cfg, local=cfg.address is None, log=log)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_raises_terminated())  # after ray.init: it replaces the core worker's handler
+        check_fits(cfg, local=cfg.address is None, log=log)
         if mps_env is not None:
             nodes = stack.enter_context(mps_daemons(mps_env))
             log(f"MPS: a private daemon on {len(nodes)} GPU node(s), pipe folder {mps_env['CUDA_MPS_PIPE_DIRECTORY']}")
-        summaries, interrupted = _train_rounds(cfg, output, resume, log, on_result)
+        summaries, stop = _train_rounds(cfg, output, resume, log, on_result)
     checkpoint = None
     if latest_round(output) is not None:
         checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
-    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
+    return TrainingOutcome(summaries, checkpoint, output, stop is not None, time.perf_counter() - start,
+                           terminated=isinstance(stop, Terminated))
 
 
 def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Callable[[str], None],
-                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], bool]:
+                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], KeyboardInterrupt | None]:
+    """The rounds, and what stopped them early (a Ctrl-C, or SIGTERM as Terminated), if anything did."""
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     counter_name, counter = start_step_counter()
@@ -88,7 +96,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
-    interrupted = False
+    stop: KeyboardInterrupt | None = None
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -104,9 +112,10 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 log_round(writer, result, summary.round)
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
-    except KeyboardInterrupt:
-        interrupted = True
-        log("interrupted: stopping the env runners and keeping the last finished round")
+    except KeyboardInterrupt as stopped_by:
+        stop = stopped_by
+        what = "terminated (SIGTERM)" if isinstance(stopped_by, Terminated) else "interrupted"
+        log(f"{what}: stopping the env runners and keeping the last finished round")
     finally:
         writer.close()
         try:
@@ -114,14 +123,14 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
             if done > 0 and latest_round(output) != done:
                 save_round(algo, cfg, output)
         finally:
-            algo.stop(abort=interrupted)
+            algo.stop(abort=stop is not None)
             if counter is not None:
                 ray.kill(counter)
-    return summaries, interrupted
+    return summaries, stop
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:
-    verb = "interrupted after" if outcome.interrupted else "finished"
+    verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
     lines = [f"{verb} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]
