@@ -22,7 +22,7 @@ from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
-from esper_ray.train.termination import Terminated
+from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -297,9 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
-    except Terminated:  # SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
-        parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
+        if sigterm_received():
+            parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")
     except Exception as err:
         ray_exceptions = sys.modules.get("ray.exceptions")  # a Ray error needs Ray imported; `host` never imports it

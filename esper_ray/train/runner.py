@@ -23,14 +23,15 @@ from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
-from esper_ray.train.checkpoints import checkpoint_dir, latest_round, record_checkpoint
+from esper_ray.train.checkpoints import checkpoint_dir, latest_round, partial_checkpoint_dir, record_checkpoint
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
 from esper_ray.train.tensorboard_log import log_config, log_round
-from esper_ray.train.termination import Terminated, sigterm_raises_terminated
+from esper_ray.train.termination import received as sigterm_received
+from esper_ray.train.termination import sigterm_raises_terminated
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,11 @@ class TrainingOutcome:
 
 
 def save_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
+    """Checkpoint the finished round: RLlib writes a partial folder, which becomes the round's once complete."""
     round_ = algo.iteration()
-    path = checkpoint_dir(output, round_)
-    algo.save(path)
-    record_checkpoint(output, cfg, path, round_)
-    return path
+    partial = partial_checkpoint_dir(output, round_)
+    algo.save(partial)
+    return record_checkpoint(output, cfg, partial, round_)
 
 
 def run_training(
@@ -73,17 +74,17 @@ def run_training(
         if mps_env is not None:
             nodes = stack.enter_context(mps_daemons(mps_env))
             log(f"MPS: a private daemon on {len(nodes)} GPU node(s), pipe folder {mps_env['CUDA_MPS_PIPE_DIRECTORY']}")
-        summaries, stop = _train_rounds(cfg, output, resume, log, on_result)
+        summaries, interrupted = _train_rounds(cfg, output, resume, log, on_result)
     checkpoint = None
     if latest_round(output) is not None:
         checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
-    return TrainingOutcome(summaries, checkpoint, output, stop is not None, time.perf_counter() - start,
-                           terminated=isinstance(stop, Terminated))
+    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start,
+                           terminated=interrupted and sigterm_received())
 
 
 def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Callable[[str], None],
-                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], KeyboardInterrupt | None]:
-    """The rounds, and what stopped them early (a Ctrl-C, or SIGTERM as Terminated), if anything did."""
+                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], bool]:
+    """The rounds, and whether Ctrl-C or SIGTERM stopped them early."""
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     counter_name, counter = start_step_counter()
@@ -96,7 +97,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
-    stop: KeyboardInterrupt | None = None
+    interrupted = False
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -112,9 +113,9 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 log_round(writer, result, summary.round)
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
-    except KeyboardInterrupt as stopped_by:
-        stop = stopped_by
-        what = "terminated (SIGTERM)" if isinstance(stopped_by, Terminated) else "interrupted"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (termination.py)
+        interrupted = True
+        what = "terminated (SIGTERM)" if sigterm_received() else "interrupted"
         log(f"{what}: stopping the env runners and keeping the last finished round")
     finally:
         writer.close()
@@ -123,10 +124,10 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
             if done > 0 and latest_round(output) != done:
                 save_round(algo, cfg, output)
         finally:
-            algo.stop(abort=stop is not None)
+            algo.stop(abort=interrupted)
             if counter is not None:
                 ray.kill(counter)
-    return summaries, stop
+    return summaries, interrupted
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:

@@ -23,7 +23,18 @@ class Terminated(KeyboardInterrupt):
     Ctrl-C does the same for it."""
 
 
+_received = threading.Event()
+"""Set by the handler. The exception alone cannot say it was SIGTERM: a signal that arrives while ray.get()
+waits surfaces as a plain KeyboardInterrupt (Ray's C++ wait loop raises its own when a handler raised)."""
+
+
+def received() -> bool:
+    """Whether SIGTERM arrived since sigterm_raises_terminated() was last entered."""
+    return _received.is_set()
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    _received.set()
     raise Terminated()
 
 
@@ -36,6 +47,7 @@ def sigterm_raises_terminated() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
