@@ -113,7 +113,8 @@ def native_stderr_without(marker: str) -> Iterator[None]:
 
 
 def token_auth_enabled() -> bool:
-    """Whether the Ray cluster just joined asks for a token (Ray's default for a local cluster since 2.52)."""
+    """Whether the Ray cluster just joined asks for a token (Ray 2.60 turns it on for a new local cluster unless
+    RAY_AUTH_MODE=disabled)."""
     from ray._private.authentication.authentication_utils import is_token_auth_enabled  # no public API says this
 
     return is_token_auth_enabled()

@@ -6,7 +6,7 @@ RLlib's own figures in one group after them, and the run's settings once, as tex
               losses, learning rate, entropy coefficient
     seeds/    what the controller did: seeds germinated, fossilized and pruned, parameters they added, op counts
     speed/    env steps per second, seconds per round, where an env step's time goes
-    z_rllib/  everything else RLlib reports (about 120 figures), by its own names
+    z_rllib/  everything else RLlib reports (about 100 figures), by its own names
 
 TensorBoard orders groups by name, hence `z_rllib`. RLlib's result also carries its whole config, about 100
 constants that charted as flat lines, one per round; those are left out, and the esper-ray settings that made
