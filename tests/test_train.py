@@ -314,3 +314,7 @@ def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file
     line = done.stderr.strip().splitlines()[-1]
     assert "learner_group/learner/state.pkl" in line and f"--resume {run / 'checkpoints' / 'round_00001'}" in line
     assert took < 60, took  # the hang it replaces lasted until it was killed; this is imports and a file check
+    # as the line says: resumed in place from round 1, the run's new round 2 replaces the damaged one, saved at the
+    # end even where latest.json named round 2 already (checkpoint_every=0: no save inside the loop)
+    resumed = train(small(tmp_path, rounds=2, checkpoint_every=0), resume=run / "checkpoints" / "round_00001")
+    assert [r.round for r in resumed.rounds] == [2] and resolve_checkpoint(run) == run / "checkpoints" / "round_00002"

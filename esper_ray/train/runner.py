@@ -98,6 +98,10 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
     interrupted = False
+    # The round this run's folder holds a checkpoint of, from this run: None until one is saved, unless the run
+    # resumed from the folder's newest. Not latest.json's round alone: resumed in place from an earlier
+    # checkpoint, latest.json names a later round of the old run, which the new run's rounds must replace.
+    saved = algo.iteration() if latest_round(output) == algo.iteration() else None
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -113,6 +117,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 log_round(writer, result, summary.round)
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
+                    saved = summary.round
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (termination.py)
         interrupted = True
         what = "terminated (SIGTERM)" if sigterm_received() else "interrupted"
@@ -121,7 +126,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
         writer.close()
         try:
             done = algo.iteration()
-            if done > 0 and latest_round(output) != done:
+            if done > 0 and done != saved:
                 save_round(algo, cfg, output)
         finally:
             algo.stop(abort=interrupted)
