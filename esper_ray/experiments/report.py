@@ -162,7 +162,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
-                     f"{_fmt(t.metric(spec.metric, spec.last_rounds))} | {len(t.history)} |")
+                     f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |")
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
 
