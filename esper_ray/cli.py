@@ -21,6 +21,8 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
+from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -43,6 +45,7 @@ def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
 
 
 VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
+VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
 SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
@@ -147,6 +150,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
           f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
+    if outcome.terminated:
+        return TERMINATED_EXIT_CODE
     return 130 if outcome.interrupted else 0
 
 
@@ -177,9 +182,20 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
           f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
           flush=True)
-    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=str(Path(args.experiment).resolve()))
+    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=experiment_source(Path(args.experiment)))
     _print_report(done)
     return 0
+
+
+def experiment_source(path: Path, cwd: Path | None = None) -> str:
+    """How results.json names the experiment file: relative to the folder the command ran in (as in
+    `esper-ray ab tune_configs/smoke.yaml`), or by its name alone when it lies elsewhere, never an absolute path
+    of the machine that ran it (a result shared or committed would carry the user's home folder)."""
+    resolved = path.expanduser().resolve()
+    try:
+        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
+    except ValueError:
+        return resolved.name
 
 
 def _print_report(run_dir: Path) -> None:
@@ -205,15 +221,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="esper-ray", allow_abbrev=False,
         description="Grow neural networks while they train, with a PPO controller deciding when and what to grow.",
     )
-    parser.add_argument("--verbose", action="store_true", help="show Ray's own log lines and the workers' output")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    # Every subcommand takes --verbose too (`esper-ray train --verbose`); SUPPRESS keeps a subcommand from
+    # resetting what was given before it (`esper-ray --verbose train`).
+    verbose_after = argparse.ArgumentParser(add_help=False)
+    verbose_after.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    host = sub.add_parser("host", allow_abbrev=False,
+    host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
                           help="show a task's host network: its slots and each blueprint's parameter count")
     host.add_argument("--task", default="digits", choices=HOST_PRESET_NAMES, help="host preset: a task, or text-gpu or text-starved (default: digits)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(
-        "heuristic", allow_abbrev=False,
+        "heuristic", allow_abbrev=False, parents=[verbose_after],
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
         "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
@@ -226,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
 
     train = sub.add_parser(
-        "train", allow_abbrev=False,
+        "train", allow_abbrev=False, parents=[verbose_after],
         help="train the controller with PPO on Ray (defaults: digits-impaired, local CPU, a few minutes)",
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
@@ -239,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
     evaluate = sub.add_parser(
-        "eval", allow_abbrev=False,
+        "eval", allow_abbrev=False, parents=[verbose_after],
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
         "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
@@ -254,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=_cmd_eval)
 
     ab = sub.add_parser(
-        "ab", allow_abbrev=False,
+        "ab", allow_abbrev=False, parents=[verbose_after],
         help="A/B experiment between controllers or reward modes on Ray Tune, with exact statistics and a report",
         description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
         "allow, started in a recorded random order. Each PPO arm trains, then every arm runs the same held-out "
@@ -268,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
     ab.set_defaults(func=_cmd_ab)
 
-    report = sub.add_parser("report", allow_abbrev=False, help="rebuild an A/B report from a finished or partial run",
+    report = sub.add_parser("report", allow_abbrev=False, parents=[verbose_after], help="rebuild an A/B report from a finished or partial run",
                             description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)")
     report.set_defaults(func=_cmd_report)
@@ -299,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
+        if sigterm_received():
+            parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")
     except Exception as err:
         ray_exceptions = sys.modules.get("ray.exceptions")  # a Ray error needs Ray imported; `host` never imports it

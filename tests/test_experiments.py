@@ -82,6 +82,32 @@ def test_bad_experiment_files_fail_before_anything_runs(change, match):
         ExperimentSpec.from_mapping({**BASE, **change})
 
 
+@pytest.mark.parametrize("rounds, last_rounds, used", [(1, None, 1), (2, None, 2), (3, None, 3), (10, None, 3), (10, 5, 5), (1, 1, 1)])
+def test_last_rounds_defaults_to_three_or_all_rounds_when_fewer(rounds, last_rounds, used):
+    given = {} if last_rounds is None else {"last_rounds": last_rounds}
+    spec = ExperimentSpec.from_mapping({**{k: v for k, v in BASE.items() if k != "last_rounds"}, "rounds": rounds, **given})
+    assert spec.rollout_rounds == used
+    assert spec.to_dict()["last_rounds"] == used  # the record says what was averaged, and reads back the same
+    assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()
+
+
+def test_last_rounds_beyond_rounds_is_refused_only_when_written():
+    with pytest.raises(ValueError, match=r"last_rounds=4 exceeds rounds=2: give at most 2, or leave it out"):
+        ExperimentSpec.from_mapping({**BASE, "rounds": 2, "last_rounds": 4})
+    with pytest.raises(ValueError, match=r"last_rounds=0: must be an integer >= 1"):
+        ExperimentSpec.from_mapping({**BASE, "last_rounds": 0})
+
+
+def test_results_name_the_experiment_file_relative_to_where_the_command_ran(tmp_path):
+    from esper_ray.cli import experiment_source
+
+    (tmp_path / "runs" / "configs").mkdir(parents=True)
+    inside = tmp_path / "runs" / "configs" / "x.yaml"
+    assert experiment_source(inside, cwd=tmp_path / "runs") == "configs/x.yaml"
+    assert experiment_source(Path("configs/x.yaml"), cwd=Path.cwd()) == "configs/x.yaml"
+    assert experiment_source(inside, cwd=tmp_path / "elsewhere") == "x.yaml"  # never the machine's absolute path
+
+
 def test_yaml_mistakes_name_the_file_and_line(tmp_path):
     dup = tmp_path / "dup.yaml"
     dup.write_text("name: d\narms:\n  a: {controller: none}\n  a: {controller: ppo}\nseeds: [0]\n")

@@ -148,7 +148,7 @@ def test_kill_9_then_resume_replays_the_uninterrupted_rounds(ray_with_faults, tm
     resumed = _train(tmp_path / "killed", 5, "--resume", str(tmp_path / "killed"))
     printed, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, printed[-3000:]
-    assert f"resumed from" in printed and f"at round {done}" in printed
+    assert "resumed from" in printed and f"at round {done}" in printed
 
     expected, got = _rounds(tmp_path / "whole"), _rounds(tmp_path / "killed")
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")

@@ -1,14 +1,17 @@
-"""The warning for GPU shares that Ray would split unevenly over GPUs, against a simulation of its filling."""
+"""The warning for GPU shares that Ray would split unevenly over GPUs, against a simulation of its filling; what
+Ray startup prints (the dashboard line, no log-level notice)."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 
 import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.resources import uneven_gpu_split
+from esper_ray.train.resources import LOG_LEVEL_NOTICE, dashboard_line, native_stderr_without, uneven_gpu_split
 
 
 def filled(envs: int, share: float) -> list[int]:
@@ -43,3 +46,24 @@ def test_warns_exactly_when_the_fullest_gpu_holds_more_than_an_even_split_and_it
 def test_no_warning_without_gpu_shares_or_on_one_gpu():
     assert uneven_gpu_split(TrainConfig(envs=8, gpus_per_env=0.0)) is None
     assert uneven_gpu_split(TrainConfig(envs=4, gpus_per_env=0.2)) is None  # 4 of 5 places on one GPU
+
+
+def test_dashboard_line_says_how_to_sign_in_when_the_cluster_asks_for_a_token():
+    with_token = dashboard_line("127.0.0.1:8265", token_auth=True)
+    assert with_token.startswith("Ray dashboard: http://127.0.0.1:8265 (") and "`ray get-auth-token`" in with_token
+    assert "ray-authentication-token cookie" in with_token and "\n" not in with_token
+    assert dashboard_line("127.0.0.1:8265", token_auth=False) == "Ray dashboard: http://127.0.0.1:8265"
+    assert "pip install" in dashboard_line(None, token_auth=True)
+
+
+def test_native_stderr_is_passed_on_without_rays_log_level_notice(capfd):
+    with native_stderr_without(LOG_LEVEL_NOTICE):
+        # as the core worker writes it: straight to file descriptor 2, not through sys.stderr
+        os.write(2, b"[2026-01-01 I 1 1] logging.cc:303: " + LOG_LEVEL_NOTICE.encode() + b" RAY_BACKEND_LOG_LEVEL to 3\n")
+        os.write(2, b"a real error from C++\n")
+        print("python's own warning", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "logging.cc" not in err and LOG_LEVEL_NOTICE not in err
+    assert sorted(err.splitlines()) == ["a real error from C++", "python's own warning"]  # (capfd takes sys.stderr apart)
+    os.write(2, b"after\n")  # file descriptor 2 is the terminal's again
+    assert capfd.readouterr().err == "after\n"

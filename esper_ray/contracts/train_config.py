@@ -20,7 +20,8 @@ TRAIN_OWNED_ENV_KEYS = frozenset({"task", "slots", "max_epochs", "reward_mode", 
 class TrainConfig:
     task: str = DEFAULT_TASK
     """Task: digits-impaired (embedded, a starved host that seeds can rescue; default), digits (embedded; the host
-    alone reaches ~98 %), cifar10 (needs env.data_dir), synthetic."""
+    alone reaches ~98 %), cifar10 (needs env.data_dir), synthetic (generated CIFAR-shaped data), text (byte-level
+    language modelling: Python's embedded help texts, or the .txt files of env.data_dir)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
     """Enabled seed slots."""
     max_epochs: int = DEFAULT_MAX_EPOCHS

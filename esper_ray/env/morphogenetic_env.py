@@ -31,7 +31,6 @@ import torch
 
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, topology_blueprints
 from esper_ray.contracts.env_config import EnvConfig
-from esper_ray.contracts.host import Topology
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage

@@ -117,7 +117,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
         f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
         f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO rounds per trial.",
-        f"Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
+        "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: a random permutation with order seed {record.order_seed}"
         f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
@@ -162,7 +162,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
-                     f"{_fmt(t.metric(spec.metric, spec.last_rounds))} | {len(t.history)} |")
+                     f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |")
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
 
@@ -301,13 +301,13 @@ def performance_profile(scores: np.ndarray, taus: np.ndarray, rng: np.random.Gen
 
 def plot_performance_profile(path: Path, values: dict[str, dict[int, float]], metric: str, colors: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    everything = [v for by_seed in values.values() for v in by_seed.values()]
+    everything = [v for arm_values in values.values() for v in arm_values.values()]
     if everything:
         low, high = min(everything), max(everything)
         pad = 0.05 * (high - low) or 0.01
         taus = np.linspace(low - pad, high + pad, 200)
-        for arm, by_seed in values.items():
-            scores = np.asarray([by_seed[s] for s in sorted(by_seed)], dtype=float)
+        for arm, arm_values in values.items():
+            scores = np.asarray([arm_values[s] for s in sorted(arm_values)], dtype=float)
             if len(scores) == 0:
                 continue
             fraction, band_low, band_high = performance_profile(scores, taus, np.random.default_rng(0))

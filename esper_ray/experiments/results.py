@@ -153,7 +153,7 @@ def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
     """{arm: {seed: metric}} over finished trials only, arms in the experiment file's order."""
     out: dict[str, dict[int, float]] = {arm: {} for arm in record.spec.arms}
     for t in record.trials:
-        value = t.metric(record.spec.metric, record.spec.last_rounds)
+        value = t.metric(record.spec.metric, record.spec.rollout_rounds)
         if t.status == FINISHED and math.isfinite(value):
             out[t.arm][t.seed] = value
     return out
@@ -173,7 +173,7 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
                 "fixed": fixed[t.arm].to_dict() if fixed[t.arm] is not None else None, "start_position": t.position,
                 "started_at": t.started_at, "status": t.status, "error": t.error, "config": configs[(t.arm, t.seed)],
                 "history": t.history, "evaluation": t.evaluation,
-                "final_metric": t.metric(record.spec.metric, record.spec.last_rounds),
+                "final_metric": t.metric(record.spec.metric, record.spec.rollout_rounds),
                 "in_statistics": t.status == FINISHED,
             }
             for t in record.trials

@@ -41,6 +41,7 @@ from esper_ray.morpho.hosts import topology_of
 METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
 ARM_ONLY_KEYS = ("controller", "fixed")
+DEFAULT_LAST_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ class ExperimentSpec:
     of the last `last_rounds` rounds' training rollouts) or rollout_accuracy_per_param."""
     eval_episodes: int = 4
     """Evaluation episodes per trial after its last round, identical across arms (greedy for PPO)."""
-    last_rounds: int = 3
-    """rollout_* metrics: mean over the episodes of this many last rounds."""
+    last_rounds: int | None = None
+    """rollout_* metrics: mean over the episodes of this many last rounds (default: min(3, rounds))."""
     alpha: float = 0.05
     """Significance level of the verdict."""
     max_failures: int = 1
@@ -111,13 +112,15 @@ class ExperimentSpec:
             raise ValueError(f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
-        for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("last_rounds", 1), ("eval_episodes", 1),
-                              ("max_failures", 0)):
+        for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("eval_episodes", 1), ("max_failures", 0)):
             check_int(name, getattr(self, name), minimum)
+        if self.last_rounds is not None:
+            check_int("last_rounds", self.last_rounds, 1)
         if self.order_seed is not None and (isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0):
             raise ValueError(f"order_seed={self.order_seed!r}: must be an integer >= 0 (or left out)")
-        if self.last_rounds > self.rounds:
-            raise ValueError(f"last_rounds={self.last_rounds} exceeds rounds={self.rounds}")
+        if self.rollout_rounds > self.rounds:
+            raise ValueError(f"last_rounds={self.last_rounds} exceeds rounds={self.rounds}: give at most {self.rounds}, "
+                             f"or leave it out (default: min({DEFAULT_LAST_ROUNDS}, rounds))")
         for where, settings in [("training", self.training), *[(f"arms.{a}", s) for a, s in self.arms.items()]]:
             clash = sorted(set(settings) & set(SET_BY_EXPERIMENT))
             if clash:
@@ -151,6 +154,12 @@ class ExperimentSpec:
         except ValueError as err:
             raise ValueError(f"{Path(path).expanduser()}: {err}") from None
 
+    @property
+    def rollout_rounds(self) -> int:
+        """The rounds the rollout_* metrics average over: `last_rounds`, or min(3, rounds) when it is not given
+        (a fixed 3 would refuse a one-round experiment for a setting its file never wrote)."""
+        return self.last_rounds if self.last_rounds is not None else min(DEFAULT_LAST_ROUNDS, self.rounds)
+
     def controller(self, arm: str) -> ControllerKind:
         return ControllerKind.parse(self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
 
@@ -182,7 +191,10 @@ class ExperimentSpec:
         return {**self.training, **overrides, "env": env, "rounds": self.rounds}
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """The settings, `last_rounds` as used (so a record says what was averaged, and reads back the same)."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out["last_rounds"] = self.rollout_rounds
+        return out
 
 
 def draw_order_seed() -> int:

@@ -12,7 +12,6 @@ asks for one env runner's share (its CPUs and GPU fraction), so its episodes run
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,10 @@ from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.round_summary import flatten_numbers, summarize_round
+from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import restore, train_round
 from esper_ray.train.step_failures import append_tracebacks, round_failures
+from esper_ray.train.tensorboard_log import tensorboard_scalars
 
 TRIAL_KEY = "trial"
 SUMMARY_PREFIX = "round/"
@@ -116,7 +116,7 @@ class MorphoTrial(tune.Trainable):
         failures = round_failures(result)
         if failures:  # the round's event line names the errors (runner.py); the tracebacks stay in the trial's folder
             append_tracebacks(Path(self.logdir), summary.round, failures)
-        metrics = {k: v for k, v in flatten_numbers(result).items() if math.isfinite(v)}
+        metrics: dict[str, Any] = tensorboard_scalars(result)  # as `train` logs them: grouped, RLlib's config left out
         metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
         if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data
             metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes)))

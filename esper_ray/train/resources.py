@@ -8,11 +8,14 @@ autoscaler adds nodes for pending actors), so a shortfall is a warning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
-from collections.abc import Callable
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ray
@@ -25,6 +28,8 @@ ACTOR_MEMORY_GB = 0.7
 0.60 GB on CPU with the digits task); data shards add to it."""
 CONNECT_TIMEOUT_S = 10
 VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # set by `esper-ray --verbose`
+LOG_LEVEL_NOTICE = "Set ray log level from environment variable"
+"""What Ray's core worker prints to stderr, at any level, whenever RAY_BACKEND_LOG_LEVEL is set."""
 
 
 @dataclass(frozen=True)
@@ -65,24 +70,66 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         # The core worker writes error-level lines straight to stderr (e.g. that RLlib's restartable env runners
         # keep their constructor arguments in the object store); they stay in Ray's log files.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    quiet_start = contextlib.nullcontext() if verbose else native_stderr_without(LOG_LEVEL_NOTICE)
     if address is None:
-        context = ray.init(num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
-        log(dashboard_line(context.dashboard_url))
+        with quiet_start:
+            context = ray.init(num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
+        log(dashboard_line(context.dashboard_url, token_auth_enabled()))
         return
     check_reachable(address)
     try:
-        context = ray.init(address=address, **quiet)  # type: ignore[arg-type]
+        with quiet_start:
+            context = ray.init(address=address, **quiet)  # type: ignore[arg-type]
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"--address {address}: no Ray cluster answered ({first}); start one with `ray start --head`, "
                          f"or leave --address out to start a local Ray") from None
-    log(dashboard_line(context.dashboard_url))
+    log(dashboard_line(context.dashboard_url, token_auth_enabled()))
 
 
-def dashboard_line(url: str | None) -> str:
-    if url:
-        return f"Ray dashboard: http://{url}" if "://" not in url else f"Ray dashboard: {url}"
-    return "Ray dashboard: not running (install it with: pip install -e '.[dashboard]')"
+@contextlib.contextmanager
+def native_stderr_without(marker: str) -> Iterator[None]:
+    """Hold what this process writes to file descriptor 2 (C++ included) and pass it on afterwards, less the
+    lines that contain `marker`.
+
+    Ray's core worker announces the log level it read from RAY_BACKEND_LOG_LEVEL on stderr whatever that level
+    is, once, while ray.init() connects; the variable itself keeps its error-level lines off the console.
+    Ray's own processes (GCS, raylet, workers) write to their log files, not to the stderr they inherit.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if marker not in line))
+            sys.stderr.flush()
+
+
+def token_auth_enabled() -> bool:
+    """Whether the Ray cluster just joined asks for a token (Ray 2.60 turns it on for a new local cluster unless
+    RAY_AUTH_MODE=disabled)."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled  # no public API says this
+
+    return is_token_auth_enabled()
+
+
+def dashboard_line(url: str | None, token_auth: bool) -> str:
+    """Where the dashboard is, and how to get past its "Authentication Token Required" page when the cluster
+    uses token authentication (the page's sign-in box takes the token and keeps it in a cookie)."""
+    if not url:
+        return "Ray dashboard: not running (install it with: pip install -e '.[dashboard]')"
+    line = f"Ray dashboard: http://{url}" if "://" not in url else f"Ray dashboard: {url}"
+    if token_auth:
+        line += (" (it asks for a token: paste the output of `ray get-auth-token` into its sign-in box, "
+                 "or send it as the ray-authentication-token cookie)")
+    return line
 
 
 def check_reachable(address: str) -> None:

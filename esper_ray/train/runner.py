@@ -2,7 +2,8 @@
 
 Checkpoints are written every `checkpoint_every` rounds and at the end (folder layout: checkpoints.py). One
 Ctrl-C stops the run within seconds: the env runners are killed mid-round (their partial round is lost, as it
-would be anyway), the last finished round is saved if it was not yet, and the command exits with 130.
+would be anyway), the last finished round is saved if it was not yet, and the command exits with 130. SIGTERM
+does the same and exits with 143 (termination.py).
 
 With `placement: SPREAD` the algorithm runs in a driver actor whose placement group spreads env runners and
 learners over nodes (algorithm_host.py); with PACK (default) it runs in this process.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import textwrap
 import time
 from collections.abc import Callable
@@ -24,13 +24,16 @@ from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
-from esper_ray.train.checkpoints import checkpoint_dir, latest_round, record_checkpoint
+from esper_ray.train.checkpoints import checkpoint_dir, latest_round, partial_checkpoint_dir, record_checkpoint
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.resources import check_fits, connect_ray
-from esper_ray.train.round_summary import RoundSummary, flatten_numbers, progress_line, summarize_round
+from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
 from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
+from esper_ray.train.tensorboard_log import log_config, log_round
+from esper_ray.train.termination import received as sigterm_received
+from esper_ray.train.termination import sigterm_raises_terminated
 
 
 @dataclass(frozen=True)
@@ -40,15 +43,18 @@ class TrainingOutcome:
     """Newest checkpoint (None when the run was interrupted before its first round finished)."""
     output: Path
     interrupted: bool
+    """Stopped by Ctrl-C or SIGTERM before its last round."""
     seconds: float
+    terminated: bool = False
+    """Stopped by SIGTERM (a job manager's stop), not by Ctrl-C."""
 
 
 def save_round(algo: AlgorithmHandle, cfg: TrainConfig, output: Path) -> Path:
+    """Checkpoint the finished round: RLlib writes a partial folder, which becomes the round's once complete."""
     round_ = algo.iteration()
-    path = checkpoint_dir(output, round_)
-    algo.save(path)
-    record_checkpoint(output, cfg, path, round_)
-    return path
+    partial = partial_checkpoint_dir(output, round_)
+    algo.save(partial)
+    return record_checkpoint(output, cfg, partial, round_)
 
 
 def run_training(
@@ -64,8 +70,9 @@ def run_training(
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     mps_env = mps_environment(new_run_id()) if cfg.mps else None
     connect_ray(cfg.address, log, env_vars=mps_env)
-    check_fits(cfg, local=cfg.address is None, log=log)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(sigterm_raises_terminated())  # after ray.init: it replaces the core worker's handler
+        check_fits(cfg, local=cfg.address is None, log=log)
         if mps_env is not None:
             nodes = stack.enter_context(mps_daemons(mps_env))
             log(f"MPS: a private daemon on {len(nodes)} GPU node(s), pipe folder {mps_env['CUDA_MPS_PIPE_DIRECTORY']}")
@@ -73,11 +80,13 @@ def run_training(
     checkpoint = None
     if latest_round(output) is not None:
         checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
-    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start)
+    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start,
+                           terminated=interrupted and sigterm_received())
 
 
 def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Callable[[str], None],
                   on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], bool]:
+    """The rounds, and whether Ctrl-C or SIGTERM stopped them early."""
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     counter_name, counter = start_step_counter()
@@ -87,9 +96,14 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     nodes = algo.env_runner_nodes()
     log(f"placement {cfg.placement}: {len(nodes)} env runners on {len(set(nodes))} node(s)")
     writer = SummaryWriter(str(output / "tensorboard"))
+    log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
     interrupted = False
+    # The round this run's folder holds a checkpoint of, from this run: None until one is saved, unless the run
+    # resumed from the folder's newest. Not latest.json's round alone: resumed in place from an earlier
+    # checkpoint, latest.json names a later round of the old run, which the new run's rounds must replace.
+    saved = algo.iteration() if latest_round(output) == algo.iteration() else None
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -101,9 +115,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                     on_result(result)
                 metrics_file.write(json.dumps(summary.as_dict()) + "\n")
                 metrics_file.flush()
-                for key, value in flatten_numbers(result).items():
-                    if math.isfinite(value):  # e.g. a mean over no episodes this round
-                        writer.add_scalar(key, value, summary.round)
+                log_round(writer, result, summary.round)
                 failures = round_failures(result)
                 if failures:  # the round line names the errors; their tracebacks go to the log file and TensorBoard
                     failures_log = append_tracebacks(output, summary.round, failures)
@@ -115,14 +127,16 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                     log(f"  tracebacks: {failures_log}")
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
                     save_round(algo, cfg, output)
-    except KeyboardInterrupt:
+                    saved = summary.round
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (termination.py)
         interrupted = True
-        log("interrupted: stopping the env runners and keeping the last finished round")
+        what = "terminated (SIGTERM)" if sigterm_received() else "interrupted"
+        log(f"{what}: stopping the env runners and keeping the last finished round")
     finally:
         writer.close()
         try:
             done = algo.iteration()
-            if done > 0 and latest_round(output) != done:
+            if done > 0 and done != saved:
                 save_round(algo, cfg, output)
         finally:
             algo.stop(abort=interrupted)
@@ -132,7 +146,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:
-    verb = "interrupted after" if outcome.interrupted else "finished"
+    verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
     lines = [f"{verb} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]

@@ -1,0 +1,109 @@
+"""Checkpoints: latest.json only ever names a complete one, and a damaged one is refused at once, naming the
+damaged file and the newest complete checkpoint before it (no Ray: a stand-in algorithm writes the files)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.checkpoints import LATEST_FILE, MANIFEST_FILE, latest_round, resolve_checkpoint
+from esper_ray.train.runner import save_round
+
+STATE = "learner_group/learner/state.pkl"
+
+
+class StandInAlgorithm:
+    """Saves as RLlib does (pickles in nested folders); `fail_after` files, it stops as a full disk would."""
+
+    def __init__(self, round_: int, fail_after: int | None = None) -> None:
+        self.round, self.fail_after = round_, fail_after
+
+    def iteration(self) -> int:
+        return self.round
+
+    def save(self, path: Path) -> None:
+        files = {"algorithm_state.pkl": {"round": self.round}, STATE: {"weights": list(range(5000))},
+                 "env_runner/state.pkl": {"filter": [1.0, 2.0]}}
+        for written, (name, value) in enumerate(files.items()):
+            if self.fail_after is not None and written == self.fail_after:
+                raise OSError(28, "No space left on device")
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            (path / name).write_bytes(pickle.dumps(value))
+
+
+def run_with_rounds(tmp_path: Path, *rounds: int) -> Path:
+    output = tmp_path / "run"
+    (output / "checkpoints").mkdir(parents=True)
+    for round_ in rounds:
+        save_round(StandInAlgorithm(round_), TrainConfig(), output)  # type: ignore[arg-type]
+    return output
+
+
+def test_a_save_cut_short_leaves_latest_on_the_last_complete_checkpoint(tmp_path):
+    output = run_with_rounds(tmp_path, 1)
+    with pytest.raises(OSError, match="No space left"):
+        save_round(StandInAlgorithm(2, fail_after=2), TrainConfig(), output)  # type: ignore[arg-type]
+    assert latest_round(output) == 1 and resolve_checkpoint(output).name == "round_00001"
+    assert not (output / "checkpoints" / "round_00002").exists()  # only round_00002.partial, which nothing names
+    assert json.loads((output / "checkpoints" / LATEST_FILE).read_text()) == {"round": 1, "path": "round_00001"}
+    save_round(StandInAlgorithm(2), TrainConfig(), output)  # type: ignore[arg-type]  # the next save starts afresh
+    assert resolve_checkpoint(output).name == "round_00002"
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [LATEST_FILE, "round_00001", "round_00002"]
+
+
+def test_latest_is_replaced_by_rename_never_rewritten_in_place(tmp_path, monkeypatch):
+    output = run_with_rounds(tmp_path, 1)
+    latest = output / "checkpoints" / LATEST_FILE
+    renamed: list[tuple[str, str]] = []
+    real_replace = __import__("os").replace
+
+    def spy(src, dst):
+        renamed.append((Path(src).name, Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr("esper_ray.train.checkpoints.os.replace", spy)
+    before = latest.stat().st_ino
+    save_round(StandInAlgorithm(2), TrainConfig(), output)  # type: ignore[arg-type]
+    assert renamed == [("round_00002.partial", "round_00002"), (LATEST_FILE + ".tmp", LATEST_FILE)]  # folder first
+    assert latest.stat().st_ino != before  # a new file took the name: no reader ever saw half of one
+
+
+def test_a_truncated_file_is_named_with_the_checkpoint_to_resume_from_instead(tmp_path):
+    output = run_with_rounds(tmp_path, 1, 2)
+    state = output / "checkpoints" / "round_00002" / STATE
+    saved = state.stat().st_size
+    state.write_bytes(state.read_bytes()[:1000])  # what an interrupted copy leaves
+    with pytest.raises(ValueError) as err:
+        resolve_checkpoint(output)
+    message = str(err.value)
+    assert f"{STATE}: 1,000 bytes, saved with {saved:,}" in message and "\n" not in message
+    assert f"--resume {output / 'checkpoints' / 'round_00001'}" in message
+    assert resolve_checkpoint(output / "checkpoints" / "round_00001").name == "round_00001"
+
+
+def test_changed_contents_or_a_missing_file_are_damage_and_without_an_earlier_checkpoint_it_says_so(tmp_path):
+    output = run_with_rounds(tmp_path, 1)
+    state = output / "checkpoints" / "round_00001" / STATE
+    data = bytearray(state.read_bytes())
+    data[100] ^= 0xFF  # same size, one byte flipped
+    state.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{STATE}: its contents changed.*no earlier complete checkpoint is in"):
+        resolve_checkpoint(output)
+    state.unlink()
+    with pytest.raises(ValueError, match=rf"{STATE}: missing"):
+        resolve_checkpoint(output)
+
+
+def test_a_checkpoint_of_an_older_version_without_a_manifest_is_checked_by_loading_its_pickles(tmp_path):
+    output = run_with_rounds(tmp_path, 1)
+    checkpoint = output / "checkpoints" / "round_00001"
+    (checkpoint / MANIFEST_FILE).unlink()
+    assert resolve_checkpoint(output) == checkpoint
+    state = checkpoint / STATE
+    state.write_bytes(state.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=rf"{STATE}: pickle data was truncated"):
+        resolve_checkpoint(output)
