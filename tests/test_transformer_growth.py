@@ -122,8 +122,9 @@ def test_a_scripted_controller_fossilizes_a_transformer_seed_within_the_default_
 
 # Held-out per-token accuracy a kept seed may cost the host, on the mean of 3 seeds. Issue 19 measured 20 points
 # (40-epoch episodes); this short setting gave -4.7 points with 77fb32c's isolated seed and -0.0 now, with single seeds
-# within +-2.6 points of no growth (SGD at 0.3 on a 30 KB corpus is noisy: hence the mean).
-FOSSIL_MARGIN = 0.025
+# within +-2.6 points of no growth (SGD at 0.3 on a 30 KB corpus is noisy: hence the mean). The margin leaves another
+# CPU's trajectories about two standard deviations of the mean; the exact-gradient tests above pin the cause itself.
+FOSSIL_MARGIN = 0.035
 
 
 @pytest.mark.expensive
