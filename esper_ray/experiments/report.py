@@ -227,9 +227,7 @@ def plot_metric_by_arm(path: Path, values: dict[str, dict[int, float]], metric: 
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial (points), mean and 95 % t-interval (diamond); grey: same seed")
     ax.title.set_fontsize(9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str, Any]) -> None:
@@ -266,9 +264,7 @@ def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str,
     ax.title.set_fontsize(9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_flops: dict[str, dict[int, float]],
@@ -286,6 +282,11 @@ def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} against training compute, one point per seed")
     ax.title.set_fontsize(9)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Every report figure: laid out, written at 120 dpi, and closed (pyplot keeps open figures alive)."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -319,6 +320,4 @@ def plot_performance_profile(path: Path, values: dict[str, dict[int, float]], me
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("performance profile with 95 % bootstrap bands")
     ax.title.set_fontsize(9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
