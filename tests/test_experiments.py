@@ -14,8 +14,10 @@ from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.report import FIGURES, write_report
-from esper_ray.experiments.results import ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
+from esper_ray.experiments.results import COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
 from esper_ray.experiments.spec import ExperimentSpec, start_order
+from esper_ray.experiments.trainable import evaluation_metrics
+from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import evaluation_episodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,6 +210,33 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "heavy = fixed(conv_heavy@r0c1)" in text and "## Size and compute" in text and sentence in text
     assert (tmp_path / "metric_vs_flops.png").stat().st_size > 0
+
+
+def test_evaluation_reports_test_loss_and_its_perplexity_beside_the_metric(tmp_path):
+    """A trial's perplexity is exp of its episodes' mean test loss (a diverged episode makes it NaN, not a number);
+    the report lists it per arm and seed-paired, from the trials' own figures."""
+    def summary(loss: float | None) -> EpisodeSummary:
+        return EpisodeSummary(episode=0, steps=3, episode_return=0.0, initial_accuracy=0.1, final_accuracy=0.5, host_params=100, params_added=0,
+                              germinated=0, fossilized=0, pruned=0, rollbacks=0, refused=0, train_flops=1, seed_train_flops=0,
+                              validation_flops=1, counterfactual_flops=0, rolled_back=False, seconds=1.0,
+                              test_accuracy=0.5, test_loss=loss)
+
+    metrics = evaluation_metrics([summary(2.0), summary(2.5)])
+    assert metrics["eval/test_loss"] == pytest.approx(2.25) and metrics["eval/test_perplexity"] == pytest.approx(math.e ** 2.25)
+    assert math.isnan(evaluation_metrics([summary(2.0), summary(float("inf"))])["eval/test_perplexity"])
+    assert math.isnan(evaluation_metrics([summary(None)])["eval/test_loss"])
+
+    statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
+    record = record_with(statuses, {(arm, s): 0.5 for arm in ("ppo", "none") for s in range(8)})
+    for t in record.trials:  # ppo's loss 0.1 lower on every seed
+        loss = 2.0 + 0.05 * t.seed - (0.1 if t.arm == "ppo" else 0.0)
+        t.evaluation.update({c: 1.0 for c in COMPUTE_COLUMNS} | {"test_loss": loss, "test_perplexity": math.exp(loss)})
+    write_report(tmp_path, record)
+    text = (tmp_path / "report.md").read_text()
+    ppo_mean = np.mean([math.exp(2.0 + 0.05 * s - 0.1) for s in range(8)])
+    assert "## Test loss and perplexity" in text and f"| ppo | 8 | {np.mean([2.0 + 0.05 * s - 0.1 for s in range(8)]):.4g} | {ppo_mean:.4g}" in text
+    median = np.median([math.exp(2.0 + 0.05 * s - 0.1) - math.exp(2.0 + 0.05 * s) for s in range(8)])
+    assert f"| ppo | none | 8 | {median:.4g} | 8 of 8 |" in text
 
 
 def test_failed_and_unfinished_trials_are_excluded_listed_and_shrink_n(tmp_path):

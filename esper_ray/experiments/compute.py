@@ -60,7 +60,7 @@ def by_seed(record: ExperimentRecord, field: str) -> dict[str, dict[int, float]]
     for t in record.trials:
         if t.status != FINISHED or t.evaluation is None or "train_flops" not in t.evaluation:
             continue
-        value = _all_flops(t.evaluation) if field == "all_flops" else t.evaluation[field]
+        value = _all_flops(t.evaluation) if field == "all_flops" else t.evaluation.get(field, math.nan)
         if math.isfinite(value):
             out[t.arm][t.seed] = value
     return out

@@ -158,6 +158,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
             f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
             f"{'; '.join(p.notes)} |"
         )
+    lines += loss_lines(record)
     lines += compute_lines(arm_compute)
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
@@ -170,6 +171,35 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
 def _controller_label(spec: Any, arm: str) -> str:
     fixed = spec.fixed_seed(arm)
     return f"fixed({fixed.label})" if fixed is not None else spec.controller(arm).value
+
+
+def loss_lines(record: ExperimentRecord) -> list[str]:
+    """Test loss and perplexity beside the metric: per arm, and seed-paired per pair of arms (none in older runs)."""
+    perplexity = by_seed(record, "test_perplexity")
+    loss = by_seed(record, "test_loss")
+    arms = [a for a in record.spec.arms if perplexity[a]]
+    if not arms:
+        return []
+    lines = [
+        "", "## Test loss and perplexity", "",
+        "A trial's test loss is the mean held-out loss (per token on text) of its evaluation episodes, its perplexity "
+        "exp of that loss; lower is better. Paired differences are medians over the seeds both arms finished.",
+        "",
+        "| arm | n | test loss, mean | perplexity, mean [min, max] |",
+        "|---|---|---|---|",
+    ]
+    for arm in arms:
+        p = list(perplexity[arm].values())
+        lines.append(f"| {arm} | {len(p)} | {_fmt(float(np.mean(list(loss[arm].values()))))} | "
+                     f"{_fmt(float(np.mean(p)))} [{_fmt(min(p))}, {_fmt(max(p))}] |")
+    lines += ["", "| A | B | seed pairs | perplexity A - B, median | seeds with lower perplexity in A |", "|---|---|---|---|---|"]
+    for i, a in enumerate(arms):
+        for b in arms[i + 1:]:
+            seeds = sorted(set(perplexity[a]) & set(perplexity[b]))
+            diff = [perplexity[a][s] - perplexity[b][s] for s in seeds]
+            lines.append(f"| {a} | {b} | {len(seeds)} | {_fmt(float(np.median(diff)) if diff else math.nan)} | "
+                         f"{sum(d < 0 for d in diff)} of {len(seeds)} |")
+    return lines
 
 
 def compute_lines(arm_compute: list[ArmCompute]) -> list[str]:

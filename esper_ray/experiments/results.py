@@ -28,6 +28,8 @@ EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy
 COMPUTE_COLUMNS = ("final_params", "refused", "train_flops", "seed_train_flops", "validation_flops", "counterfactual_flops",
                    "seconds")
 """Size and compute of the evaluation episodes (means per episode); NaN in runs made before they were recorded."""
+LOSS_COLUMNS = ("test_loss", "test_perplexity")
+"""Held-out test loss (mean over the evaluation episodes) and exp of it; NaN in runs made before they were recorded."""
 FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
 TRIAL_DIR_RE = re.compile(r"^(.+)_seed(\d+)_[0-9a-f]+_\d+$")  # runner._trial_name: {arm}_seed{seed}_{trial_id}
 
@@ -107,7 +109,8 @@ def _history_and_evaluation(frame: Any) -> tuple[list[dict[str, float]], dict[st
             history.append(entry)
         if EVAL_PREFIX + "test_accuracy" in row and math.isfinite(_float(row[EVAL_PREFIX + "test_accuracy"])):
             evaluation = {c: _float(row[EVAL_PREFIX + c]) for c in EVAL_COLUMNS}
-            evaluation.update({c: _float(row[EVAL_PREFIX + c]) if EVAL_PREFIX + c in row else math.nan for c in COMPUTE_COLUMNS})
+            evaluation.update({c: _float(row[EVAL_PREFIX + c]) if EVAL_PREFIX + c in row else math.nan
+                               for c in LOSS_COLUMNS + COMPUTE_COLUMNS})
     first = frame.iloc[0]
     return history, evaluation, _float(first["timestamp"]) - _float(first["time_this_iter_s"])
 

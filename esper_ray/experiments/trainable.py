@@ -12,6 +12,7 @@ asks for one env runner's share (its CPUs and GPU fraction), so its episodes run
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,18 @@ def per_kparam(accuracy: float, total_params: int) -> float:
     return accuracy / (total_params / 1000.0)
 
 
+def test_loss_and_perplexity(summaries: list[EpisodeSummary]) -> tuple[float, float]:
+    """Mean held-out test loss (per token on text, per sample otherwise) over the evaluation episodes, and the
+    perplexity exp(mean loss); NaN when an episode's loss is missing or not finite (a diverged host)."""
+    losses = [math.nan if s.test_loss is None else float(s.test_loss) for s in summaries]
+    loss = float(np.mean(losses)) if losses else math.nan
+    return loss, math.exp(loss) if math.isfinite(loss) and loss < 700 else math.nan
+
+
 def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     """Means over the evaluation episodes (the A/B metrics) and their spread."""
     test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
+    test_loss, test_perplexity = test_loss_and_perplexity(summaries)
     val = np.asarray([s.final_accuracy for s in summaries], dtype=float)
     params = np.asarray([s.total_params for s in summaries], dtype=float)
     return {
@@ -71,6 +81,8 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
         EVAL_PREFIX + "test_accuracy": float(test.mean()),
         EVAL_PREFIX + "test_accuracy_std": float(test.std()),
         EVAL_PREFIX + "test_accuracy_per_param": float(np.mean([per_kparam(t, p) for t, p in zip(test, params)])),
+        EVAL_PREFIX + "test_loss": test_loss,
+        EVAL_PREFIX + "test_perplexity": test_perplexity,
         EVAL_PREFIX + "val_accuracy": float(val.mean()),
         EVAL_PREFIX + "val_accuracy_per_param": float(np.mean([per_kparam(v, p) for v, p in zip(val, params)])),
         EVAL_PREFIX + "params_added": float(np.mean([s.params_added for s in summaries])),
