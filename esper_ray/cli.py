@@ -182,7 +182,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
           f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
           flush=True)
-    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=experiment_source(Path(args.experiment)))
+    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=experiment_source(Path(args.experiment)),
+                          save_networks=args.save)
     _print_report(done)
     return 0
 
@@ -286,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
     ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
     ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
+    ab.add_argument("--save", action="store_true",
+                    help="keep every evaluation episode's grown network, of every arm (PPO and baselines), in "
+                    "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))")
     ab.set_defaults(func=_cmd_ab)
 
     report = sub.add_parser("report", allow_abbrev=False, parents=[verbose_after], help="rebuild an A/B report from a finished or partial run",

@@ -9,10 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+import esper_ray
 from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.data.datasets import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
 from esper_ray.experiments.results import COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
 from esper_ray.experiments.spec import ExperimentSpec, start_order
@@ -299,13 +303,16 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
         main(["ab", str(other), "--output", str(tmp_path), "--resume"])
     err = capsys.readouterr().err
     assert "holds a run of experiment 'smoke' from /x/smoke.yaml" in err and "controllers.yaml differs in" in err
+    with pytest.raises(SystemExit):  # its trials were started without keeping networks: --save cannot apply now
+        main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path), "--resume", "--save"])
+    assert "was started without --save" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- on a local Ray
 @pytest.mark.expensive
-def test_smoke_experiment_trains_evaluates_and_reports(ray_local, tmp_path, capsys):
+def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(ray_local, tmp_path, capsys):
     out = tmp_path / "smoke"
-    assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)]) == 0
+    assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--save"]) == 0
     for name in ["results.json", "report.md", "experiment.json", *FIGURES]:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())
@@ -319,6 +326,20 @@ def test_smoke_experiment_trains_evaluates_and_reports(ray_local, tmp_path, caps
     assert "## Verdict" in (out / "report.md").read_text()
     printed = capsys.readouterr().out
     assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed
+    # --save: every evaluation episode's network, the PPO arm's (sent back by its env runner) and the baseline's
+    assert f"networks: 8 grown networks in {out / 'networks'}" in printed
+    data = load_task_data("digits-impaired")
+    for t in trials:
+        kept = [out / "networks" / t["arm"] / f"seed{t['seed']}" / f"episode{i}" for i in range(2)]
+        runs = [json.loads((k / "architecture.json").read_text())["run"] for k in kept]
+        assert np.mean([r["test_accuracy"] for r in runs]) == pytest.approx(t["evaluation"]["test_accuracy"], abs=1e-12)
+        assert runs[0]["controller"].endswith(f"of A/B trial {t['arm']}/seed{t['seed']}") and (kept[1] / "summary.md").is_file()
+        network = esper_ray.load_grown(kept[0])
+        chunk = EnvConfig.from_mapping({}).val_batch_size  # the env's validation chunks (the same float sums)
+        with torch.no_grad():  # an independent count on the test split, on the CPU as the trial ran
+            correct = sum(int((network(data.prepare(data.test_x[i:i + chunk])).argmax(dim=1) == data.test_y[i:i + chunk]).sum())
+                          for i in range(0, len(data.test_y), chunk))
+        assert correct / len(data.test_y) == pytest.approx(runs[0]["test_accuracy"], abs=1e-12)
 
     (out / "report.md").unlink()
     assert main(["report", str(out)]) == 0  # rebuilds the report from the run folder

@@ -3,6 +3,7 @@
 Output folder (default esper_runs/<name>):
     experiment.json                 the experiment's settings, the file it came from, the order seed and start order
     tune/                           Ray Tune's experiment (one folder per trial, TensorBoard logs included)
+    networks/ARM/seedS/episodeI/    with --save: every evaluation episode's grown network (esper_ray.load_grown)
     results.json, report.md, *.png  the report (see report.py), rewritten after every run or resume
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,9 @@ import ray
 from ray import tune
 
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.results import EXPERIMENT_FILE, TUNE_DIR, collect_trials, read_experiment_file
+from esper_ray.experiments.results import EXPERIMENT_FILE, TRIAL_DIR_RE, TUNE_DIR, collect_trials, read_experiment_file
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
-from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
+from esper_ray.experiments.trainable import EVAL_PREFIX, NETWORKS_DIR, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
@@ -99,7 +101,7 @@ def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
 
 
-def plan(spec: ExperimentSpec, output: Path, source: str | None) -> list[TrialSpec]:
+def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False) -> list[TrialSpec]:
     """Fix and record the start order (before anything runs, so an interrupted run keeps it)."""
     order_seed = spec.order_seed if spec.order_seed is not None else draw_order_seed()
     ordered = start_order(spec.trials(), order_seed)
@@ -109,14 +111,18 @@ def plan(spec: ExperimentSpec, output: Path, source: str | None) -> list[TrialSp
         "order_seed": order_seed,
         "order_seed_drawn": spec.order_seed is None,
         "start_order": [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(ordered)],
+        "save_networks": save_networks,
     }
     (output / EXPERIMENT_FILE).write_text(json.dumps(record, indent=2))
     return ordered
 
 
-def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None) -> None:
+def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False) -> None:
     """--resume continues the run in `output` only with the experiment it was started with."""
     stored = read_experiment_file(output)
+    if save_networks and not stored.get("save_networks", False):
+        raise ValueError(f"--resume --save: the run in {output} was started without --save, and its trials keep the "
+                         "settings they started with; start a new run with --save and another --output")
     if stored["experiment"] != spec.to_dict():
         differing = sorted(k for k in set(stored["experiment"]) | set(spec.to_dict())
                            if stored["experiment"].get(k) != spec.to_dict().get(k))
@@ -127,8 +133,22 @@ def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None
         )
 
 
+def gather_networks(output: Path) -> int:
+    """Copy the networks the trials kept (tune/<trial>/networks/episodeI/) to networks/ARM/seedS/episodeI/;
+    returns how many the run holds."""
+    count = 0
+    for kept in sorted((output / TUNE_DIR).glob(f"*/{NETWORKS_DIR}/episode*")):
+        match = TRIAL_DIR_RE.match(kept.parent.parent.name)
+        if match is None or not kept.is_dir():
+            continue
+        arm, seed = match.group(1), int(match.group(2))
+        shutil.copytree(kept, output / NETWORKS_DIR / arm / f"seed{seed}" / kept.name, dirs_exist_ok=True)
+        count += 1
+    return count
+
+
 def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
-                   source: str | None = None) -> Path:
+                   source: str | None = None, save_networks: bool = False) -> Path:
     # Tune's own tables and hints (its "new output" engine prints them even at verbose=0): TrialEvents says what
     # matters, a line per trial event.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -140,7 +160,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
     if resume:
-        check_same_experiment(spec, output, source)
+        check_same_experiment(spec, output, source, save_networks)
         connect_ray(address, env_vars=mps_env)
         if not tune.Tuner.can_restore(str(tune_path)):
             raise FileNotFoundError(f"--resume: no Tune experiment to resume at {tune_path}")
@@ -151,9 +171,9 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         connect_ray(address, env_vars=mps_env)
         check_trials_fit(spec, local=address is None)
         output.mkdir(parents=True, exist_ok=True)
-        ordered = plan(spec, output, source)
+        ordered = plan(spec, output, source, save_networks)
         trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
-                   "fixed": t.fixed.to_dict() if t.fixed is not None else None,
+                   "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
                    "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
         tuner = tune.Tuner(
             MorphoTrial,
@@ -176,4 +196,8 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
         tuner.fit()
     write_report(output, collect_trials(output))
+    if read_experiment_file(output).get("save_networks", False):
+        kept = gather_networks(output)
+        print(f"networks: {kept} grown networks in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
+              "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
     return output

@@ -3,6 +3,8 @@
 A `ppo` trial builds the trial's PPO algorithm and trains it round by round; after its last round it runs the
 evaluation episodes with the greedy policy on its own env runners. A baseline trial (`heuristic`, `none`,
 `random`, `fixed`) has nothing to train: its single step runs the same evaluation episodes in the trial's process.
+With `esper-ray ab --save` every evaluation episode's grown network is written into the trial's folder,
+`networks/episode<i>/` (train/grow.py; runner.py gathers them under the run's `networks/`).
 
 Tune reserves a ppo trial's resources as RLlib would for PPO itself (a placement group of the driver, env
 runner and learner bundles, PACK or SPREAD), and the algorithm's actors are placed inside it. A baseline trial
@@ -28,6 +30,7 @@ from esper_ray.env.faults import fail_if_asked
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
+from esper_ray.train.grow import NetworkFiles, network_keeper, write_network_files
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import restore, train_round
@@ -38,6 +41,7 @@ TRIAL_KEY = "trial"
 SUMMARY_PREFIX = "round/"
 EVAL_PREFIX = "eval/"
 BASELINE_STATE_FILE = "baseline_trial.json"
+NETWORKS_DIR = "networks"
 
 
 def train_config_of(config: dict[str, Any]) -> TrainConfig:
@@ -117,6 +121,8 @@ class MorphoTrial(tune.Trainable):
         self.controller = controller_of(config)
         self.eval_episodes = int(config[TRIAL_KEY]["eval_episodes"])
         self.fixed = fixed_seed_of(config)
+        self.save_networks = bool(config[TRIAL_KEY].get("save_networks", False))  # absent in runs started before --save
+        self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
         self.evaluated = False
 
@@ -131,16 +137,27 @@ class MorphoTrial(tune.Trainable):
         metrics: dict[str, Any] = tensorboard_scalars(result)  # as `train` logs them: grouped, RLlib's config left out
         metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
         if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data
-            metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes)))
+            networks: dict[int, NetworkFiles] = {}
+            keep = f"the greedy PPO policy of A/B trial {self.label}" if self.save_networks else None
+            metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes, keep, networks)))
+            self._write_networks(networks)
         return metrics
 
     def _baseline_step(self) -> dict[str, Any]:
         controller = baseline_controller(self.controller, self.cfg, self.fixed)
-        summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller)
+        networks: dict[int, NetworkFiles] = {}
+        keep = network_keeper(f"the {self.controller.value} controller of A/B trial {self.label}", networks) if self.save_networks else None
+        summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller, on_episode_end=keep)
+        self._write_networks(networks)
         self.evaluated = True
         metrics: dict[str, Any] = evaluation_metrics(summaries)
         metrics[DONE] = True  # nothing to train: one step is the whole trial
         return metrics
+
+    def _write_networks(self, networks: dict[int, NetworkFiles]) -> None:
+        """Into the trial's folder, which Tune copies to the run's storage with the trial's checkpoint."""
+        for episode, files in sorted(networks.items()):
+            write_network_files(Path(self.logdir) / NETWORKS_DIR / f"episode{episode}", files)
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:

@@ -34,7 +34,8 @@ from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
 from esper_ray.policy.fixed import FixedSeedController
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.grow import NetworkFiles, network_keeper
 from esper_ray.train.checkpoints import load_checkpoint_config
 from esper_ray.train.overlap import learn_pending
 
@@ -61,12 +62,18 @@ def evaluation_episodes(cfg: TrainConfig, episodes: int) -> list[EvalEpisode]:
 
 
 def run_evaluation_episodes(plan: list[EvalEpisode], controller: Controller,
-                            on_step: Callable[[int, dict[str, Any]], None] | None = None) -> list[EpisodeSummary]:
-    """Run `plan` with one controller, one fresh env per episode; each summary carries its test accuracy."""
+                            on_step: Callable[[int, dict[str, Any]], None] | None = None,
+                            on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
+    """Run `plan` with one controller, one fresh env per episode; each summary carries its test accuracy.
+    `on_episode_end` sees each episode's env, summary and history while the env holds the final network."""
     summaries = []
     for item in plan:
         env = MorphogeneticEnv(item.env_config)
-        summaries.append(run_episode(env, controller, item.index, on_step, reset_seed=item.reset_seed, measure_test=True))
+        history = EpisodeHistory() if on_episode_end is not None else None
+        summaries.append(run_episode(env, controller, item.index, on_step, reset_seed=item.reset_seed, measure_test=True,
+                                     history=history))
+        if on_episode_end is not None:
+            on_episode_end(env, summaries[-1], history)
     return summaries
 
 
@@ -134,21 +141,26 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedSeed
     raise ValueError(f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm")
 
 
-def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int) -> list[EpisodeSummary]:
+def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_networks: str | None = None,
+                            networks: dict[int, NetworkFiles] | None = None) -> list[EpisodeSummary]:
     """Evaluate the algorithm's current greedy policy on its own env runners (their devices, in parallel).
 
     Env runner k runs the episodes of its own shard with its own copy of the weights (synced after every
     update, including the last round's when the learner overlaps with sampling) and its own observation filter
-    (merged across runners every round).
+    (merged across runners every round). With `keep_networks` (the controller's description), every episode's
+    grown network comes back as files into `networks`, by episode index.
     """
     learn_pending(algo)
     plan = evaluation_episodes(cfg, episodes)
 
-    def evaluate(runner: Any) -> list[EpisodeSummary]:
+    def evaluate(runner: Any) -> list[tuple[EpisodeSummary, NetworkFiles | None]]:
         mine = [e for e in plan if e.index % cfg.envs == runner.worker_index - 1]
         feature_filter = feature_filter_of(runner._env_to_module, f"env runner {runner.worker_index}")
         runner.module.eval()
-        return run_evaluation_episodes(mine, GreedyPolicyController(runner.module, feature_filter, runner._device))
+        kept: dict[int, NetworkFiles] = {}
+        summaries = run_evaluation_episodes(mine, GreedyPolicyController(runner.module, feature_filter, runner._device),
+                                            on_episode_end=network_keeper(keep_networks, kept) if keep_networks else None)
+        return [(s, kept.get(s.episode)) for s in summaries]
 
     # The actor manager itself, not EnvRunnerGroup.foreach_env_runner: with fault tolerance on, the latter logs and
     # drops a runner's error, and the real cause (an exception in an episode) would be lost.
@@ -156,7 +168,10 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int) -> list[
     for result in results:
         if not result.ok:
             raise result.get()
-    summaries = sorted((s for result in results for s in result.get()), key=lambda s: s.episode)
+    returned = [pair for result in results for pair in result.get()]
+    if networks is not None:
+        networks.update({s.episode: files for s, files in returned if files is not None})
+    summaries = sorted((s for s, _ in returned), key=lambda s: s.episode)
     done = [s.episode for s in summaries]
     if done != list(range(episodes)):
         raise RuntimeError(f"evaluation: episodes {sorted(set(range(episodes)) - set(done))} did not return "

@@ -1,4 +1,5 @@
-"""`--save DIR` of `esper-ray eval` and `heuristic`: keep the network a host run grew, with its description.
+"""`--save DIR` of `esper-ray eval` and `heuristic`, and `esper-ray ab --save`: keep the network a host run grew,
+with its description.
 
     DIR/weights.pt, DIR/architecture.json   the network (morpho/grown_artifact.py; `esper_ray.load_grown(DIR)`)
     DIR/summary.md                          the architecture as a table, the test accuracy, how to load it
@@ -12,6 +13,7 @@ device, accuracies and curves), how to prepare inputs (`input`) and every enable
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import esper_ray
 from esper_ray.data.datasets import TaskData
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.morpho.grown import grown_from, kept_alpha
-from esper_ray.morpho.grown_artifact import describe, save_grown_network
+from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
 from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, plot_accuracy, summary_markdown
 
@@ -87,3 +89,27 @@ def saver(folder: Path, controller: str) -> EpisodeEnd:
         save_grown_run(folder, env, summary, history, controller)
 
     return save
+
+
+NetworkFiles = dict[str, bytes]
+"""A saved network's folder as {file name: contents}: what an env runner sends back to the trial that asked."""
+
+
+def network_keeper(controller: str, into: dict[int, NetworkFiles]) -> EpisodeEnd:
+    """An `on_episode_end` hook that keeps each episode's grown network as files in `into`, by episode index, so a
+    process that may run on another node (an env runner) can return them to the one that writes them."""
+
+    def keep(env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "network"
+            save_grown_run(folder, env, summary, history, controller)
+            into[summary.episode] = {path.name: path.read_bytes() for path in folder.iterdir()}
+
+    return keep
+
+
+def write_network_files(folder: Path, files: NetworkFiles) -> None:
+    """Write a kept network into `folder`, its architecture file last (a folder without it is an unfinished save)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in sorted(files, key=lambda n: n == ARCHITECTURE_FILE):
+        (folder / name).write_bytes(files[name])
