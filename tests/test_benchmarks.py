@@ -1,5 +1,6 @@
 """benchmarks/throughput.py in its CPU mode, once, as a smoke test: it runs and prints its JSON (no timing is
-asserted; speed figures belong to the benchmark's own output, on a named machine)."""
+asserted; speed figures belong to the benchmark's own output, on a named machine). benchmarks/roofline.py on the
+CPU against a hand count of the cifar10 host's layers and the published H200 peaks."""
 
 from __future__ import annotations
 
@@ -24,3 +25,65 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     figures = report["without_mps"]
     for key in ("bare_env_steps_per_s", "bare_samples_per_s", "train_env_steps_per_s", "train_samples_per_s", "train_over_bare"):
         assert figures[key] > 0, key
+
+
+# ------------------------------------------------------------------------------------------ benchmarks/roofline.py
+# The cifar10 host by hand (HOST_PRESETS["cifar10"]): 3x3 convolutions 3->8 at 32x32, 8->16 at 16x16, 16->32 at 8x8
+# (each block pooled 2x2 after), then a linear head 32->10 on the pooled features.
+CONVS = ((3, 8, 32), (8, 16, 16), (16, 32, 8))  # (in channels, out channels, side)
+HAND_FORWARD_FLOPS = sum(2 * cin * 9 * cout * side**2 for cin, cout, side in CONVS) + 2 * 32 * 10
+HAND_ACTIVATIONS = sum((cin + cout) * side**2 for cin, cout, side in CONVS) + 32 + 10  # inputs + outputs, elements
+H200_BF16_DENSE = 1979e12 / 2  # NVIDIA H200 datasheet: BF16 1,979 TFLOPS with sparsity
+H200_BANDWIDTH = 4.8e12
+
+
+def roofline(*flags: str) -> dict:
+    run = subprocess.run([sys.executable, "benchmarks/roofline.py", "--json", *flags], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def h200_bf16() -> dict:
+    return roofline("--card", "H200", "--samples-per-s", "500000", "--precision", "bf16")
+
+
+def test_roofline_training_flops_are_three_forwards_of_a_hand_count(h200_bf16):
+    assert h200_bf16["val_flops"] == HAND_FORWARD_FLOPS == 1_622_656
+    assert h200_bf16["train_flops"] == 3 * h200_bf16["val_flops"]
+    # a step trains 12,500 samples and validates 10,000 (one configuration with no seed): 0.8 per training sample
+    assert h200_bf16["step_flops"] == pytest.approx(3 * HAND_FORWARD_FLOPS + 0.8 * HAND_FORWARD_FLOPS)
+
+
+def test_roofline_activation_bytes_follow_the_layer_shapes_and_halve_in_bf16():
+    report = roofline()
+    assert report["activation_elements"] == HAND_ACTIVATIONS
+    fp32, bf16 = report["precisions"]["fp32"], report["precisions"]["bf16"]
+    assert fp32["forward_activation_bytes"] == 4 * HAND_ACTIVATIONS
+    assert bf16["forward_activation_bytes"] * 2 == fp32["forward_activation_bytes"]
+    assert bf16["intensity"] == pytest.approx(2 * fp32["intensity"], rel=0.01)  # weights (fp32 in both) are < 1 %
+    assert report["card"] is None and "roof" not in fp32  # no card named on a CPU: per-sample figures only
+
+
+def test_roofline_fraction_is_samples_per_s_times_flops_per_sample_over_the_roof(h200_bf16):
+    bf16 = h200_bf16["precisions"]["bf16"]
+    achieved = 500_000 * h200_bf16["step_flops"]
+    assert bf16["fraction_of_peak"] == pytest.approx(achieved / H200_BF16_DENSE)
+    assert bf16["fraction_of_bandwidth"] == pytest.approx(500_000 * bf16["step_bytes"] / H200_BANDWIDTH)
+    roof = min(H200_BF16_DENSE, bf16["intensity"] * H200_BANDWIDTH)
+    assert bf16["fraction_of_roof"] == pytest.approx(achieved / roof)
+
+
+def test_roofline_from_a_results_file_takes_its_card_precision_and_rate_per_gpu(tmp_path):
+    record = {"machine": {"card": "NVIDIA H100 80GB HBM3"}, "setup": {"envs": 8, "gpus": 2, "train_size": 100_000,
+              "val_size": 10_000, "extra_env": [["amp", "bf16"]]},
+              "with_mps": {"train_samples_per_s": 1_000_000}}
+    results = tmp_path / "throughput.jsonl"
+    results.write_text(json.dumps({"label": "no train figures"}) + "\n" + json.dumps(record) + "\n")
+    report = roofline("--from", str(results))
+    assert report["card"] == "H100-SXM" and report["samples_per_s"] == 500_000
+    assert list(report["precisions"]) == ["bf16"]
+    assert report["train_size"] == 12_500 and report["val_size"] == 10_000
+    assert report["precisions"]["bf16"]["fraction_of_bandwidth"] == pytest.approx(
+        500_000 * report["precisions"]["bf16"]["step_bytes"] / 3.35e12)
