@@ -141,7 +141,7 @@ def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
     assert ControllerKind.FIXED in {controllers.controller(a) for a in controllers.arms}  # growth read against size
 
 
-@pytest.mark.parametrize("name", ["controllers", "reward_modes", "text"])
+@pytest.mark.parametrize("name", ["controllers", "reward_modes", "text", "precision"])
 def test_shipped_comparisons_can_reach_alpha_after_holm_over_all_pairs(name):
     """Holm multiplies the smallest p by the number of pairs: 8 seeds (p >= 2/2^8) allow at most 6 pairs (4 arms)."""
     spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / f"{name}.yaml")
