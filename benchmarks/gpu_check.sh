@@ -7,9 +7,9 @@ export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 # 1. The env's tests with device=auto, i.e. on CUDA here (streams, device-resident shards, GPU augmentation,
 #    captured train steps, the text task and its transformer seeds, flex_attention included, and a flex_attention
-#    seed trained through BLENDING with cuda_graphs on).
+#    seed trained through BLENDING with cuda_graphs on, and the captured validation pass against the eager one).
 python3 -m pytest -q -x -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
-  tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py -m "not expensive" 2>&1 | tail -5 | tee "$out/pytest_cuda.txt"
+  tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py -m "not expensive" 2>&1 | tail -5 | tee "$out/pytest_cuda.txt"
 # 2. Captured CUDA graphs train what the eager loop trains (per-epoch losses within float tolerance), and how fast.
 python3 benchmarks/graph_check.py 2>&1 | tee "$out/graph_check.txt"
 # 3. Seconds per env step by phase, on CUDA.

@@ -101,6 +101,9 @@ class EnvConfig:
     turns them on in every seeded worker; the env sets this back to what is asked)."""
     cuda_graphs: bool = True
     """On CUDA, replay the train step from a captured CUDA graph (fp32 and bf16; fp16 stays eager)."""
+    graph_validation: bool = False
+    """With cuda_graphs on CUDA, also replay the fused validation pass from a captured graph
+    (env/validation_graph.py). Off until measured and checked on a GPU."""
     governor: bool = True
     """Roll back to the last good snapshot on NaN/Inf or diverging validation loss."""
 

@@ -106,14 +106,39 @@ def validate_fused(
     correct = torch.zeros(k, device=device, dtype=torch.int64)
     loss_sum = torch.zeros(k, device=device)
     with torch.inference_mode():
-        for start in range(0, len(y_val), chunk):
-            x = prepare(x_val[start : start + chunk])
-            y = y_val[start : start + chunk]
-            with precision.autocast(device):
-                logits = model.fused_forward(x, alphas).float()  # [K, B, classes] or [K, B, T, vocab]
-            logits = logits.reshape(k, -1, logits.shape[-1])  # [K, predictions, classes]
-            targets = y.reshape(-1)
-            correct += (logits.argmax(dim=2) == targets).sum(dim=1)
-            loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), targets.repeat(k), reduction="none").view(k, -1).sum(1)
+        accumulate_fused(model, x_val, y_val, alphas, None, correct, loss_sum, chunk=chunk, prepare=prepare, precision=precision)
+    return read_val_stats(correct, loss_sum, y_val.numel())
+
+
+def accumulate_fused(
+    model: MorphogeneticModel,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    alphas: torch.Tensor,
+    differs: list[bool] | None,
+    correct: torch.Tensor,
+    loss_sum: torch.Tensor,
+    *,
+    chunk: int,
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    precision: Precision,
+    capturing: bool = False,
+) -> None:
+    """Add every configuration's correct predictions and loss over the set, chunk by chunk, to `correct` [K] and
+    `loss_sum` [K]: the pass that validate_fused runs eagerly and env/validation_graph.py captures."""
+    k = alphas.shape[0]
+    for start in range(0, len(y_val), chunk):
+        x = prepare(x_val[start : start + chunk])
+        y = y_val[start : start + chunk]
+        with precision.autocast(x_val.device, capturing):
+            logits = model.fused_forward(x, alphas, differs).float()  # [K, B, classes] or [K, B, T, vocab]
+        logits = logits.reshape(k, -1, logits.shape[-1])  # [K, predictions, classes]
+        targets = y.reshape(-1)
+        correct += (logits.argmax(dim=2) == targets).sum(dim=1)
+        loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), targets.repeat(k), reduction="none").view(k, -1).sum(1)
+
+
+def read_val_stats(correct: torch.Tensor, loss_sum: torch.Tensor, samples: int) -> ValStats:
+    k = correct.shape[0]
     values = torch.cat([correct.to(loss_sum.dtype), loss_sum]).tolist()  # the one sync
-    return ValStats(samples=y_val.numel(), correct=tuple(int(v) for v in values[:k]), loss_sum=tuple(values[k:]))
+    return ValStats(samples=samples, correct=tuple(int(v) for v in values[:k]), loss_sum=tuple(values[k:]))

@@ -39,6 +39,7 @@ from esper_ray.data.datasets import TaskData, load_task_data
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.faults import nan_epoch, poison_with_nan, raise_if_asked
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
+from esper_ray.env.validation_graph import ValidationGraphs
 from esper_ray.env.train_step import Precision, StepGraphs
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
@@ -90,6 +91,7 @@ class MorphogeneticEnv(gym.Env):
             torch.backends.cudnn.deterministic = self.cfg.cudnn_deterministic  # a process-wide flag: one env per process
         self.precision = _precision(self.cfg.amp, self.device)
         self.graphs = StepGraphs(enabled=self.device.type == "cuda" and self.cfg.cuda_graphs)
+        self.val_graphs = ValidationGraphs(enabled=self.graphs.enabled and self.cfg.graph_validation)
         probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
         self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
@@ -177,6 +179,7 @@ class MorphogeneticEnv(gym.Env):
             model = MorphogeneticModel(build_host(self.cfg.effective_host_preset), self.slot_ids, self.cfg.lifecycle)
         self.model = self._in_layout(model.to(self.device))
         self.graphs.forget()
+        self.val_graphs.forget()
         self.host_optimizer = torch.optim.SGD(
             self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY
         )
@@ -276,7 +279,7 @@ class MorphogeneticEnv(gym.Env):
         main, extra = self.flop_counter.validation(self.model.seed_slots(), plan.alphas, rows=len(self.val_y))
         self.flops.validation += main
         self.flops.counterfactual += extra
-        return validate_fused(
+        return self.val_graphs.validate(
             self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
             chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
         )
@@ -304,6 +307,7 @@ class MorphogeneticEnv(gym.Env):
         self.governor.restore(self.model)
         self.host_optimizer.state.clear()  # momentum from the bad trajectory must not carry over
         self.graphs.forget()  # the captured step held that momentum
+        self.val_graphs.forget()
         self.counts["rollbacks"] += 1
         self.loss_history.pop()
         self.accuracy_history.pop()

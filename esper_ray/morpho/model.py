@@ -17,6 +17,12 @@ from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer import TransformerHost
 
 
+def configurations_differ(alphas: torch.Tensor) -> list[bool]:
+    """Per slot (column of alphas [K, S]): do the K configurations disagree? Read on the CPU."""
+    alphas_cpu = alphas.detach().cpu()
+    return (alphas_cpu != alphas_cpu[:1]).any(dim=0).tolist()
+
+
 class MorphogeneticModel(nn.Module):
     """`host`: a CNNHost or a TransformerHost (anything with `topology`, `slot_ids`, `slot_channels` and
     `forward(x, at_slot)`)."""
@@ -55,7 +61,7 @@ class MorphogeneticModel(nn.Module):
 
         return self.host(x, at_slot)
 
-    def fused_forward(self, x: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+    def fused_forward(self, x: torch.Tensor, alphas: torch.Tensor, differs: Sequence[bool] | None = None) -> torch.Tensor:
         """Evaluate K alpha configurations in one pass.
 
         Args:
@@ -63,6 +69,9 @@ class MorphogeneticModel(nn.Module):
             alphas: [K, S] alpha per configuration and enabled slot (in `slot_ids` order); slots without an
                 active seed ignore their column. Best on the CPU (it is read to find where the configurations
                 part; a device tensor costs a sync).
+            differs: per slot, whether the configurations' alphas disagree (`configurations_differ`); when given,
+                `alphas` is not read on the CPU, so it may live on the device: a captured CUDA graph reads it there,
+                refilled before each replay (env/validation_graph.py).
         Returns:
             logits [K, B, classes] or [K, B, T, vocab]. Use in eval mode: BatchNorm in train mode would mix the
             K copies.
@@ -74,8 +83,8 @@ class MorphogeneticModel(nn.Module):
         k, b = alphas.shape[0], x.shape[0]
         if alphas.shape[1] != len(self.slot_ids):
             raise ValueError(f"alphas has {alphas.shape[1]} columns; this model has {len(self.slot_ids)} slots")
-        alphas_cpu = alphas.detach().cpu()
-        differs = (alphas_cpu != alphas_cpu[:1]).any(dim=0).tolist()  # per slot: do the configurations disagree
+        if differs is None:
+            differs = configurations_differ(alphas)
         alphas = alphas.to(x.device, torch.float32)
         feature_ones = [1] * (self.topology.feature_dims - 1)  # alpha per sample, broadcast over the slot's features
         repeated = False

@@ -1,0 +1,115 @@
+"""The fused validation pass, replayed from a captured CUDA graph (`graph_validation`; off by default until it
+has been measured and checked on a GPU: benchmarks/gpu_check.sh runs its CUDA test).
+
+Why: a step validates the same device-resident set every epoch, in ~10 chunks of K configurations, each a few
+dozen kernels of microseconds: launch-bound, about a third of a step's GPU time with 4 envs on one H200 (issue
+22). Captured once, the pass is one launch.
+
+What a graph depends on (`validation_key`): the model object, each slot's seed modules, blend and gate while it
+runs (the forward reads them; a dormant slot reads nothing), K and the slots where the configurations part
+(`differs`: it decides where fused_forward repeats the batch), the precision and the chunk. Alpha values are
+not in the key: the graph reads them from a static device tensor, refilled before each replay, so a seed's
+blend ramp keeps its graph. Parameters and batch-norm statistics are read in place, as the captured train step
+updates them. The validation set is prepared once, outside the graph (`TaskData.prepare` copies its constants
+from the CPU, which a capture must not do), and kept on the device beside the graph.
+
+A key is captured after `WARMUP_PASSES` eager passes (cuDNN chooses its algorithms on them); the eager pass
+stays for flex_attention seeds (EAGER_STEP_BLUEPRINTS) and wherever graphs are off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from esper_ray.env.epoch import ValStats, accumulate_fused, read_val_stats, validate_fused
+from esper_ray.env.train_step import Precision
+from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
+from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
+
+WARMUP_PASSES = 1
+
+
+def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: Precision, chunk: int) -> tuple[Any, ...]:
+    """Everything a captured validation pass depends on besides tensor values (objects compare by identity)."""
+    per_slot = tuple((s.slot_id, s.algorithm, s.seed, s.gate) if s.is_active else (s.slot_id,) for s in model.seed_slots())
+    return (model, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
+
+
+def capturable(model: MorphogeneticModel) -> bool:
+    return not any(s.blueprint in EAGER_STEP_BLUEPRINTS for s in model.seed_slots() if s.is_active)
+
+
+class CapturedValidation:
+    """The pass captured as a CUDA graph over the prepared set, a static alpha tensor and static accumulators."""
+
+    def __init__(self, key: tuple[Any, ...], model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor,
+                 alphas: torch.Tensor, *, chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor],
+                 precision: Precision) -> None:
+        self.key, self.model, self.y, self.chunk, self.precision = key, model, y_val, chunk, precision
+        self.differs = list(key[3])
+        device = x_val.device
+        with torch.inference_mode():
+            self.x = prepare(x_val)  # once, outside the graph
+        self.alphas = alphas.to(device, torch.float32)
+        self.correct = torch.zeros(alphas.shape[0], device=device, dtype=torch.int64)
+        self.loss_sum = torch.zeros(alphas.shape[0], device=device)
+        self._capture()
+
+    def _pass(self, capturing: bool = False) -> None:
+        self.correct.zero_()
+        self.loss_sum.zero_()
+        accumulate_fused(self.model, self.x, self.y, self.alphas, self.differs, self.correct, self.loss_sum,
+                         chunk=self.chunk, prepare=lambda x: x, precision=self.precision, capturing=capturing)
+
+    def _capture(self) -> None:
+        """Record the pass (it runs nothing: the eager passes before it warmed cuDNN up)."""
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self._pass(capturing=True)
+
+    def _launch(self) -> None:
+        self.graph.replay()
+
+    def replay(self, alphas: torch.Tensor) -> ValStats:
+        self.alphas.copy_(alphas)
+        self._launch()
+        return read_val_stats(self.correct, self.loss_sum, self.y.numel())
+
+
+class ValidationGraphs:
+    """The env's captured validation pass (one at a time) and the eager passes it takes to get one.
+
+    `capture` builds the captured pass; tests pass a CPU stand-in to check the bookkeeping without a GPU.
+    """
+
+    def __init__(self, enabled: bool, capture: Callable[..., Any] = CapturedValidation) -> None:
+        self.enabled = enabled
+        self.capture = capture
+        self.captured: Any = None
+        self.eager_since_change = 0
+        self.captures = 0
+
+    def validate(self, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor, alphas: torch.Tensor, *,
+                 chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor], precision: Precision) -> ValStats:
+        """What validate_fused returns: from the captured pass when there is one for this key, else eagerly."""
+        if not self.enabled or not capturable(model):
+            return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
+        model.eval()
+        key = validation_key(model, alphas, precision, chunk)
+        if self.captured is not None and self.captured.key == key:
+            return self.captured.replay(alphas)
+        if self.captured is not None:  # the model changed: this graph reads tensors the pass no longer uses
+            self.forget()
+        if self.eager_since_change < WARMUP_PASSES:
+            self.eager_since_change += 1
+            return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
+        self.captured = self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
+        self.captures += 1
+        return self.captured.replay(alphas)
+
+    def forget(self) -> None:
+        """After a new episode, a rollback or a change of structure: drop the graph and its prepared set."""
+        self.captured, self.eager_since_change = None, 0
