@@ -6,6 +6,8 @@ test compares a real captured pass with the eager one (benchmarks/gpu_check.sh r
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -53,8 +55,13 @@ def episode_validations(capture: type | None) -> tuple[list[tuple[float, float]]
     return validations, captures, stages
 
 
+@functools.cache
+def eager_episode() -> tuple[list[tuple[float, float]], list[int], list[str]]:
+    return episode_validations(None)
+
+
 def test_the_captured_pass_validates_exactly_what_the_eager_pass_does_through_a_seeds_lifecycle():
-    eager, _, stages = episode_validations(None)
+    eager, _, stages = eager_episode()
     replayed, captures, replayed_stages = episode_validations(PassedOnCpu)
     assert replayed == eager and replayed_stages == stages
     assert "BLENDING" in stages  # the seed's alpha ramped while its graph was replayed
@@ -71,7 +78,7 @@ def test_a_pass_that_kept_its_captured_alphas_would_be_caught():
             return read_val_stats(self.correct, self.loss_sum, self.y.numel())
 
     stale, _, _ = episode_validations(AlphasNotRefilled)
-    assert stale != episode_validations(None)[0]
+    assert stale != eager_episode()[0]
 
 
 def test_a_pass_is_recaptured_when_what_it_reads_changes_and_not_when_alphas_move():
