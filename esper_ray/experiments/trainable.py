@@ -30,7 +30,7 @@ from esper_ray.env.faults import fail_if_asked
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
-from esper_ray.train.grow import NetworkFiles, network_keeper, write_network_files
+from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import restore, train_round
@@ -145,19 +145,20 @@ class MorphoTrial(tune.Trainable):
 
     def _baseline_step(self) -> dict[str, Any]:
         controller = baseline_controller(self.controller, self.cfg, self.fixed)
-        networks: dict[int, NetworkFiles] = {}
-        keep = network_keeper(f"the {self.controller.value} controller of A/B trial {self.label}", networks) if self.save_networks else None
+        # in this process: each network is saved straight into the trial's folder
+        label = f"the {self.controller.value} controller of A/B trial {self.label}"
+        keep = episodes_saver(Path(self.logdir) / NETWORKS_DIR, label) if self.save_networks else None
         summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller, on_episode_end=keep)
-        self._write_networks(networks)
         self.evaluated = True
         metrics: dict[str, Any] = evaluation_metrics(summaries)
         metrics[DONE] = True  # nothing to train: one step is the whole trial
         return metrics
 
     def _write_networks(self, networks: dict[int, NetworkFiles]) -> None:
-        """Into the trial's folder, which Tune copies to the run's storage with the trial's checkpoint."""
+        """The networks the env runners sent back, into the trial's folder (Tune copies it to the run's storage
+        with the trial's checkpoint)."""
         for episode, files in sorted(networks.items()):
-            write_network_files(Path(self.logdir) / NETWORKS_DIR / f"episode{episode}", files)
+            write_network_files(episode_folder(Path(self.logdir) / NETWORKS_DIR, episode), files)
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:

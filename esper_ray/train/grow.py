@@ -91,6 +91,20 @@ def saver(folder: Path, controller: str) -> EpisodeEnd:
     return save
 
 
+def episode_folder(root: Path, episode: int) -> Path:
+    """Where `esper-ray ab --save` keeps evaluation episode `episode`'s network, below a trial's `root`."""
+    return root / f"episode{episode}"
+
+
+def episodes_saver(root: Path, controller: str) -> EpisodeEnd:
+    """An `on_episode_end` hook that saves every episode's network into its own folder below `root`."""
+
+    def save(env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory) -> None:
+        save_grown_run(episode_folder(root, summary.episode), env, summary, history, controller)
+
+    return save
+
+
 NetworkFiles = dict[str, bytes]
 """A saved network's folder as {file name: contents}: what an env runner sends back to the trial that asked."""
 
