@@ -20,7 +20,7 @@ stays for flex_attention seeds (EAGER_STEP_BLUEPRINTS) and wherever graphs are o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,10 +32,20 @@ from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 WARMUP_PASSES = 1
 
 
-def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: Precision, chunk: int) -> tuple[Any, ...]:
+class ValidationKey(NamedTuple):
     """Everything a captured validation pass depends on besides tensor values (objects compare by identity)."""
+
+    model: MorphogeneticModel
+    slots: tuple[tuple[Any, ...], ...]
+    configurations: int
+    differs: tuple[bool, ...]
+    dtype: torch.dtype | None
+    chunk: int
+
+
+def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: Precision, chunk: int) -> ValidationKey:
     per_slot = tuple((s.slot_id, s.algorithm, s.seed, s.gate) if s.is_active else (s.slot_id,) for s in model.seed_slots())
-    return (model, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
+    return ValidationKey(model, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
 
 
 def capturable(model: MorphogeneticModel) -> bool:
@@ -45,11 +55,11 @@ def capturable(model: MorphogeneticModel) -> bool:
 class CapturedValidation:
     """The pass captured as a CUDA graph over the prepared set, a static alpha tensor and static accumulators."""
 
-    def __init__(self, key: tuple[Any, ...], model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor,
+    def __init__(self, key: ValidationKey, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor,
                  alphas: torch.Tensor, *, chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor],
                  precision: Precision) -> None:
         self.key, self.model, self.y, self.chunk, self.precision = key, model, y_val, chunk, precision
-        self.differs = list(key[3])
+        self.differs = list(key.differs)
         device = x_val.device
         with torch.inference_mode():
             self.x = prepare(x_val)  # once, outside the graph
