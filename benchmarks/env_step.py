@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from esper_ray.contracts.env_config import AMP_MODES
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicController
 
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-shards", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"])
+    parser.add_argument("--amp", default="auto", choices=AMP_MODES, help="auto: bf16 on a GPU, fp32 on a CPU")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     env = MorphogeneticEnv({"task": args.task, "max_epochs": args.steps, "device": args.device,

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from esper_ray.contracts.env_config import TASK_DEFAULTS
 from esper_ray.morpho.flops import TRAIN_FACTOR, host_flops
 from esper_ray.morpho.host import HOST_PRESETS
 from esper_ray.morpho.hosts import build_host
@@ -52,8 +53,8 @@ COUNTED = (nn.Conv2d, nn.Linear)
 """The layers flops.py counts in a CNN host."""
 WEIGHT_PASSES_TRAIN = 11
 WEIGHT_PASSES_VAL = 1
-VAL_CHUNK = 1024
-"""EnvConfig.val_batch_size's default."""
+VAL_CHUNK = TASK_DEFAULTS["cifar10"]["val_batch_size"]
+"""The cifar10 task's validation chunk (the weights are read once a chunk)."""
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
 PEAK_OF = {"fp32": "tf32", "bf16": "bf16"}
 """Which compute peak a precision's convolutions run at."""
@@ -205,9 +206,9 @@ def read_result(path: Path, line: int | None) -> dict[str, Any]:
         raise SystemExit(f"{path} line {line or len(lines)} holds no train_samples_per_s (keys: {sorted(record)}); "
                          f"pick a line of `esper-ray train` figures with --line (1 to {len(lines)})")
     setup = record["setup"]
-    amp = dict(map(tuple, setup.get("extra_env", []))).get("amp", "off")
+    amp = dict(map(tuple, setup.get("extra_env", []))).get("amp", "off")  # files from before amp=auto: fp32 unless named
     return {"samples_per_s": runs[0]["train_samples_per_s"] / setup["gpus"], "card": record["machine"]["card"],
-            "precision": "bf16" if amp == "bf16" else "fp32", "train": setup["train_size"] // setup["envs"],
+            "precision": setup.get("precision") or ("bf16" if amp == "bf16" else "fp32"), "train": setup["train_size"] // setup["envs"],
             "val": setup.get("val_size") or setup["train_size"] // 5,  # synthetic_held_out's default then
             "half": "with_mps" if runs[0] is record.get("with_mps") else "without_mps"}
 

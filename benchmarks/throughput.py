@@ -310,7 +310,13 @@ def main() -> None:
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap,
                       extra_env=extra_env)
-    report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env}}
+    from esper_ray.contracts.env_config import EnvConfig
+    from esper_ray.env.morphogenetic_env import resolve_amp
+
+    amp = EnvConfig(**dict(extra_env)).amp  # as an env reads it (YAML's `off` arrives as False)
+    precision = resolve_amp(amp, torch.device("cuda" if setup.gpus else "cpu"))  # what the envs train in
+    report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env,
+                                                              "precision": precision}}
     if not args.mps_only:
         report["without_mps"] = measure(setup, mps=False, halves=halves)
     if args.mps or args.mps_only:

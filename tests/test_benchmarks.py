@@ -87,3 +87,13 @@ def test_roofline_from_a_results_file_takes_its_card_precision_and_rate_per_gpu(
     assert report["train_size"] == 12_500 and report["val_size"] == 10_000
     assert report["precisions"]["bf16"]["fraction_of_bandwidth"] == pytest.approx(
         500_000 * report["precisions"]["bf16"]["step_bytes"] / 3.35e12)
+
+
+def test_roofline_reads_the_precision_a_results_file_resolved_and_fp32_from_older_files(tmp_path):
+    record = {"machine": {"card": "NVIDIA H200"}, "setup": {"envs": 4, "gpus": 1, "train_size": 50_000, "val_size": 10_000,
+              "extra_env": [], "precision": "bf16"}, "with_mps": {"train_samples_per_s": 600_000}}
+    older = {**record, "setup": {k: v for k, v in record["setup"].items() if k != "precision"}}  # before amp=auto
+    results = tmp_path / "throughput.jsonl"
+    results.write_text(json.dumps(record) + "\n" + json.dumps(older) + "\n")
+    assert list(roofline("--from", str(results), "--line", "1")["precisions"]) == ["bf16"]
+    assert list(roofline("--from", str(results), "--line", "2")["precisions"]) == ["fp32"]

@@ -9,7 +9,10 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from esper_ray.contracts.actions import AlphaTarget, Blueprint, Op, Style, Tempo, encode_joint
+from esper_ray.cli import parse_env_overrides
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.env import ENV_ID, MorphogeneticEnv
+from esper_ray.env.morphogenetic_env import resolve_amp
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import feature_size
 
@@ -185,6 +188,27 @@ def test_env_runs_with_fp16_scaler_only_on_cuda():
     env.reset(seed=0)
     _, _, _, _, info = env.step(wait())
     assert env.precision.scaler is None and "grad_scale" not in info  # CPU runs in fp32
+
+
+def test_the_default_precision_is_fp32_on_a_cpu_without_a_warning(recwarn):
+    env = MorphogeneticEnv({"device": "cpu", "max_epochs": 2})
+    assert env.cfg.amp == "auto" and env.precision.dtype is None and env.precision.scaler is None
+    assert not [w for w in recwarn if "amp=" in str(w.message)]
+
+
+def test_amp_off_from_yaml_means_fp32():
+    """`--env amp=off` and `amp: off` in a YAML file arrive as False (YAML's boolean)."""
+    overrides = parse_env_overrides(["amp=off"])
+    assert overrides == {"amp": False}
+    assert EnvConfig.from_mapping(overrides).amp == "off"
+    assert resolve_amp("off", torch.device("cuda")) == resolve_amp("fp32", torch.device("cuda")) == "fp32"
+    assert resolve_amp("bf16", torch.device("cpu")) == "fp32"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU default (benchmarks/gpu_check.sh runs this)")
+def test_the_default_precision_is_bf16_on_cuda_and_off_still_means_fp32():
+    assert MorphogeneticEnv({"device": "cuda", "max_epochs": 2}).precision.dtype is torch.bfloat16
+    assert MorphogeneticEnv({"device": "cuda", "max_epochs": 2, "amp": "off"}).precision.dtype is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="channels-last matters to cuDNN only (benchmarks/gpu_check.sh)")

@@ -335,7 +335,7 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
         assert np.mean([r["test_accuracy"] for r in runs]) == pytest.approx(t["evaluation"]["test_accuracy"], abs=1e-12)
         assert runs[0]["controller"].endswith(f"of A/B trial {t['arm']}/seed{t['seed']}") and (kept[1] / "summary.md").is_file()
         network = esper_ray.load_grown(kept[0])
-        chunk = EnvConfig.from_mapping({}).val_batch_size  # the env's validation chunks (the same float sums)
+        chunk = EnvConfig.from_mapping({}).effective_val_batch_size  # the env's validation chunks (the same float sums)
         with torch.no_grad():  # an independent count on the test split, on the CPU as the trial ran
             correct = sum(int((network(data.prepare(data.test_x[i:i + chunk])).argmax(dim=1) == data.test_y[i:i + chunk]).sum())
                           for i in range(0, len(data.test_y), chunk))

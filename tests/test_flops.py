@@ -84,7 +84,7 @@ def test_epoch_flops_count_trained_seeds_three_times_and_share_the_validation_pr
     assert plan.names == ("main", "off:r0c1")
     main, extra = counter.validation(model.seed_slots(), plan.alphas, rows)
     assert main == rows * (HOST_HAND + CONV_HEAVY_HAND)
-    # blocks 0-1 run once; from r0c1 on (its seed, block 2, the head) once more for the second configuration
-    assert extra == rows * 1 * (HOST_HAND - BEFORE_R0C1 + CONV_HEAVY_HAND)
+    # blocks 0-1 and r0c1's seed run once; after r0c1 (block 2, the head) once more for the second configuration
+    assert extra == rows * 1 * (HOST_HAND - BEFORE_R0C1)
     slot.prune(force=True)  # freed: nothing of it runs any more
     assert counter.validation(model.seed_slots(), build_plan(model).alphas, rows) == (rows * HOST_HAND, 0)

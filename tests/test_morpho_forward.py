@@ -125,9 +125,12 @@ def test_fused_forward_runs_what_the_configurations_share_once():
     x = images("cifar10", batch=5)
     alphas = torch.tensor([[0.7, 1.0], [0.7, 0.0], [0.7, 0.4]])  # r0c0 the same in all: they part at r0c2
     seen = _batch_sizes_seen(model)
+    for slot_id in slots:  # each seed's input batch, in the order they run
+        model.slot(slot_id).seed.register_forward_pre_hook(lambda m, args, s=slot_id: seen.append((s, args[0].shape[0])))
     with torch.no_grad():
         fused = model.fused_forward(x, alphas)
-        assert seen == [("block0", 5), ("block1", 5), ("block2", 5), ("head", 15)]
+        # r0c2's seed runs once on the 5 samples; only its blend, and what follows it, runs for 3 configurations
+        assert seen == [("block0", 5), ("r0c0", 5), ("block1", 5), ("block2", 5), ("r0c2", 5), ("head", 15)]
         for k in range(3):
             torch.testing.assert_close(fused[k], separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(fused[0], fused[1])
@@ -194,3 +197,44 @@ def test_set_alpha_target_instant_and_gradual():
     slot.step_epoch()
     assert slot.alpha.alpha == pytest.approx(0.6) and float(slot.alpha_value) == pytest.approx(0.6)
     assert Blueprint.CONV_LIGHT == slot.blueprint
+
+
+def _host_with_trained_norms(preset: str = "cifar10") -> CNNHost:
+    """A cifar10 host whose batch norms have non-trivial statistics and affines (as after training)."""
+    host = CNNHost(HOST_PRESETS[preset])
+    with torch.no_grad():
+        for block in host.blocks:
+            n = block.norm.num_features
+            block.norm.weight.copy_(1 + 0.3 * torch.randn(n))
+            block.norm.bias.copy_(0.2 * torch.randn(n))
+            block.norm.running_mean.copy_(0.5 * torch.randn(n))
+            block.norm.running_var.copy_(0.5 + torch.rand(n))
+    return host.eval()
+
+
+def test_a_blocks_folded_convolution_equals_its_convolution_batch_norm_and_relu():
+    host = _host_with_trained_norms()
+    x = images("cifar10", batch=4)
+    with torch.no_grad():
+        for block in host.blocks:
+            weight, bias = block.folded()
+            folded = torch.relu(torch.nn.functional.conv2d(x, weight, bias, padding=block.conv.padding))
+            reference = torch.relu(block.norm(block.conv(x)))
+            torch.testing.assert_close(folded, reference, rtol=1e-5, atol=1e-5)
+            x = torch.nn.functional.max_pool2d(reference, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused eval path runs on CUDA (gpu_check.sh runs this)")
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_the_fused_eval_forward_on_cuda_matches_the_unfused_one(monkeypatch, autocast):
+    import esper_ray.morpho.host as host_module
+
+    host = _host_with_trained_norms().cuda().to(memory_format=torch.channels_last)
+    x = images("cifar10", batch=64).cuda().contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=autocast or torch.float32, enabled=autocast is not None):
+        fused = host(x).float()
+        monkeypatch.setattr(host_module, "FUSED_EVAL", False)
+        unfused = host(x).float()
+    tolerance = 1e-3 if autocast is None else 5e-2  # cuDNN's fp32 convolutions run on TF32
+    torch.testing.assert_close(fused, unfused, rtol=tolerance, atol=tolerance)
+    assert fused.argmax(1).eq(unfused.argmax(1)).float().mean() > 0.95

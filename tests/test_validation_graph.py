@@ -134,7 +134,7 @@ def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     assert len(plan.names) == 2 and env.val_graphs.captures >= 2, (plan.names, env.val_graphs.captures)
     with torch.cuda.stream(env.stream):
         graphed = env._validate(plan)
-        eager = validate_fused(env.model, env.val_x, env.val_y, plan.alphas, chunk=env.cfg.val_batch_size,
+        eager = validate_fused(env.model, env.val_x, env.val_y, plan.alphas, chunk=env.cfg.effective_val_batch_size,
                                prepare=env._prepare_eval, precision=env.precision)
     torch.cuda.synchronize()
     assert env.val_graphs.captured is not None and env.val_graphs.captured.key.configurations == 2

@@ -11,7 +11,7 @@ from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
 TASKS = ("digits", "digits-impaired", "cifar10", "synthetic", "text")
-AMP_MODES = ("off", "bf16", "fp16")
+AMP_MODES = ("auto", "fp32", "off", "bf16", "fp16")
 # Defaults shared by `train`, `heuristic` and `eval`. digits-impaired, because on digits the host alone reaches
 # ~98 % and there is nothing for a controller to learn; a 25-epoch run is long enough for a seed to go from
 # germination through 10 epochs of TRAINING and its blend to HOLDING, and short enough for a CPU.
@@ -19,14 +19,17 @@ DEFAULT_TASK = "digits-impaired"
 DEFAULT_MAX_EPOCHS = 25
 
 # Per-task defaults where the tasks differ (batch per env, host learning rate, augmentation).
+# val_batch_size: the 32x32 image tasks validate in one chunk of up to 10,000 images (a few hundred MB of
+# activations on a GPU; fewer, fuller kernels: 0.41 -> 0.33 us a validation sample on an H100, issue 22);
+# text in chunks of 1,024 sequences (logits of [K, chunk, T, 256] floats grow with the context).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"batch_size": 64, "host_lr": 0.05, "augment": False},
-    "digits-impaired": {"batch_size": 64, "host_lr": 0.05, "augment": False},
-    "cifar10": {"batch_size": 512, "host_lr": 0.01, "augment": True},
-    "synthetic": {"batch_size": 512, "host_lr": 0.01, "augment": False},
+    "digits": {"batch_size": 64, "host_lr": 0.05, "augment": False, "val_batch_size": 1024},
+    "digits-impaired": {"batch_size": 64, "host_lr": 0.05, "augment": False, "val_batch_size": 1024},
+    "cifar10": {"batch_size": 512, "host_lr": 0.01, "augment": True, "val_batch_size": 10_000},
+    "synthetic": {"batch_size": 512, "host_lr": 0.01, "augment": False, "val_batch_size": 10_000},
     # batch in sequences of 64 bytes (2,048 tokens); SGD (momentum 0.9) like every host, at a rate the small
     # transformer learns with in a few epochs
-    "text": {"batch_size": 32, "host_lr": 0.3, "augment": False},
+    "text": {"batch_size": 32, "host_lr": 0.3, "augment": False, "val_batch_size": 1024},
 }
 HOST_PRESET_CHOICES = {"text": ("text", "text-gpu", "text-starved")}
 """Hosts a task may use besides its own preset (the default is the preset named after the task)."""
@@ -62,8 +65,11 @@ class EnvConfig:
     germinate, 10 epochs of TRAINING, a 3-epoch blend, then FOSSILIZE at epoch 15: an episode needs more epochs."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
-    amp: str = "off"
-    """Mixed precision on CUDA: off, bf16 (no scaler) or fp16 (one GradScaler per env)."""
+    amp: str = "auto"
+    """Mixed precision: auto (bf16 on a CUDA GPU that has it, fp32 elsewhere), fp32 (or off), bf16 (no scaler) or
+    fp16 (one GradScaler per env); CPUs always train in fp32. bf16 is the GPU default because an 8-seed A/B found no
+    difference in what the controller learns (docs/results/precision/: ppo fp32 0.2535, bf16 0.2531, Holm p 0.74)
+    and it gives 18 % more host samples/s (benchmarks/results/throughput_h200_2026-11-27.jsonl)."""
     device: str = "auto"
     """auto (CUDA when visible, else CPU), cpu, cuda or cuda:N."""
     seed: int = 0
@@ -94,20 +100,23 @@ class EnvConfig:
     """Advance seeds through the lifecycle when gates pass; masks the ADVANCE op when on."""
     max_seeds: int | None = None
     """Most live seeds at once; None = one per enabled slot."""
-    val_batch_size: int = 1024
-    """Validation samples per fused forward chunk (each chunk runs all counterfactual configurations)."""
+    val_batch_size: int | None = None
+    """Validation samples (text: sequences) per fused forward chunk, each chunk running every counterfactual
+    configuration; None takes the task default (10,000 for cifar10 and synthetic, 1,024 for the others)."""
     cudnn_deterministic: bool = False
     """On CUDA, use cuDNN's deterministic algorithms: bit-identical reruns, about 3x slower host training (RLlib
     turns them on in every seeded worker; the env sets this back to what is asked)."""
     cuda_graphs: bool = True
     """On CUDA, replay the train step from a captured CUDA graph (fp32 and bf16; fp16 stays eager)."""
-    graph_validation: bool = False
+    graph_validation: bool = True
     """With cuda_graphs on CUDA, also replay the fused validation pass from a captured graph
-    (env/validation_graph.py). Off until measured and checked on a GPU."""
+    (env/validation_graph.py)."""
     governor: bool = True
     """Roll back to the last good snapshot on NaN/Inf or diverging validation loss."""
 
     def __post_init__(self) -> None:
+        if self.amp is False:  # YAML, and so --env and experiment files, read `amp: off` as false
+            object.__setattr__(self, "amp", "off")
         check_types(self)
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r}: unknown; choose one of {list(TASKS)}")
@@ -115,7 +124,7 @@ class EnvConfig:
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
         for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
-                              ("val_batch_size", 1), ("min_training_epochs", 0)):
+                              ("min_training_epochs", 0)):
             check_int(name, getattr(self, name), minimum)
         if self.synthetic_held_out is not None:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
@@ -126,7 +135,7 @@ class EnvConfig:
             raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {list(allowed_hosts)}")
         if self.shard >= self.num_shards:
             raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
-        for name in ("batch_size", "max_seeds"):
+        for name in ("batch_size", "max_seeds", "val_batch_size"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
         for name in ("host_lr", "seed_lr", "blended_seed_lr", "max_grad_norm"):
@@ -169,6 +178,10 @@ class EnvConfig:
     @property
     def effective_batch_size(self) -> int:
         return self.batch_size if self.batch_size is not None else TASK_DEFAULTS[self.task]["batch_size"]
+
+    @property
+    def effective_val_batch_size(self) -> int:
+        return self.val_batch_size if self.val_batch_size is not None else TASK_DEFAULTS[self.task]["val_batch_size"]
 
     @property
     def effective_host_lr(self) -> float:

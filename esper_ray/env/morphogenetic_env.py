@@ -67,14 +67,24 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """The precision `amp` means on `device`: fp32, bf16 or fp16 (auto: bf16 on a CUDA GPU that has it; off: fp32)."""
+    if device.type != "cuda" or amp in ("off", "fp32"):
+        return "fp32"
+    if amp == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return amp
+
+
 def _precision(amp: str, device: torch.device) -> Precision:
-    if amp != "off" and device.type != "cuda":
+    if amp not in ("off", "fp32", "auto") and device.type != "cuda":
         warnings.warn(f"amp={amp} applies on CUDA only; this env trains on the {device.type} in fp32", stacklevel=3)
-    if amp == "off" or device.type != "cuda":
+    amp = resolve_amp(amp, device)
+    if amp == "fp32":
         return Precision()
     if amp == "bf16":
         if not torch.cuda.is_bf16_supported():
-            raise ValueError("amp='bf16': this GPU has no bf16 support; use amp='fp16' or 'off'")
+            raise ValueError("amp='bf16': this GPU has no bf16 support; use amp='fp16' or 'fp32'")
         return Precision(dtype=torch.bfloat16)
     return Precision(dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))
 
@@ -153,7 +163,7 @@ class MorphogeneticEnv(gym.Env):
             test_x, test_y = self._test_split
             stats = validate_fused(
                 self.model, test_x, test_y, self.model.current_alphas()[None],
-                chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
+                chunk=self.cfg.effective_val_batch_size, prepare=self._prepare_eval, precision=self.precision,
             )
         return stats.accuracy(), stats.loss()
 
@@ -281,7 +291,7 @@ class MorphogeneticEnv(gym.Env):
         self.flops.counterfactual += extra
         return self.val_graphs.validate(
             self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
-            chunk=self.cfg.val_batch_size, prepare=self._prepare_eval, precision=self.precision,
+            chunk=self.cfg.effective_val_batch_size, prepare=self._prepare_eval, precision=self.precision,
         )
 
     def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:

@@ -1,9 +1,9 @@
-"""The fused validation pass, replayed from a captured CUDA graph (`graph_validation`; off by default until it
-has been measured and checked on a GPU: benchmarks/gpu_check.sh runs its CUDA test).
+"""The fused validation pass, replayed from a captured CUDA graph (`graph_validation`, on by default;
+benchmarks/gpu_check.sh runs its CUDA test).
 
-Why: a step validates the same device-resident set every epoch, in ~10 chunks of K configurations, each a few
-dozen kernels of microseconds: launch-bound, about a third of a step's GPU time with 4 envs on one H200 (issue
-22). Captured once, the pass is one launch.
+Why: a step validates the same device-resident set every epoch, each chunk a few dozen kernels of microseconds:
+launch-bound. Eagerly, one lone env's pass took 24 ms of wall a step for 5 ms of kernels; replayed, 11 ms
+(H100, issue 22, docs/performance.md). Captured once, the pass is one launch.
 
 What a graph depends on (`validation_key`): the model object, each slot's seed modules, blend and gate while it
 runs (the forward reads them; a dormant slot reads nothing), K and the slots where the configurations part

@@ -50,3 +50,30 @@ def blend(
             raise ValueError("GATE blending needs the seed's gate module")
         return host + alpha * gate(seed_in) * (seed_out - host)
     raise ValueError(f"unknown blend algorithm {algorithm!r}")
+
+
+def blend_configurations(
+    algorithm: BlendAlgorithm,
+    host: torch.Tensor,
+    seed_out: torch.Tensor,
+    seed_in: torch.Tensor,
+    alphas: torch.Tensor,
+    gate: GatedBlend | None,
+) -> torch.Tensor:
+    """`blend` under each of K alphas ([K]) of one host/seed pair ([B, ...]): [K*B, ...], configuration-major.
+
+    The seed (and gate) ran once on the B samples; only the blend is repeated K times. Each element is computed
+    as `blend` computes it for that configuration (GATE: alpha * gate first, as there).
+    """
+    k = alphas.shape[0]
+    per_config = alphas.view(k, *([1] * host.dim()))  # [K, 1, ...], broadcast over [1, B, ...]
+    if algorithm is BlendAlgorithm.GATE:
+        if gate is None:
+            raise ValueError("GATE blending needs the seed's gate module")
+        per_config = per_config * gate(seed_in).unsqueeze(0)
+        algorithm = BlendAlgorithm.ADD  # host + (alpha * gate) * (seed_out - host)
+    out = blend(algorithm, host.unsqueeze(0), seed_out.unsqueeze(0), seed_in.unsqueeze(0), per_config, None)
+    out = out.flatten(0, 1)
+    if host.dim() == 4 and host.is_contiguous(memory_format=torch.channels_last):
+        out = out.contiguous(memory_format=torch.channels_last)  # the host's layout for the blocks after the slot
+    return out

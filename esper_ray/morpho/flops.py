@@ -172,8 +172,8 @@ class FlopCounter:
 
     def validation(self, slots: list[SeedSlot], alphas: torch.Tensor, rows: int) -> tuple[int, int]:
         """(main configuration, extra counterfactual configurations) of one fused pass (model.fused_forward) over
-        `rows` rows: the features before the first active slot whose alpha differs between configurations are
-        computed once, everything from there on once per configuration."""
+        `rows` rows: the features before the first active slot whose alpha differs between configurations, and
+        that slot's seed, are computed once; everything after it once per configuration."""
         by_id = {s.slot_id: s for s in slots}
         forward = {s.slot_id: slot_seed_flops(s, self.slot_shapes[s.slot_id]) for s in slots}
         main = self.host.forward + sum(forward.values())
@@ -185,5 +185,5 @@ class FlopCounter:
         if first is None or k == 1:
             return rows * main, 0
         after = order[order.index(first):]
-        suffix = self.host.forward - self.host.before_slot[first] + sum(forward[s] for s in after)
+        suffix = self.host.forward - self.host.before_slot[first] + sum(forward[s] for s in after[1:])
         return rows * main, rows * (k - 1) * suffix

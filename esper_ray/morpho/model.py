@@ -77,8 +77,9 @@ class MorphogeneticModel(nn.Module):
             K copies.
 
         The configurations compute the same features up to the first active slot whose alpha differs between
-        them, so that prefix runs once on B samples and is repeated K times there (for the usual plan, `main`
-        and `off:r0c1`, the host's first blocks run once instead of twice).
+        them, so that prefix, and that slot's seed, run once on B samples; the slot blends the seed's output K
+        ways and everything after it runs on K*B (for the usual plan, `main` and `off:r0c1`, the host's first
+        blocks and the seed run once instead of twice).
         """
         k, b = alphas.shape[0], x.shape[0]
         if alphas.shape[1] != len(self.slot_ids):
@@ -96,7 +97,8 @@ class MorphogeneticModel(nn.Module):
             i = self.slot_ids.index(slot_id)
             slot: SeedSlot = self.slots[slot_id]  # type: ignore[assignment]
             if not repeated and slot.is_active and differs[i]:
-                h, repeated = h.repeat(k, *([1] * (h.dim() - 1))), True  # [K*B, ...], config-major
+                repeated = True  # from here on [K*B, ...], config-major; this slot's seed still sees B samples
+                return slot.forward_configurations(h, alphas[:, i])
             rows = alphas[:, i].repeat_interleave(b) if repeated else alphas[0, i].expand(b)
             return slot(h, rows.view(-1, *feature_ones))
 

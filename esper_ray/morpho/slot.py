@@ -32,7 +32,7 @@ from esper_ray.contracts.host import Topology
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES, IllegalTransitionError, Stage, check_transition
 from esper_ray.morpho.alpha_schedule import AlphaSchedule
-from esper_ray.morpho.blend import GatedBlend, blend
+from esper_ray.morpho.blend import GatedBlend, blend, blend_configurations
 from esper_ray.morpho.blueprints import build_seed, count_params, resolve_blueprint, zero_last_affine
 from esper_ray.morpho.gates import GateResult, check_gate
 from esper_ray.morpho.seed_metrics import (
@@ -132,6 +132,13 @@ class SeedSlot(nn.Module):
         if self.stage is Stage.TRAINING:
             return host + (seed_out - seed_out.detach())
         return blend(self.algorithm, host, seed_out, seed_in, self.alpha_value, self.gate)
+
+    def forward_configurations(self, host: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+        """The slot's output under each of K alphas ([K], on host's device) for the same features [B, ...]:
+        [K*B, ...], configuration-major. The seed runs once, not K times (the fused validation pass, where the
+        configurations part at this slot)."""
+        seed_in = host.detach() if self.isolated else host
+        return blend_configurations(self.algorithm, host, self.seed(seed_in), seed_in, alphas, self.gate)  # type: ignore[misc]
 
     # ---------------------------------------------------------- state changes
     def _enter(self, stage: Stage) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import esper_ray
 from esper_ray.data.datasets import TaskData
-from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
@@ -66,7 +66,7 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
     run = {
         "task": env.cfg.task, "host_preset": env.cfg.effective_host_preset, "controller": controller,
         "seed": env.cfg.seed, "episode_seed": history.episode_seed, "max_epochs": env.cfg.max_epochs, "epochs": summary.steps,
-        "ended_by_rollback": summary.rolled_back, "device": str(env.device), "amp": env.cfg.amp,
+        "ended_by_rollback": summary.rolled_back, "device": str(env.device), "amp": resolve_amp(env.cfg.amp, env.device),
         "test_accuracy": summary.test_accuracy,
         "test_loss": summary.test_loss if math.isfinite(summary.test_loss) else None,  # strict JSON: a diverged loss is null
         "initial_val_accuracy": summary.initial_accuracy, "final_val_accuracy": summary.final_accuracy,

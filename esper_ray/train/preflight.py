@@ -22,7 +22,7 @@ def check_env_config(cfg: TrainConfig, log: Callable[[str], None] = print) -> No
         raise ValueError(f"env device={device!r} but gpus_per_env=0: env runners get no GPU; give them a share with "
                          f"--gpus-per-env (0.25 puts four envs on a GPU), or use --env device=auto")
     on_cpu = device == "cpu" or (device == "auto" and cfg.gpus_per_env == 0)
-    if on_cpu and env_config.get("amp", "off") != "off":
+    if on_cpu and env_config.get("amp", "auto") not in ("off", "fp32", "auto", False):
         log(f"note: amp={env_config['amp']} applies on CUDA only; these env runners train on the CPU in fp32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
