@@ -101,8 +101,9 @@ def test_reloaded_network_scores_the_runs_test_accuracy_on_cpu(tmp_path):
     data = load_task_data("digits-impaired")
     correct = 0
     with torch.no_grad():  # an independent count: plain forward, argmax, compare, in the env's validation chunks
-        for start in range(0, len(data.test_y), env.cfg.effective_val_batch_size):
-            x, y = data.test_x[start : start + env.cfg.effective_val_batch_size], data.test_y[start : start + env.cfg.effective_val_batch_size]
+        chunk = env.cfg.effective_val_batch_size
+        for start in range(0, len(data.test_y), chunk):
+            x, y = data.test_x[start : start + chunk], data.test_y[start : start + chunk]
             correct += int((network(data.prepare(x)).argmax(dim=1) == y).sum())
     assert correct / len(data.test_y) == summary.test_accuracy
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())

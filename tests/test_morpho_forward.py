@@ -108,6 +108,22 @@ def test_fused_k_config_forward_equals_k_separate_forwards(preset):
     assert not torch.allclose(fused[0], fused[1])
 
 
+@pytest.mark.parametrize("style", [Style.LINEAR_ADD, Style.GATED_GATE, Style.LINEAR_MULTIPLY])
+def test_the_parting_slots_seed_run_once_blends_each_configuration_as_a_separate_forward(style):
+    """The configurations part at r0c1, whose seed runs once and is blended K ways (ADD, GATE and MULTIPLY)."""
+    model = make_model(["r0c1"], preset="cifar10", auto_forward=False)
+    drive_to(model.slot("r0c1"), Stage.HOLDING, blueprint="conv_heavy", style=style)
+    perturbed_for_eval(model)
+    x = images("cifar10", batch=5).contiguous(memory_format=torch.channels_last)
+    model = model.to(memory_format=torch.channels_last)
+    alphas = torch.tensor([[1.0], [0.0], [0.35]])
+    with torch.no_grad():
+        fused = model.fused_forward(x, alphas)
+        for k in range(3):
+            torch.testing.assert_close(fused[k], separate_forward(model, x, alphas[k]), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(fused[0], fused[1])
+
+
 def _batch_sizes_seen(model):
     """Batch size of each host block's input and of the head's, as a list filled by the next forward."""
     seen = []
