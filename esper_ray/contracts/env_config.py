@@ -12,6 +12,8 @@ from esper_ray.contracts.rewards import RewardConfig
 
 TASKS = ("digits", "digits-impaired", "cifar10", "synthetic", "text")
 AMP_MODES = ("auto", "fp32", "off", "bf16", "fp16")
+MIXED_AMP_MODES = ("bf16", "fp16")
+"""The modes that ask for mixed precision by name: on a CPU they are ignored with a note (auto is not asking)."""
 # Defaults shared by `train`, `heuristic` and `eval`. digits-impaired, because on digits the host alone reaches
 # ~98 % and there is nothing for a controller to learn; a 25-epoch run is long enough for a seed to go from
 # germination through 10 epochs of TRAINING and its blend to HOLDING, and short enough for a CPU.

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, topology_blueprints
-from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage
@@ -77,7 +77,7 @@ def resolve_amp(amp: str, device: torch.device) -> str:
 
 
 def _precision(amp: str, device: torch.device) -> Precision:
-    if amp not in ("off", "fp32", "auto") and device.type != "cuda":
+    if amp in MIXED_AMP_MODES and device.type != "cuda":
         warnings.warn(f"amp={amp} applies on CUDA only; this env trains on the {device.type} in fp32", stacklevel=3)
     amp = resolve_amp(amp, device)
     if amp == "fp32":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from esper_ray.contracts.env_config import MIXED_AMP_MODES
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
@@ -22,7 +23,7 @@ def check_env_config(cfg: TrainConfig, log: Callable[[str], None] = print) -> No
         raise ValueError(f"env device={device!r} but gpus_per_env=0: env runners get no GPU; give them a share with "
                          f"--gpus-per-env (0.25 puts four envs on a GPU), or use --env device=auto")
     on_cpu = device == "cpu" or (device == "auto" and cfg.gpus_per_env == 0)
-    if on_cpu and env_config.get("amp", "auto") not in ("off", "fp32", "auto", False):
+    if on_cpu and env_config.get("amp") in MIXED_AMP_MODES:
         log(f"note: amp={env_config['amp']} applies on CUDA only; these env runners train on the CPU in fp32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
