@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 #    seed trained through BLENDING with cuda_graphs on, and the captured validation pass against the eager one).
 python3 -m pytest -q -x -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
   tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py \
-  tests/test_morpho_forward.py -m "not expensive" 2>&1 | tail -5 | tee "$out/pytest_cuda.txt"
+  tests/test_morpho_forward.py tests/test_fused_block.py -m "not expensive" 2>&1 | tail -5 | tee "$out/pytest_cuda.txt"
 # 2. Captured CUDA graphs train what the eager loop trains (per-epoch losses within float tolerance), and how fast.
 python3 benchmarks/graph_check.py 2>&1 | tee "$out/graph_check.txt"
 # 3. Seconds per env step by phase, on CUDA.

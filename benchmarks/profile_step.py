@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import esper_ray.env.morphogenetic_env as env_module
 import esper_ray.morpho.host as host_module
+from esper_ray.morpho import fused_block
 from esper_ray.cli import parse_env_overrides
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.baselines import RandomController
@@ -69,10 +70,13 @@ def main() -> None:
     parser.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
     parser.add_argument("--no-fused-eval", action="store_true",
                         help="eval-mode host blocks as conv, batch norm and ReLU (not folded into one cuDNN call)")
+    parser.add_argument("--no-fused-train", action="store_true",
+                        help="train-mode host blocks as separate kernels (not compiled: esper_ray/morpho/fused_block.py)")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable)")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     host_module.FUSED_EVAL = not args.no_fused_eval
+    fused_block.ENABLED = not args.no_fused_train
     env_module.train_epoch = labelled("train_epoch", env_module.train_epoch)  # the env calls it through its module
     config = {"task": "synthetic", "synthetic_size": 12_500, "synthetic_held_out": 10_000, "batch_size": 512, "max_epochs": 20, "slots": ["r0c1"],
               "device": args.device, "cuda_graphs": not args.no_graphs, **parse_env_overrides(args.env)}
@@ -126,7 +130,7 @@ def main() -> None:
           f"{kernels['validation']:.2f} ms ({val_us:.3f} us a validation sample), other {kernels['other']:.2f} ms; "
           f"validation {100 * share:.1f} % of {total:.2f} ms (GPU busy {100 * total / 1e3 / wall:.0f} % of wall)")
     print(events.table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=70))
-    print(json.dumps({"card": card, "torch": torch.__version__, "settings": config, "fused_eval": not args.no_fused_eval,
+    print(json.dumps({"card": card, "torch": torch.__version__, "settings": config, "fused_eval": not args.no_fused_eval, "fused_train": not args.no_fused_train,
                       "wall_ms_per_step": round(1e3 * wall, 2), "kernel_ms_per_step": {k: round(v, 3) for k, v in kernels.items()},
                       "train_us_per_sample": round(train_us, 4), "validation_us_per_sample": round(val_us, 4),
                       "validation_share": round(share, 4)}))

@@ -122,8 +122,13 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     env = MorphogeneticEnv(setup.env_config(shard))
     controller = RandomController(env.slot_ids, seed=shard)
     obs, _ = env.reset(seed=shard)
-    for _ in range(3):  # warm up: CUDA context, cuDNN, the first graph capture
+    # Warm up for a whole episode: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling
+    # variant (fused_block.py; a seed in r0c1 asks for the second), which compile once in an env's life.
+    terminated, steps = False, 0
+    while not terminated or steps < 3:
         obs, _, terminated, _, _ = env.step(controller.act(obs))
+        steps += 1
+    obs, _ = env.reset()
     barrier.wait()
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     while time.perf_counter() - start < setup.bare_seconds:

@@ -65,8 +65,8 @@ def train_epoch(
 
     The epoch's order and augmentation are drawn for the whole shard at once (a few large kernels instead of a
     few small ones per batch); then every full batch but the last runs through `graphs` (a captured CUDA
-    graph where enabled, eager otherwise), and the last batch, full or short, runs eagerly with the gradient
-    telemetry hook.
+    graph where enabled, eager otherwise) with the CNN host's blocks compiled on CUDA (morpho/fused_block.py), and
+    the last batch, full or short, runs eagerly and unfused with the gradient telemetry hook.
     """
     model.train()
     graphs = graphs or StepGraphs(enabled=False)
@@ -80,7 +80,7 @@ def train_epoch(
     for i in range(n_batches):
         x, y = x_all[i * batch_size : (i + 1) * batch_size], y_all[i * batch_size : (i + 1) * batch_size]
         if i == n_batches - 1:
-            step(x, y, on_grads=on_last_batch)
+            step(x, y, on_grads=on_last_batch, fuse=False)
         elif capturable:
             graphs.run(step, x, y)
         else:

@@ -191,7 +191,8 @@ class MorphogeneticEnv(gym.Env):
         self.graphs.forget()
         self.val_graphs.forget()
         self.host_optimizer = torch.optim.SGD(
-            self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY
+            self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY,
+            fused=self.device.type == "cuda",  # one kernel a step instead of several (slot.py, germinate)
         )
         self.data_generator = torch.Generator(device=self.device).manual_seed(episode_seed)
         self.epoch = 0

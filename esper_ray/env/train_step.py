@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.stages import Stage
+from esper_ray.morpho import fused_block
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
@@ -97,9 +98,11 @@ class TrainStep:
         return self._key
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, on_grads: Callable[[], None] | None = None,
-                 capturing: bool = False) -> None:
+                 capturing: bool = False, fuse: bool = True) -> None:
+        """`fuse`: CNN host blocks may run compiled (fused_block.py); the epoch's last batch says False, so that
+        only the env's one full batch shape is ever compiled."""
         scaler = self.precision.scaler
-        with self.precision.autocast(x.device, capturing):
+        with self.precision.autocast(x.device, capturing), fused_block.fusing(fuse):
             logits = self.model(x)
         # images: logits [B, classes], y [B]; text: logits [B, T, 256], y [B, T] (every position predicts a byte)
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import torch
 from torch import nn
 
 from esper_ray.contracts.host import HostConfig, Topology
+from esper_ray.morpho import fused_block
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
 
 HOST_PRESETS: dict[str, HostConfig] = {
@@ -36,12 +37,37 @@ FUSED_EVAL = True
 
 
 class ConvBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+    """conv -> batch norm -> ReLU, and the 2x2 max-pool after it when asked.
+
+    `full_precision`: compute in fp32 whatever the autocast. The host's first block reads the image's 1 to 3
+    channels, and for so few cuDNN's bf16 convolution is a generic direct kernel: on an H100 its fp32 (TF32) one
+    took 682 us for a 10,000-image validation chunk against 1,523 in bf16, and 196 against 259 us for a training
+    batch of 512 (benchmarks/first_conv.py).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, full_precision: bool = False) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
         self.norm = nn.BatchNorm2d(out_channels)
+        self.full_precision = full_precision
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pool: bool = False) -> torch.Tensor:
+        """relu(norm(conv(x))), 2x2 max-pooled if `pool`."""
+        if self.full_precision and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return self._forward(x.float(), pool)
+        return self._forward(x, pool)
+
+    def _forward(self, x: torch.Tensor, pool: bool) -> torch.Tensor:
+        if self.training and x.is_cuda and fused_block.active() and self.norm.momentum is not None:
+            norm = self.norm
+            return fused_block.run_compiled(
+                x, self.conv.weight, norm.weight, norm.bias, norm.running_mean, norm.running_var, norm.num_batches_tracked,
+                padding=self.conv.padding[0], momentum=norm.momentum, eps=norm.eps, pool=pool)
+        y = self._conv_bn_relu(x)
+        return nn.functional.max_pool2d(y, 2) if pool else y
+
+    def _conv_bn_relu(self, x: torch.Tensor) -> torch.Tensor:
         if FUSED_EVAL and x.is_cuda and not self.training and not torch.is_grad_enabled():
             weight, bias = self.folded()
             if torch.is_autocast_enabled(x.device.type):  # the fused op is not on autocast's lists: cast as conv2d would
@@ -74,7 +100,7 @@ class CNNHost(nn.Module):
         channels_in = cfg.in_channels
         blocks = []
         for i in range(cfg.blocks):
-            blocks.append(ConvBlock(channels_in, cfg.channels(i), cfg.kernel_size))
+            blocks.append(ConvBlock(channels_in, cfg.channels(i), cfg.kernel_size, full_precision=i == 0))
             channels_in = cfg.channels(i)
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(channels_in, cfg.num_classes)
@@ -97,14 +123,22 @@ class CNNHost(nn.Module):
         side = self.cfg.spatial(col, after_pool=row == 1)
         return self.slot_channels(slot), side, side
 
-    def forward(self, x: torch.Tensor, at_slot: SlotHook | None = None) -> torch.Tensor:
-        """Logits [B, classes] for images [B, C, H, W]; `at_slot(slot_id, h)` may replace features at a slot."""
+    def forward(self, x: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None) -> torch.Tensor:
+        """Logits [B, classes] for images [B, C, H, W]; `at_slot(slot_id, h)` may replace features at a slot.
+
+        `hooked`: the slots whose hook may change their features (None: every slot); the others' hooks are not called.
+        A block whose pre-pool slot is not hooked pools in the same call (fused_block.py fuses the two in training on
+        CUDA)."""
+        def reads(slot: str) -> bool:
+            return at_slot is not None and (hooked is None or slot in hooked)
+
         for i, block in enumerate(self.blocks):
-            x = block(x)
-            if at_slot is not None:
-                x = at_slot(slot_id(0, i), x)
-            if i < self.cfg.pool_layers:
-                x = nn.functional.max_pool2d(x, 2)
-                if at_slot is not None:
-                    x = at_slot(slot_id(1, i), x)
+            pooled = i < self.cfg.pool_layers
+            x = block(x, pool=pooled and not reads(slot_id(0, i)))
+            if reads(slot_id(0, i)):
+                x = at_slot(slot_id(0, i), x)  # type: ignore[misc]
+                if pooled:
+                    x = nn.functional.max_pool2d(x, 2)
+            if pooled and reads(slot_id(1, i)):
+                x = at_slot(slot_id(1, i), x)  # type: ignore[misc]
         return self.head(x.mean(dim=(2, 3)))

@@ -59,7 +59,7 @@ class MorphogeneticModel(nn.Module):
             override = None if alpha_overrides is None else alpha_overrides.get(slot_id)
             return self.slots[slot_id](h, override)
 
-        return self.host(x, at_slot)
+        return self.host(x, at_slot, self.active_slot_ids())
 
     def fused_forward(self, x: torch.Tensor, alphas: torch.Tensor, differs: Sequence[bool] | None = None) -> torch.Tensor:
         """Evaluate K alpha configurations in one pass.
@@ -102,10 +102,14 @@ class MorphogeneticModel(nn.Module):
             rows = alphas[:, i].repeat_interleave(b) if repeated else alphas[0, i].expand(b)
             return slot(h, rows.view(-1, *feature_ones))
 
-        logits = self.host(x, at_slot)
+        logits = self.host(x, at_slot, self.active_slot_ids())
         if repeated:
             return logits.view(k, b, *logits.shape[1:])
         return logits.expand(k, *logits.shape)  # no active slot tells the configurations apart: all K are this one
+
+    def active_slot_ids(self) -> frozenset[str]:
+        """The slots whose seed runs in the forward pass (every other slot passes its features through)."""
+        return frozenset(s.slot_id for s in self.seed_slots() if s.is_active)
 
     def current_alphas(self) -> torch.Tensor:
         """[S] the live alpha of each slot; a TRAINING seed counts as 0 (its output equals the host's)."""

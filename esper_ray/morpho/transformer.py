@@ -9,7 +9,7 @@ embedding. Slot r0c{i} sees block i's output, the residual stream [B, T, d_model
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import torch
 from torch import nn
@@ -146,11 +146,12 @@ class TransformerHost(nn.Module):
         """(T, C) of the features a slot sees: (seq_len, d_model) for a full-length sequence."""
         return self.cfg.seq_len, self.slot_channels(slot)
 
-    def forward(self, idx: torch.Tensor, at_slot: SlotHook | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None) -> torch.Tensor:
         """Next-token logits [B, T, vocab] for token ids idx [B, T] (int64, T <= seq_len).
 
         `at_slot(slot_id, h)` receives the residual stream h [B, T, d_model] after each block and returns
         its replacement. logits[:, t] depends on idx[:, :t + 1] only (causal), provided the hook keeps that.
+        `hooked`: the slots whose hook may change their features (None: every slot); the others' hooks are not called.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, T] token ids, got shape {tuple(idx.shape)}")
@@ -161,7 +162,7 @@ class TransformerHost(nn.Module):
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x)  # (B, T, C)
-            if at_slot is not None:
+            if at_slot is not None and (hooked is None or slot_id(0, i) in hooked):
                 x = at_slot(slot_id(0, i), x)
         return self.head(self.ln_f(x))  # (B, T, vocab)
 
