@@ -66,17 +66,17 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         tag = "bf16" if dtype is torch.bfloat16 else "fp32"
         w = torch.randn(8, 3, 3, 3, device=device, requires_grad=True)
+        x = torch.rand(512, 3, 32, 32, device=device).contiguous(memory_format=torch.channels_last)
+        xv = torch.rand(10_000, 3, 32, 32, device=device).contiguous(memory_format=torch.channels_last)
         reference = None
         for name, way in ways.items():
-            x = torch.rand(512, 3, 32, 32, device=device).contiguous(memory_format=torch.channels_last)
-            xv = torch.rand(10_000, 3, 32, 32, device=device).contiguous(memory_format=torch.channels_last)
 
-            def train() -> None:
+            def train(way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way) -> None:
                 with torch.autocast("cuda", dtype=dtype, enabled=dtype is torch.bfloat16):
                     y = way(x, w)
                 y.float().square().sum().backward()
 
-            def val() -> None:
+            def val(way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way) -> None:
                 with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype is torch.bfloat16):
                     way(xv, w)
 

@@ -1,22 +1,23 @@
-"""What fusing the host's layers would save in the captured train step, measured on this GPU before building it.
+"""What fusing the host's layers saves in the captured train step: the measurements behind esper_ray/morpho/fused_block.py.
 
     python benchmarks/fusion_probe.py                      # one process, every variant, fp32 and bf16
-    python benchmarks/fusion_probe.py --procs 4 --variants eager,blocks_pool   # 4 processes at once (start MPS first)
+    python benchmarks/fusion_probe.py --procs 4 --variants env,unfused   # 4 processes at once (start MPS first)
 
 Each variant trains the cifar10 host (slot r0c1 dormant, batch 512, the env's SGD settings) with the env's own
 TrainStep, captured as a CUDA graph as train_step.py does, and times 200 replays with CUDA events: the GPU time
-of one training step, per sample. Variants change only how the host's forward (and so its backward) is computed:
+of one training step, per sample. Variants change how the host's forward (and so its backward) is computed:
 
-  eager         the host as it is (cuDNN convolution, cuDNN batch norm, ReLU and max-pool kernels)
-  blocks        each block's conv -> batch norm -> ReLU through torch.compile (Triton kernels around cuDNN's
-                convolution), max-pool eager
+  env           the env's step as it is (compiled blocks: fused_block.py; fused SGD)
+  unfused       the step before fused_block.py: cuDNN batch norm, ATen ReLU and max-pool, foreach SGD
+  blocks        (hand-patched, on the unfused step) each block's conv -> batch norm -> ReLU through torch.compile
+                (Triton kernels around cuDNN's convolution), max-pool eager
   blocks_pool   the same with the block's 2x2 max-pool inside the compiled function
   whole         the whole host forward through torch.compile
   whole_tuned   the same with mode="max-autotune-no-cudagraphs" (Triton convolution templates compete with cuDNN)
   blocks_pool_pad4  blocks_pool with the first convolution's 3 input channels padded with zeros to 4
-  fused_sgd     eager host, torch.optim.SGD(fused=True)
+  fused_sgd     unfused with torch.optim.SGD(fused=True)
   val_eager     the captured validation pass (10,000 samples, one chunk) as it is: batch norm folded, cuDNN's
-                convolution + bias + ReLU, ATen's max-pool
+                convolution + bias + ReLU (the image's block in fp32), ATen's max-pool
   val_compiled  the same with each block's folded convolution, ReLU and pool through torch.compile
   val_pad4      val_compiled with the first convolution's input padded to 4 channels
 
@@ -36,7 +37,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-VARIANTS = ("eager", "blocks", "blocks_pool", "blocks_pool_pad4", "whole", "whole_tuned", "fused_sgd",
+from esper_ray.morpho import fused_block
+
+VARIANTS = ("env", "unfused", "blocks", "blocks_pool", "blocks_pool_pad4", "whole", "whole_tuned", "fused_sgd",
             "val_eager", "val_compiled", "val_pad4")
 
 
@@ -106,8 +109,9 @@ def build(variant: str, amp: str, device: torch.device) -> tuple[Any, torch.Tens
     model = MorphogeneticModel(build_host("cifar10"), ["r0c1"]).to(device).to(memory_format=torch.channels_last)
     model.train()
     patch_host(model, variant)
+    fused_block.ENABLED = variant == "env"  # the hand-patched variants replace the host's forward
     optimizer = torch.optim.SGD(model.host.parameters(), lr=TASK_DEFAULTS["synthetic"]["host_lr"], momentum=HOST_MOMENTUM,
-                                weight_decay=HOST_WEIGHT_DECAY, fused=variant == "fused_sgd")
+                                weight_decay=HOST_WEIGHT_DECAY, fused=variant in ("env", "fused_sgd"))
     precision = Precision(dtype=torch.bfloat16) if amp == "bf16" else Precision()
     graphs = StepGraphs(enabled=True)
     step = TrainStep(model, optimizer, precision, 1.0, graphs.accumulators(device))

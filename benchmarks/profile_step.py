@@ -29,9 +29,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import esper_ray.env.morphogenetic_env as env_module
 import esper_ray.morpho.host as host_module
-from esper_ray.morpho import fused_block
 from esper_ray.cli import parse_env_overrides
 from esper_ray.env import MorphogeneticEnv
+from esper_ray.morpho import fused_block
 from esper_ray.policy.baselines import RandomController
 
 PHASES = ("train_epoch", "validation")

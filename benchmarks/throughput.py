@@ -10,6 +10,10 @@
 controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
 (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
 their ratio is the RL overhead (1.0 = free). Progress goes to stderr; the last stdout line is one JSON object.
+
+To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
+-x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
+directory, so a copy put first on PYTHONPATH would reach the bare half only.
 """
 
 from __future__ import annotations
@@ -124,11 +128,14 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     obs, _ = env.reset(seed=shard)
     # Warm up for a whole episode: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling
     # variant (fused_block.py; a seed in r0c1 asks for the second), which compile once in an env's life.
-    terminated, steps = False, 0
-    while not terminated or steps < 3:
+    steps = 0
+    while True:
         obs, _, terminated, _, _ = env.step(controller.act(obs))
         steps += 1
-    obs, _ = env.reset()
+        if terminated:
+            obs, _ = env.reset()
+            if steps >= 3:
+                break
     barrier.wait()
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     while time.perf_counter() - start < setup.bare_seconds:

@@ -69,15 +69,19 @@ def test_the_model_hooks_exactly_its_active_slots():
     assert not torch.allclose(blended, bare)  # the seed at r1c2 still runs
 
 
-def test_the_image_block_computes_in_fp32_under_autocast_and_the_next_in_the_autocast_dtype():
+def test_in_eval_mode_the_image_block_computes_in_fp32_under_autocast_and_the_next_in_the_autocast_dtype():
     torch.manual_seed(0)
-    host = CNNHost(HOST_PRESETS["cifar10"])
+    host = CNNHost(HOST_PRESETS["cifar10"]).eval()
     x = images()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         first = host.blocks[0](x, pool=True)
         second = host.blocks[1](first)
     assert first.dtype == torch.float32 and second.dtype == torch.bfloat16
-    torch.testing.assert_close(first, host.blocks[0](x, pool=True), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(first, host.blocks[0](x, pool=True), rtol=0, atol=0)
+    host.train()  # training keeps the autocast (a deterministic weight gradient)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert host.blocks[0](x).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("pool", [False, True])

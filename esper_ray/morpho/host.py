@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.host import HostConfig, Topology
-from esper_ray.morpho import fused_block
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
+from esper_ray.morpho import fused_block
 
 HOST_PRESETS: dict[str, HostConfig] = {
     # 8x8 grey digits: 8/16/32 channels, two 2x2 pools (8 -> 4 -> 2).
@@ -39,10 +39,12 @@ FUSED_EVAL = True
 class ConvBlock(nn.Module):
     """conv -> batch norm -> ReLU, and the 2x2 max-pool after it when asked.
 
-    `full_precision`: compute in fp32 whatever the autocast. The host's first block reads the image's 1 to 3
-    channels, and for so few cuDNN's bf16 convolution is a generic direct kernel: on an H100 its fp32 (TF32) one
-    took 682 us for a 10,000-image validation chunk against 1,523 in bf16, and 196 against 259 us for a training
-    batch of 512 (benchmarks/first_conv.py).
+    `full_precision`: in eval mode, compute in fp32 whatever the autocast. The host's first block reads the image's
+    1 to 3 channels, and for so few cuDNN's bf16 convolution is a generic direct kernel: on an H100 its fp32 (TF32)
+    one took 682 us for a 10,000-image validation chunk against 1,523 in bf16 (benchmarks/first_conv.py). Training
+    keeps the autocast: there fp32 saved little (196 against 259 us for a batch of 512, forward and weight gradient)
+    and cuDNN's fp32 weight gradient for 3 channels is a non-deterministic algorithm, which made two eager runs of one
+    episode differ (benchmarks/graph_check.py).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, full_precision: bool = False) -> None:
@@ -53,7 +55,8 @@ class ConvBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, pool: bool = False) -> torch.Tensor:
         """relu(norm(conv(x))), 2x2 max-pooled if `pool`."""
-        if self.full_precision and x.device.type in ("cuda", "cpu") and torch.is_autocast_enabled(x.device.type):
+        if (self.full_precision and not self.training and x.device.type in ("cuda", "cpu")
+                and torch.is_autocast_enabled(x.device.type)):
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.float(), pool)
         return self._forward(x, pool)
