@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from fusion_probe import gpu_us  # benchmarks/ is on sys.path when this runs as a script
 
 
 def nhwc(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -50,13 +51,7 @@ def timed(fn: Callable[[], None], n: int = 50) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            graph.replay()
-        end.record()
-        end.synchronize()
-    return 1e3 * start.elapsed_time(end) / n
+        return gpu_us(graph.replay, n)
 
 
 def main() -> None:

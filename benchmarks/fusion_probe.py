@@ -32,6 +32,7 @@ import json
 import multiprocessing as mp
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -146,26 +147,25 @@ def build_validation(variant: str, amp: str, device: torch.device) -> Any:
     return captured
 
 
-def time_validation(captured: Any, n: int = 50) -> float:
-    """GPU microseconds per validation sample of the captured pass."""
+def gpu_us(launch: Callable[[], None], n: int) -> float:
+    """GPU microseconds a call of `launch` (CUDA events around n calls on the current stream)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n):
-        captured._launch()
+        launch()
     end.record()
     end.synchronize()
-    return 1e3 * start.elapsed_time(end) / (n * len(captured.y))
+    return 1e3 * start.elapsed_time(end) / n
+
+
+def time_validation(captured: Any, n: int = 50) -> float:
+    """GPU microseconds per validation sample of the captured pass."""
+    return gpu_us(captured._launch, n) / len(captured.y)
 
 
 def time_replays(captured: Any, x: torch.Tensor, y: torch.Tensor, n: int = 200) -> float:
     """GPU microseconds per training sample of the captured step."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        captured.replay(x, y)
-    end.record()
-    end.synchronize()
-    return 1e3 * start.elapsed_time(end) / (n * len(y))
+    return gpu_us(lambda: captured.replay(x, y), n) / len(y)
 
 
 def top_kernels(captured: Any, x: torch.Tensor, y: torch.Tensor, k: int = 10) -> list[tuple[str, float]]:

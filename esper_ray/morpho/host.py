@@ -136,9 +136,9 @@ class CNNHost(nn.Module):
             return at_slot is not None and (hooked is None or slot in hooked)
 
         for i, block in enumerate(self.blocks):
-            pooled = i < self.cfg.pool_layers
-            x = block(x, pool=pooled and not reads(slot_id(0, i)))
-            if reads(slot_id(0, i)):
+            pooled, reads_before_pool = i < self.cfg.pool_layers, reads(slot_id(0, i))
+            x = block(x, pool=pooled and not reads_before_pool)
+            if reads_before_pool:
                 x = at_slot(slot_id(0, i), x)  # type: ignore[misc]
                 if pooled:
                     x = nn.functional.max_pool2d(x, 2)
