@@ -138,13 +138,23 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
                 break
     barrier.wait()
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
+    # Where the wall goes besides plain steps: resets, and steps that captured a new train or validation graph.
+    episodes, reset_s, capture_s, captures = 0, 0.0, 0.0, 0
     while time.perf_counter() - start < setup.bare_seconds:
+        before, t0 = env.graphs.captures + env.val_graphs.captures, time.perf_counter()
         obs, _, terminated, _, info = env.step(controller.act(obs))
+        new_graphs = env.graphs.captures + env.val_graphs.captures - before
+        if new_graphs:
+            capture_s, captures = capture_s + time.perf_counter() - t0, captures + new_graphs
         steps, samples = steps + 1, samples + int(info["train_total"])
         if terminated:
+            t0 = time.perf_counter()
             obs, _ = env.reset()
+            episodes, reset_s = episodes + 1, reset_s + time.perf_counter() - t0
     wall = time.perf_counter() - start
-    results.put((shard, steps, samples, wall, (time.process_time() - cpu_start) / wall))
+    results.put((shard, steps, samples, wall, (time.process_time() - cpu_start) / wall,
+                 {"reset_share": reset_s / wall, "capturing_steps_share": capture_s / wall,
+                  "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1)}))
 
 
 def bare(setup: Setup) -> dict[str, float]:
@@ -154,7 +164,7 @@ def bare(setup: Setup) -> dict[str, float]:
     workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
     for w in workers:
         w.start()
-    outcomes: list[tuple[int, int, int, float, float]] = []
+    outcomes: list[tuple[int, int, int, float, float, dict[str, float]]] = []
     while len(outcomes) < len(workers):  # a worker that dies (an import error, say) must not hang the benchmark
         try:
             outcomes.append(results.get(timeout=5))
@@ -169,7 +179,8 @@ def bare(setup: Setup) -> dict[str, float]:
     seconds = max(o[3] for o in outcomes)
     figures = {"env_steps_per_s": sum(o[1] for o in outcomes) / seconds, "samples_per_s": sum(o[2] for o in outcomes) / seconds,
                # CPU seconds per second of each env process (its threads together; a CUDA sync spins, so it counts)
-               "cpu_busy_per_env": sum(o[4] for o in outcomes) / len(outcomes)}
+               "cpu_busy_per_env": sum(o[4] for o in outcomes) / len(outcomes),
+               **{k: sum(o[5][k] for o in outcomes) / len(outcomes) for k in outcomes[0][5]}}  # per env, averaged
     if setup.gpus > 1:  # does one GPU lag the others?
         figures["samples_per_s_by_gpu"] = [sum(o[2] for o in outcomes if o[0] % setup.gpus == g) / seconds
                                            for g in range(setup.gpus)]
@@ -260,7 +271,11 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
         log(f"bare: {bare_rate}")
         figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
                        bare_samples_per_s=round(bare_rate["samples_per_s"]),
-                       bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2))
+                       bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2),
+                       bare_reset_share=round(bare_rate["reset_share"], 3),
+                       bare_capturing_steps_share=round(bare_rate["capturing_steps_share"], 3),
+                       bare_captures_per_episode=round(bare_rate["captures_per_episode"], 2),
+                       bare_ms_per_reset=round(bare_rate["ms_per_reset"], 1))
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:

@@ -25,6 +25,8 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     figures = report["without_mps"]
     for key in ("bare_env_steps_per_s", "bare_samples_per_s", "train_env_steps_per_s", "train_samples_per_s", "train_over_bare"):
         assert figures[key] > 0, key
+    assert 0 <= figures["bare_reset_share"] < 1
+    assert figures["bare_capturing_steps_share"] == figures["bare_captures_per_episode"] == 0  # no CUDA graphs on a CPU
 
 
 # ------------------------------------------------------------------------------------------ benchmarks/roofline.py

@@ -1,0 +1,145 @@
+"""What an env's CUDA-graph captures cost: the wall of capturing steps against plain ones, and where it goes.
+
+    python benchmarks/capture_costs.py                 # 4 env processes under a private MPS daemon, as throughput.py's bare half
+    python benchmarks/capture_costs.py --procs 1 --no-mps
+
+Each process steps one env of `benchmarks/throughput.py --gpu` (random controller) for `--seconds` after an episode of
+warm-up. A step whose structure changed (episode start, a germination, a stage that changes the step's code, a prune)
+trains its first batches eagerly (train_step.WARMUP_STEPS), captures a new train graph, and validates eagerly once
+before capturing a new validation graph (validation_graph.WARMUP_PASSES). Timed around each: the captures
+themselves (CapturedStep / CapturedValidation construction, wall), the eager train steps (their CPU side) and the
+eager validation passes (synchronised), and every env step, split into steps that captured something and plain ones.
+Prints one JSON line with per-episode and per-step figures averaged over the processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import queue
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import Setup, _show_one_gpu, bare_mps, machine  # noqa: E402
+
+
+def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool = False,
+           when: Any = None) -> None:
+    """Wrap owner.name so that its wall time is added to totals[key] (and a count to totals[key + '_n'])."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if when is not None and not when(*args, **kwargs):
+            return original(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        if sync:
+            torch.cuda.synchronize()
+        totals[key] += time.perf_counter() - t0
+        totals[key + "_n"] += 1
+        return out
+
+    setattr(owner, name, wrapper)
+
+
+def _worker(setup: Setup, shard: int, seconds: float, barrier: Any, results: Any) -> None:
+    _show_one_gpu(setup, shard)
+    torch.set_num_threads(1)
+    from esper_ray.env import MorphogeneticEnv, epoch, train_step, validation_graph
+    from esper_ray.policy.baselines import RandomController
+
+    totals: dict[str, float] = defaultdict(float)
+    _timed(train_step.CapturedStep, "__init__", totals, "capture_train")
+    _timed(validation_graph.CapturedValidation, "__init__", totals, "capture_val")
+    # eager train steps of full batches (the warm-up before a capture): not capturing, fusing asked
+    _timed(train_step.TrainStep, "__call__", totals, "eager_train",
+           when=lambda self, x, y, on_grads=None, capturing=False, fuse=True: not capturing and fuse)
+    _timed(validation_graph, "validate_fused", totals, "eager_val", sync=True)
+    _ = epoch
+
+    env = MorphogeneticEnv(setup.env_config(shard))
+    controller = RandomController(env.slot_ids, seed=shard)
+    obs, _ = env.reset(seed=shard)
+    steps = 0
+    while True:
+        obs, _, terminated, _, _ = env.step(controller.act(obs))
+        steps += 1
+        if terminated:
+            obs, _ = env.reset()
+            if steps >= 3:
+                break
+    totals.clear()
+    barrier.wait()
+    start, episodes, plain, capturing = time.perf_counter(), 0, [], []
+    while time.perf_counter() - start < seconds:
+        before, t0 = env.graphs.captures + env.val_graphs.captures, time.perf_counter()
+        obs, _, terminated, _, _ = env.step(controller.act(obs))
+        (capturing if env.graphs.captures + env.val_graphs.captures > before else plain).append(time.perf_counter() - t0)
+        if terminated:
+            t0 = time.perf_counter()
+            obs, _ = env.reset()
+            totals["reset"] += time.perf_counter() - t0
+            episodes += 1
+    wall = time.perf_counter() - start
+    results.put({"wall": wall, "episodes": episodes, "plain_steps": len(plain), "capturing_steps": len(capturing),
+                 "ms_plain_step": 1e3 * sum(plain) / max(len(plain), 1),
+                 "ms_capturing_step": 1e3 * sum(capturing) / max(len(capturing), 1),
+                 "capturing_share": sum(capturing) / wall, **dict(totals)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--no-mps", action="store_true")
+    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable)")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    from esper_ray.cli import parse_env_overrides
+
+    setup = Setup(envs=args.procs, gpus=1, task="synthetic", train_size=12_500 * args.procs, val_size=10_000,
+                  batch_size=512, max_epochs=20, episodes_per_env=4, rounds=1, bare_seconds=args.seconds,
+                  slots=("r0c1",), model="gpu", extra_env=tuple(sorted(parse_env_overrides(args.env).items())))
+    context = mp.get_context("spawn")
+    barrier, results = context.Barrier(args.procs), context.Queue()
+    with bare_mps(not args.no_mps):
+        workers = [context.Process(target=_worker, args=(setup, k, args.seconds, barrier, results))
+                   for k in range(args.procs)]
+        for w in workers:
+            w.start()
+        outcomes: list[dict[str, Any]] = []
+        while len(outcomes) < len(workers):  # a worker that dies (out of memory, say) must not hang the probe
+            try:
+                outcomes.append(results.get(timeout=5))
+            except queue.Empty:
+                failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                if failed:
+                    for w in workers:
+                        w.kill()
+                    raise RuntimeError(f"env process failed (exit codes {failed}); its traceback is above") from None
+        for w in workers:
+            w.join()
+    mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in outcomes[0] | outcomes[-1]}
+    episodes = max(mean["episodes"], 1e-9)
+    per_episode = {k: round(1e3 * mean[k] / episodes, 1) for k in ("capture_train", "capture_val", "eager_train",
+                                                                   "eager_val", "reset") if k in mean}
+    counts = {k[:-2]: round(mean[k] / episodes, 2) for k in mean if k.endswith("_n")}
+    report = {"note": args.note, "machine": machine(), "procs": args.procs, "mps": not args.no_mps,
+              "env": dict(setup.extra_env), "episodes_per_proc": mean["episodes"],
+              "ms_plain_step": round(mean["ms_plain_step"], 2), "ms_capturing_step": round(mean["ms_capturing_step"], 2),
+              "capturing_steps_per_episode": round(mean["capturing_steps"] / episodes, 2),
+              "capturing_share_of_wall": round(mean["capturing_share"], 3),
+              "ms_per_episode": per_episode, "calls_per_episode": counts,
+              "samples_per_s": round(args.procs * 12_500 * (mean["plain_steps"] + mean["capturing_steps"]) / mean["wall"])}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
