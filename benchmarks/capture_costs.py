@@ -2,6 +2,7 @@
 
     python benchmarks/capture_costs.py                 # 4 env processes under a private MPS daemon, as throughput.py's bare half
     python benchmarks/capture_costs.py --procs 1 --no-mps
+    python benchmarks/capture_costs.py --profile-eager 3     # and where 3 eager warm-up steps spend their CPU time
 
 Each process steps one env of `benchmarks/throughput.py --gpu` (random controller) for `--seconds` after an episode of
 warm-up. A step whose structure changed (episode start, a germination, a stage that changes the step's code, a prune)
@@ -49,7 +50,33 @@ def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool
     setattr(owner, name, wrapper)
 
 
-def _worker(setup: Setup, shard: int, seconds: float, barrier: Any, results: Any) -> None:
+def _is_warm_up(self: Any, x: Any, y: Any, on_grads: Any = None, capturing: bool = False, fuse: bool = True) -> bool:
+    """A TrainStep call that is an eager step of a full batch before a capture (not captured, fusing asked)."""
+    return not capturing and fuse
+
+
+def _profiled(owner: Any, name: str, calls: list[int], when: Any) -> None:
+    """Wrap owner.name so that its first calls[0] calls that pass `when` run under torch.profiler; each prints its
+    wall and the ops with the most CPU time, self and total, to stderr."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if calls[0] <= 0 or not when(*args, **kwargs):
+            return original(*args, **kwargs)
+        calls[0] -= 1
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        t0 = time.perf_counter()
+        with torch.profiler.profile(activities=activities) as profile:
+            out = original(*args, **kwargs)
+        wall = time.perf_counter() - t0
+        table = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        print(f"--- an eager warm-up step: {1e3 * wall:.1f} ms of wall (profiled)\n{table}", file=sys.stderr, flush=True)
+        return out
+
+    setattr(owner, name, wrapper)
+
+
+def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrier: Any, results: Any) -> None:
     _show_one_gpu(setup, shard)
     torch.set_num_threads(1)
     from esper_ray.env import MorphogeneticEnv, epoch, train_step, validation_graph
@@ -58,9 +85,9 @@ def _worker(setup: Setup, shard: int, seconds: float, barrier: Any, results: Any
     totals: dict[str, float] = defaultdict(float)
     _timed(train_step.CapturedStep, "__init__", totals, "capture_train")
     _timed(validation_graph.CapturedValidation, "__init__", totals, "capture_val")
-    # eager train steps of full batches (the warm-up before a capture): not capturing, fusing asked
-    _timed(train_step.TrainStep, "__call__", totals, "eager_train",
-           when=lambda self, x, y, on_grads=None, capturing=False, fuse=True: not capturing and fuse)
+    _timed(train_step.TrainStep, "__call__", totals, "eager_train", when=_is_warm_up)
+    to_profile = [0]  # set after the warm-up episode, in the first process only
+    _profiled(train_step.TrainStep, "__call__", to_profile, when=_is_warm_up)
     _timed(validation_graph, "validate_fused", totals, "eager_val", sync=True)
     _ = epoch
 
@@ -76,6 +103,7 @@ def _worker(setup: Setup, shard: int, seconds: float, barrier: Any, results: Any
             if steps >= 3:
                 break
     totals.clear()
+    to_profile[0] = profile_eager if shard == 0 else 0
     barrier.wait()
     start, episodes, plain, capturing = time.perf_counter(), 0, [], []
     while time.perf_counter() - start < seconds:
@@ -100,6 +128,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--no-mps", action="store_true")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable)")
+    parser.add_argument("--profile-eager", type=int, default=0, metavar="N",
+                        help="profile the first N eager warm-up steps of the first process (ops by CPU time, to stderr)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     from esper_ray.cli import parse_env_overrides
@@ -110,7 +140,7 @@ def main() -> None:
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(args.procs), context.Queue()
     with bare_mps(not args.no_mps):
-        workers = [context.Process(target=_worker, args=(setup, k, args.seconds, barrier, results))
+        workers = [context.Process(target=_worker, args=(setup, k, args.seconds, args.profile_eager, barrier, results))
                    for k in range(args.procs)]
         for w in workers:
             w.start()
