@@ -9,7 +9,8 @@ warm-up. A step whose structure changed (episode start, a germination, a stage t
 trains its first batches eagerly (train_step.WARMUP_STEPS), captures a new train graph, and validates eagerly once
 before capturing a new validation graph (validation_graph.WARMUP_PASSES). Timed around each: the captures
 themselves (CapturedStep / CapturedValidation construction, wall), the eager train steps (their CPU side) and the
-eager validation passes (synchronised), and every env step, split into steps that captured something and plain ones.
+eager validation passes (synchronised), the eager step of each epoch's last batch (CPU side), and every env step,
+split into steps that captured something and plain ones.
 Prints one JSON line with per-episode and per-step figures averaged over the processes.
 """
 
@@ -55,6 +56,11 @@ def _is_warm_up(self: Any, x: Any, y: Any, on_grads: Any = None, capturing: bool
     return not capturing and fuse
 
 
+def _is_last_batch(self: Any, x: Any, y: Any, on_grads: Any = None, capturing: bool = False, fuse: bool = True) -> bool:
+    """A TrainStep call for an epoch's last batch: eager in every step, unfused, with gradient telemetry."""
+    return not capturing and not fuse
+
+
 def _profiled(owner: Any, name: str, calls: list[int], when: Any) -> None:
     """Wrap owner.name so that its first calls[0] calls that pass `when` run under torch.profiler; each prints its
     wall and the ops with the most CPU time, self and total, to stderr."""
@@ -86,6 +92,7 @@ def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrie
     _timed(train_step.CapturedStep, "__init__", totals, "capture_train")
     _timed(validation_graph.CapturedValidation, "__init__", totals, "capture_val")
     _timed(train_step.TrainStep, "__call__", totals, "eager_train", when=_is_warm_up)
+    _timed(train_step.TrainStep, "__call__", totals, "eager_last_batch", when=_is_last_batch)
     to_profile = [0]  # set after the warm-up episode, in the first process only
     _profiled(train_step.TrainStep, "__call__", to_profile, when=_is_warm_up)
     _timed(validation_graph, "validate_fused", totals, "eager_val", sync=True)
@@ -159,7 +166,7 @@ def main() -> None:
     mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in outcomes[0] | outcomes[-1]}
     episodes = max(mean["episodes"], 1e-9)
     per_episode = {k: round(1e3 * mean[k] / episodes, 1) for k in ("capture_train", "capture_val", "eager_train",
-                                                                   "eager_val", "reset") if k in mean}
+                                                                   "eager_val", "eager_last_batch", "reset") if k in mean}
     counts = {k[:-2]: round(mean[k] / episodes, 2) for k in mean if k.endswith("_n")}
     report = {"note": args.note, "machine": machine(), "procs": args.procs, "mps": not args.no_mps,
               "env": dict(setup.extra_env), "episodes_per_proc": mean["episodes"],
