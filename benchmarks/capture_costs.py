@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import queue
 import sys
 import time
 from collections import defaultdict
@@ -29,7 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import Setup, _show_one_gpu, bare_mps, machine  # noqa: E402
+from throughput import Setup, _show_one_gpu, bare_mps, machine, run_processes, warmed_up_env  # noqa: E402
 
 
 def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool = False,
@@ -85,8 +83,7 @@ def _profiled(owner: Any, name: str, calls: list[int], when: Any) -> None:
 def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrier: Any, results: Any) -> None:
     _show_one_gpu(setup, shard)
     torch.set_num_threads(1)
-    from esper_ray.env import MorphogeneticEnv, epoch, train_step, validation_graph
-    from esper_ray.policy.baselines import RandomController
+    from esper_ray.env import train_step, validation_graph
 
     totals: dict[str, float] = defaultdict(float)
     _timed(train_step.CapturedStep, "__init__", totals, "capture_train")
@@ -96,19 +93,8 @@ def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrie
     to_profile = [0]  # set after the warm-up episode, in the first process only
     _profiled(train_step.TrainStep, "__call__", to_profile, when=_is_warm_up)
     _timed(validation_graph, "validate_fused", totals, "eager_val", sync=True)
-    _ = epoch
 
-    env = MorphogeneticEnv(setup.env_config(shard))
-    controller = RandomController(env.slot_ids, seed=shard)
-    obs, _ = env.reset(seed=shard)
-    steps = 0
-    while True:
-        obs, _, terminated, _, _ = env.step(controller.act(obs))
-        steps += 1
-        if terminated:
-            obs, _ = env.reset()
-            if steps >= 3:
-                break
+    env, controller, obs = warmed_up_env(setup, shard)
     totals.clear()
     to_profile[0] = profile_eager if shard == 0 else 0
     barrier.wait()
@@ -144,25 +130,8 @@ def main() -> None:
     setup = Setup(envs=args.procs, gpus=1, task="synthetic", train_size=12_500 * args.procs, val_size=10_000,
                   batch_size=512, max_epochs=20, episodes_per_env=4, rounds=1, bare_seconds=args.seconds,
                   slots=("r0c1",), model="gpu", extra_env=tuple(sorted(parse_env_overrides(args.env).items())))
-    context = mp.get_context("spawn")
-    barrier, results = context.Barrier(args.procs), context.Queue()
     with bare_mps(not args.no_mps):
-        workers = [context.Process(target=_worker, args=(setup, k, args.seconds, args.profile_eager, barrier, results))
-                   for k in range(args.procs)]
-        for w in workers:
-            w.start()
-        outcomes: list[dict[str, Any]] = []
-        while len(outcomes) < len(workers):  # a worker that dies (out of memory, say) must not hang the probe
-            try:
-                outcomes.append(results.get(timeout=5))
-            except queue.Empty:
-                failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
-                if failed:
-                    for w in workers:
-                        w.kill()
-                    raise RuntimeError(f"env process failed (exit codes {failed}); its traceback is above") from None
-        for w in workers:
-            w.join()
+        outcomes = run_processes(_worker, args.procs, lambda k: (setup, k, args.seconds, args.profile_eager))
     mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in outcomes[0] | outcomes[-1]}
     episodes = max(mean["episodes"], 1e-9)
     per_episode = {k: round(1e3 * mean[k] / episodes, 1) for k in ("capture_train", "capture_val", "eager_train",

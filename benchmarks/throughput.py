@@ -28,6 +28,7 @@ import queue
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,18 +117,16 @@ def _show_one_gpu(setup: Setup, shard: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = visible[shard % setup.gpus]
 
 
-def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
-    if setup.gpus:
-        _show_one_gpu(setup, shard)
-    torch.set_num_threads(threads)
+def warmed_up_env(setup: Setup, shard: int) -> tuple[Any, Any, Any]:
+    """Env `shard` of the setup, its random controller, and the observation it stands at after a whole episode of
+    warm-up: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling variant
+    (fused_block.py; a seed in r0c1 asks for the second), which compile once in an env's life."""
     from esper_ray.env import MorphogeneticEnv
     from esper_ray.policy.baselines import RandomController
 
     env = MorphogeneticEnv(setup.env_config(shard))
     controller = RandomController(env.slot_ids, seed=shard)
     obs, _ = env.reset(seed=shard)
-    # Warm up for a whole episode: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling
-    # variant (fused_block.py; a seed in r0c1 asks for the second), which compile once in an env's life.
     steps = 0
     while True:
         obs, _, terminated, _, _ = env.step(controller.act(obs))
@@ -135,7 +134,14 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
         if terminated:
             obs, _ = env.reset()
             if steps >= 3:
-                break
+                return env, controller, obs
+
+
+def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
+    if setup.gpus:
+        _show_one_gpu(setup, shard)
+    torch.set_num_threads(threads)
+    env, controller, obs = warmed_up_env(setup, shard)
     barrier.wait()
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     # Where the wall goes besides plain steps: resets, and steps that captured a new train or validation graph.
@@ -157,15 +163,17 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
                   "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1)}))
 
 
-def bare(setup: Setup) -> dict[str, float]:
+def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
+    """target(*args(k), barrier, results) in n spawned processes k = 0..n-1 (each waits at the barrier, then puts
+    one result); their results. A process that dies first (an import error, out of memory) raises here instead of
+    hanging the benchmark."""
     context = mp.get_context("spawn")
-    barrier, results = context.Barrier(setup.envs), context.Queue()
-    threads = max(1, (os.cpu_count() or 1) // setup.envs)
-    workers = [context.Process(target=_bare_worker, args=(setup, k, threads, barrier, results)) for k in range(setup.envs)]
+    barrier, results = context.Barrier(n), context.Queue()
+    workers = [context.Process(target=target, args=(*args(k), barrier, results)) for k in range(n)]
     for w in workers:
         w.start()
-    outcomes: list[tuple[int, int, int, float, float, dict[str, float]]] = []
-    while len(outcomes) < len(workers):  # a worker that dies (an import error, say) must not hang the benchmark
+    outcomes: list[Any] = []
+    while len(outcomes) < n:
         try:
             outcomes.append(results.get(timeout=5))
         except queue.Empty:
@@ -173,9 +181,15 @@ def bare(setup: Setup) -> dict[str, float]:
             if failed:
                 for w in workers:
                     w.kill()
-                raise RuntimeError(f"bare env process failed (exit codes {failed}); its traceback is above") from None
+                raise RuntimeError(f"an env process failed (exit codes {failed}); its traceback is above") from None
     for w in workers:
         w.join()
+    return outcomes
+
+
+def bare(setup: Setup) -> dict[str, float]:
+    threads = max(1, (os.cpu_count() or 1) // setup.envs)
+    outcomes = run_processes(_bare_worker, setup.envs, lambda k: (setup, k, threads))
     seconds = max(o[3] for o in outcomes)
     figures = {"env_steps_per_s": sum(o[1] for o in outcomes) / seconds, "samples_per_s": sum(o[2] for o in outcomes) / seconds,
                # CPU seconds per second of each env process (its threads together; a CUDA sync spins, so it counts)
