@@ -9,7 +9,9 @@
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
 controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
 (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
-their ratio is the RL overhead (1.0 = free). Progress goes to stderr; the last stdout line is one JSON object.
+their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
+share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/capture_costs.py
+splits those steps further). Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
 -x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
