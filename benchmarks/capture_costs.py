@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import Setup, _show_one_gpu, bare_mps, machine, run_processes, warmed_up_env  # noqa: E402
+from throughput import (Setup, _show_one_gpu, bare_mps, graph_captures, machine, run_processes,  # noqa: E402
+                        warmed_up_env)
 
 
 def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool = False,
@@ -100,9 +101,9 @@ def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrie
     barrier.wait()
     start, episodes, plain, capturing = time.perf_counter(), 0, [], []
     while time.perf_counter() - start < seconds:
-        before, t0 = env.graphs.captures + env.val_graphs.captures, time.perf_counter()
+        before, t0 = graph_captures(env), time.perf_counter()
         obs, _, terminated, _, _ = env.step(controller.act(obs))
-        (capturing if env.graphs.captures + env.val_graphs.captures > before else plain).append(time.perf_counter() - t0)
+        (capturing if graph_captures(env) > before else plain).append(time.perf_counter() - t0)
         if terminated:
             t0 = time.perf_counter()
             obs, _ = env.reset()
@@ -122,7 +123,8 @@ def main() -> None:
     parser.add_argument("--no-mps", action="store_true")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable)")
     parser.add_argument("--profile-eager", type=int, default=0, metavar="N",
-                        help="profile the first N eager warm-up steps of the first process (ops by CPU time, to stderr)")
+                        help="profile the first N eager warm-up steps of the first process (ops by CPU time, to stderr; "
+                             "its eager_train figures then include the profiler's own time)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     from esper_ray.cli import parse_env_overrides
@@ -132,7 +134,8 @@ def main() -> None:
                   slots=("r0c1",), model="gpu", extra_env=tuple(sorted(parse_env_overrides(args.env).items())))
     with bare_mps(not args.no_mps):
         outcomes = run_processes(_worker, args.procs, lambda k: (setup, k, args.seconds, args.profile_eager))
-    mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in outcomes[0] | outcomes[-1]}
+    keys = {k for o in outcomes for k in o}  # a process that, say, validated no pass eagerly has no eager_val
+    mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in keys}
     episodes = max(mean["episodes"], 1e-9)
     per_episode = {k: round(1e3 * mean[k] / episodes, 1) for k in ("capture_train", "capture_val", "eager_train",
                                                                    "eager_val", "eager_last_batch", "reset") if k in mean}
@@ -143,7 +146,7 @@ def main() -> None:
               "capturing_steps_per_episode": round(mean["capturing_steps"] / episodes, 2),
               "capturing_share_of_wall": round(mean["capturing_share"], 3),
               "ms_per_episode": per_episode, "calls_per_episode": counts,
-              "samples_per_s": round(args.procs * 12_500 * (mean["plain_steps"] + mean["capturing_steps"]) / mean["wall"])}
+              "samples_per_s": round(setup.train_size * (mean["plain_steps"] + mean["capturing_steps"]) / mean["wall"])}
     print(json.dumps(report))
 
 

@@ -139,6 +139,11 @@ def warmed_up_env(setup: Setup, shard: int) -> tuple[Any, Any, Any]:
                 return env, controller, obs
 
 
+def graph_captures(env: Any) -> int:
+    """CUDA graphs the env has captured so far, train steps and validation passes together."""
+    return env.graphs.captures + env.val_graphs.captures
+
+
 def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: Any) -> None:
     if setup.gpus:
         _show_one_gpu(setup, shard)
@@ -149,9 +154,9 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     # Where the wall goes besides plain steps: resets, and steps that captured a new train or validation graph.
     episodes, reset_s, capture_s, captures = 0, 0.0, 0.0, 0
     while time.perf_counter() - start < setup.bare_seconds:
-        before, t0 = env.graphs.captures + env.val_graphs.captures, time.perf_counter()
+        before, t0 = graph_captures(env), time.perf_counter()
         obs, _, terminated, _, info = env.step(controller.act(obs))
-        new_graphs = env.graphs.captures + env.val_graphs.captures - before
+        new_graphs = graph_captures(env) - before
         if new_graphs:
             capture_s, captures = capture_s + time.perf_counter() - t0, captures + new_graphs
         steps, samples = steps + 1, samples + int(info["train_total"])
