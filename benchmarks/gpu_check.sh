@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 #    log. The set takes 7 to 9 minutes on an H100 (2026-11-27: 91 % done after 440 s with 4 xdist workers).
 python3 -m pytest -v --durations=20 -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
   tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py \
-  tests/test_morpho_forward.py tests/test_fused_block.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
+  tests/test_morpho_forward.py tests/test_fused_block.py tests/test_graph_memory.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$out/pytest_cuda_log.txt" | tail -20 | tee "$out/pytest_cuda.txt"
 # 2. Captured CUDA graphs train what the eager loop trains (per-epoch losses within float tolerance), and how fast.
 python3 benchmarks/graph_check.py 2>&1 | tee "$out/graph_check.txt"

@@ -18,6 +18,7 @@ digits-impaired: values of ~115 against returns of 13-36 and an explained varian
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import time
@@ -39,8 +40,9 @@ from esper_ray.data.datasets import TaskData, load_task_data
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.faults import nan_epoch, poison_with_nan, raise_if_asked
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
-from esper_ray.env.validation_graph import ValidationGraphs
-from esper_ray.env.train_step import Precision, StepGraphs
+from esper_ray.env.graph_memory import GraphMemory
+from esper_ray.env.validation_graph import CapturedValidation, ValidationGraphs
+from esper_ray.env.train_step import CapturedStep, Precision, StepGraphs
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
@@ -100,8 +102,11 @@ class MorphogeneticEnv(gym.Env):
         if self.device.type == "cuda":
             torch.backends.cudnn.deterministic = self.cfg.cudnn_deterministic  # a process-wide flag: one env per process
         self.precision = _precision(self.cfg.amp, self.device)
-        self.graphs = StepGraphs(enabled=self.device.type == "cuda" and self.cfg.cuda_graphs)
-        self.val_graphs = ValidationGraphs(enabled=self.graphs.enabled and self.cfg.graph_validation)
+        graphs = self.device.type == "cuda" and self.cfg.cuda_graphs
+        memory = GraphMemory(self.device) if graphs else None  # one pool for all of this env's graphs
+        self.graphs = StepGraphs(enabled=graphs, capture=functools.partial(CapturedStep, memory=memory))
+        self.val_graphs = ValidationGraphs(enabled=graphs and self.cfg.graph_validation,
+                                           capture=functools.partial(CapturedValidation, memory=memory))
         probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
         self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)

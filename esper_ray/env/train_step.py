@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.stages import Stage
+from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.morpho import fused_block
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
@@ -130,13 +131,14 @@ class TrainStep:
 
 
 class CapturedStep:
-    """A TrainStep captured as a CUDA graph over static input buffers of one batch shape."""
+    """A TrainStep captured as a CUDA graph over static input buffers of one batch shape, into the env's graph
+    memory when given one (graph_memory.py)."""
 
-    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory | None = None) -> None:
         self.key = step.key()
         self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capturing(self.graph, memory):
             step(self.static_x, self.static_y, capturing=True)
 
     def replay(self, x: torch.Tensor, y: torch.Tensor) -> None:

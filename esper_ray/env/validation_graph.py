@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from esper_ray.env.epoch import ValStats, accumulate_fused, read_val_stats, validate_fused
+from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.env.train_step import Precision
 from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
 from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
@@ -57,8 +58,9 @@ class CapturedValidation:
 
     def __init__(self, key: ValidationKey, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor,
                  alphas: torch.Tensor, *, chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor],
-                 precision: Precision) -> None:
+                 precision: Precision, memory: GraphMemory | None = None) -> None:
         self.key, self.model, self.y, self.chunk, self.precision = key, model, y_val, chunk, precision
+        self.memory = memory
         self.differs = list(key.differs)
         device = x_val.device
         with torch.inference_mode():
@@ -77,7 +79,7 @@ class CapturedValidation:
     def _capture(self) -> None:
         """Record the pass (it runs nothing: the eager passes before it warmed cuDNN up)."""
         self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
+        with torch.inference_mode(), capturing(self.graph, self.memory):
             self._pass(capturing=True)
 
     def _launch(self) -> None:

@@ -1,0 +1,62 @@
+"""One memory pool and one capture stream for every CUDA graph an env captures, and the capture itself.
+
+Why: an env captures its train step and its validation pass again whenever its model changes: a new episode, a
+germination, a stage that changes the step's code, a prune. With a random controller that is about 8 captures an
+episode. `torch.cuda.graph` synchronises the device and hands every cached block back to the driver before each
+capture, so the eager steps after it allocate from the driver again, and each graph gets a private pool of its own,
+which only that hand-back frees. Measured with benchmarks/capture_costs.py (H100, 4 envs under MPS): a step that
+captured took 90.7 ms against 50.8 ms for a plain one, and such steps were half of the wall. Leaving out the
+hand-back alone is no cure: the pools of dropped graphs then pile up until the card runs out of memory.
+
+So an env's graphs all allocate from one `torch.cuda.MemPool` that lives as long as the env: a new graph reuses the
+blocks of the graphs dropped before it, and nothing goes back to the driver. The capture waits for the work queued
+on the env's stream instead of synchronising the device.
+
+Sharing a pool is safe here because no graph keeps a tensor it allocated while capturing that is read after its
+replay ends: parameters, optimizer state, batch-norm statistics, accumulators and static inputs are all allocated
+outside the captures (the eager warm-up creates the optimizer state), and what a capture allocates (activations,
+gradients, norms) is written before it is read within each replay. The env's graphs replay one at a time, in order,
+on its one stream, so one graph's temporaries never overwrite what another is still reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+class GraphMemory:
+    """The pool an env's CUDA graphs allocate from, and the stream they are captured on (the same for all of them,
+    as sharing a pool asks)."""
+
+    def __init__(self, device: torch.device) -> None:
+        with torch.cuda.device(device):
+            self.pool = torch.cuda.MemPool()
+            self.stream = torch.cuda.Stream()
+            # torch's pinned-host allocator counts the graphs of a pool apart from the MemPool, and refuses a pool
+            # whose graphs have all been dropped (torch 2.11: "use_count > 0" in CachingHostAllocator.h), as at an
+            # episode's start. A graph of one tiny kernel, kept as long as the pool, holds it.
+            self._anchor_tensor = torch.zeros(1, device=device)
+            self._anchor = torch.cuda.CUDAGraph()
+            with self.capturing(self._anchor):
+                self._anchor_tensor.add_(1)
+
+    @contextlib.contextmanager
+    def capturing(self, graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+        """Record into `graph` what the block launches, ordered after the work queued on the current stream."""
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool.id)
+            try:
+                yield
+            finally:
+                graph.capture_end()
+        current.wait_stream(self.stream)
+
+
+def capturing(graph: torch.cuda.CUDAGraph, memory: GraphMemory | None) -> contextlib.AbstractContextManager[None]:
+    """Capture into the env's shared memory, or, without one, as torch.cuda.graph does (a private pool per graph)."""
+    return memory.capturing(graph) if memory is not None else torch.cuda.graph(graph)

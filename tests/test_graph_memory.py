@@ -1,0 +1,58 @@
+"""An env's CUDA graphs share one memory pool (env/graph_memory.py): they train and validate what eager steps do
+while re-captured through an episode, and the pool does not pile up over episodes. CUDA only (gpu_check.sh runs it);
+the captured steps' bookkeeping is tested on the CPU in test_train_step.py and test_validation_graph.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from esper_ray.contracts.actions import Blueprint, Op, encode_joint
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.policy.baselines import wait_action
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
+
+DIGITS = {"task": "digits", "max_epochs": 8, "num_shards": 2, "device": "cuda", "batch_size": 48,
+          "min_training_epochs": 1}
+
+
+def episode(env: MorphogeneticEnv, seed: int) -> list[float]:
+    """A conv_light seed germinated at epoch 1 (the step and the pass re-captured as it trains and blends), then
+    every epoch's train and validation loss."""
+    env.reset(seed=seed)
+    losses = []
+    for epoch in range(8):
+        action = wait_action(len(env.slot_ids))
+        if epoch == 1:
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1, len(env.slot_ids)), int(Blueprint.CONV_LIGHT)
+        _, _, _, _, info = env.step(action)
+        losses += [info["train_loss"], info["val_loss"]]
+    return losses
+
+
+def test_graphs_sharing_the_envs_pool_train_and_validate_what_eager_steps_do():
+    eager = episode(MorphogeneticEnv({**DIGITS, "cuda_graphs": False}), seed=4)
+    env = MorphogeneticEnv(DIGITS)
+    graphed = episode(env, seed=4)
+    assert env.graphs.captures >= 3 and env.val_graphs.captures >= 2, (env.graphs.captures, env.val_graphs.captures)
+    pool = env.graphs.captured.graph.pool()
+    assert env.val_graphs.captured.graph.pool() == pool  # one pool for the step and the pass
+    np.testing.assert_allclose(graphed, eager, rtol=2e-3, atol=1e-4)
+
+
+def test_the_pool_does_not_pile_up_over_episodes():
+    """Each re-capture reuses the blocks of the graphs dropped before it: after the first episode the memory the
+    process holds stays put (torch.cuda.graph's private pools, kept without its empty_cache, grew by every capture)."""
+    env = MorphogeneticEnv(DIGITS)
+    episode(env, seed=0)
+    torch.cuda.synchronize()
+    after_one = torch.cuda.memory_reserved()
+    captures = env.graphs.captures + env.val_graphs.captures
+    for seed in (1, 2, 3):
+        episode(env, seed)
+    torch.cuda.synchronize()
+    assert env.graphs.captures + env.val_graphs.captures >= 3 * captures
+    assert torch.cuda.memory_reserved() <= after_one + 32 * 2**20
