@@ -118,7 +118,7 @@ def build(variant: str, amp: str, device: torch.device) -> tuple[Any, torch.Tens
     step = TrainStep(model, optimizer, precision, 1.0, graphs.accumulators(device))
     x = torch.rand(512, 3, 32, 32, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (512,), device=device)
-    for _ in range(4):  # two eager (warm-up, compile), the capture, one replay
+    for _ in range(4):  # eager warm-up (optimizer state, compile), the capture, replays
         graphs.run(step, x, y)
     torch.cuda.synchronize()
     return graphs.captured, x, y

@@ -20,7 +20,7 @@ from esper_ray.policy.baselines import wait_action
 from tests.morpho_helpers import drive_to, give_healthy_gradients, make_model
 
 TEXT = {"task": "text", "text_max_bytes": 8_000, "batch_size": 16, "max_epochs": 8}
-"""7 batches of 16 sequences per epoch: the step is captured from the third batch on (the last runs eagerly)."""
+"""7 batches of 16 sequences per epoch: the step is captured from the second batch on (the last runs eagerly)."""
 
 
 class ReplayedOnCpu:

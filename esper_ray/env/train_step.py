@@ -10,9 +10,12 @@ EAGER_STEP_BLUEPRINTS runs (flex_attention: it copies from the CPU as it compute
 structure it was captured with, so it is keyed by everything that changes the step's code path or its
 tensors (`slot_key`): the seeds that run, the branch each takes, their blends and optimizers, the host
 optimizer, and the precision. A new
-key is captured after `WARMUP_STEPS` eager steps (which create optimizer state and let cuDNN choose its
-algorithms); the capture itself runs nothing, so every batch is trained exactly once, in order, and a graph
-replay computes what the eager step would (the same kernels on the same data).
+key is captured after `WARMUP_STEPS` eager steps; the capture itself runs nothing, so every batch is trained
+exactly once, in order, and a graph replay computes what the eager step would (the same kernels on the same data).
+One eager step is enough: it creates the optimizers' momentum (the only state a step adds), compiles the host's
+blocks on their first call and lets cuDNN choose its algorithms, so the next step, the one recorded, takes the path
+every later step takes. A step's graphs are kept by key (StepGraphs), so a structure the model comes back to is
+not captured again.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 
 # Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
 TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
-WARMUP_STEPS = 2
+WARMUP_STEPS = 1
+# Captured steps an env keeps: the host alone, a seed in TRAINING, then blended (StepGraphs).
+KEPT_STEPS = 3
 
 
 @dataclass
@@ -148,8 +153,14 @@ class CapturedStep:
 
 
 class StepGraphs:
-    """The env's captured step (one at a time), the eager steps it takes to get one, and the accumulators every
-    step of the env writes to (a graph writes to the tensors it was captured with, so they must outlive epochs).
+    """The env's captured steps, kept by key (up to `KEPT_STEPS`, the least recently replayed dropped first), the
+    eager steps it takes to get one, and the accumulators every step of the env writes to (a graph writes to the
+    tensors it was captured with, so they must outlive epochs).
+
+    Kept by key, a graph is replayed again when the model comes back to a structure it had: after a prune, the host
+    alone runs the step captured at the episode's start. That is sound because a kept graph's key holds every
+    object its kernels read (the model's host, the host optimizer and its state, each running seed, its optimizer
+    and blend); a rollback drops the optimizer state, so `forget` drops every graph.
 
     `capture` builds the captured step; tests pass a CPU stand-in to check the bookkeeping without a GPU.
     """
@@ -157,7 +168,11 @@ class StepGraphs:
     def __init__(self, enabled: bool, capture: Callable[[TrainStep, torch.Tensor, torch.Tensor], Any] = CapturedStep) -> None:
         self.enabled = enabled
         self.capture = capture
+        self.kept: dict[tuple[Any, ...], Any] = {}
+        """Captured steps by key, least recently replayed first."""
         self.captured: Any = None
+        """The captured step replayed last."""
+        self.warming: tuple[Any, ...] | None = None
         self.eager_since_change = 0
         self.captures = 0
         self._accumulators: Accumulators | None = None
@@ -173,19 +188,25 @@ class StepGraphs:
 
     def run(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
         """One full-size batch that is not the epoch's last: replay, capture, or (while warming up) eager."""
-        if self.captured is not None and self.captured.key == step.key():
-            self.captured.replay(x, y)
-            return
-        if self.captured is not None:  # the model changed: this graph's tensors are not the step's any more
-            self.captured, self.eager_since_change = None, 0
-        if self.eager_since_change < WARMUP_STEPS:
-            step(x, y)
-            self.eager_since_change += 1
-            return
-        self.captured = self.capture(step, x, y)
-        self.captures += 1
-        self.captured.replay(x, y)
+        key = step.key()
+        captured = self.kept.pop(key, None)
+        if captured is None:
+            if self.warming != key:  # a structure with no graph yet: warm it up from scratch
+                self.warming, self.eager_since_change = key, 0
+            if self.eager_since_change < WARMUP_STEPS:
+                step(x, y)
+                self.eager_since_change += 1
+                return
+            captured = self.capture(step, x, y)
+            self.captures += 1
+            self.warming = None
+        self.kept[key] = captured  # now the most recently replayed
+        while len(self.kept) > KEPT_STEPS:
+            del self.kept[next(iter(self.kept))]
+        self.captured = captured
+        captured.replay(x, y)
 
     def forget(self) -> None:
-        """After a rollback or a new episode: the optimizer state a graph captured is gone."""
-        self.captured, self.eager_since_change = None, 0
+        """After a rollback or a new episode: the optimizer state the graphs captured is gone."""
+        self.kept.clear()
+        self.captured, self.warming, self.eager_since_change = None, None, 0

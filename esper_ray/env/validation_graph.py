@@ -31,6 +31,8 @@ from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
 from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 
 WARMUP_PASSES = 1
+# Captured passes an env keeps: the host alone and the structure of the moment (ValidationGraphs).
+KEPT_PASSES = 2
 
 
 class ValidationKey(NamedTuple):
@@ -92,7 +94,9 @@ class CapturedValidation:
 
 
 class ValidationGraphs:
-    """The env's captured validation pass (one at a time) and the eager passes it takes to get one.
+    """The env's captured validation passes, kept by key (up to `KEPT_PASSES`, the least recently replayed dropped
+    first), and the eager passes it takes to get one. Kept, the host alone's pass is replayed again after a prune
+    brings the host back to itself; the key holds every object the pass reads.
 
     `capture` builds the captured pass; tests pass a CPU stand-in to check the bookkeeping without a GPU.
     """
@@ -100,7 +104,11 @@ class ValidationGraphs:
     def __init__(self, enabled: bool, capture: Callable[..., Any] = CapturedValidation) -> None:
         self.enabled = enabled
         self.capture = capture
+        self.kept: dict[ValidationKey, Any] = {}
+        """Captured passes by key, least recently replayed first."""
         self.captured: Any = None
+        """The captured pass replayed last."""
+        self.warming: ValidationKey | None = None
         self.eager_since_change = 0
         self.captures = 0
 
@@ -111,17 +119,23 @@ class ValidationGraphs:
             return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         model.eval()
         key = validation_key(model, alphas, precision, chunk)
-        if self.captured is not None and self.captured.key == key:
-            return self.captured.replay(alphas)
-        if self.captured is not None:  # the model changed: this graph reads tensors the pass no longer uses
-            self.forget()
-        if self.eager_since_change < WARMUP_PASSES:
-            self.eager_since_change += 1
-            return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
-        self.captured = self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
-        self.captures += 1
-        return self.captured.replay(alphas)
+        captured = self.kept.pop(key, None)
+        if captured is None:
+            if self.warming != key:  # a structure with no graph yet: warm it up from scratch
+                self.warming, self.eager_since_change = key, 0
+            if self.eager_since_change < WARMUP_PASSES:
+                self.eager_since_change += 1
+                return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
+            captured = self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
+            self.captures += 1
+            self.warming = None
+        self.kept[key] = captured  # now the most recently replayed
+        while len(self.kept) > KEPT_PASSES:
+            del self.kept[next(iter(self.kept))]
+        self.captured = captured
+        return captured.replay(alphas)
 
     def forget(self) -> None:
-        """After a new episode, a rollback or a change of structure: drop the graph and its prepared set."""
-        self.captured, self.eager_since_change = None, 0
+        """After a new episode or a rollback: drop the graphs and their prepared sets."""
+        self.kept.clear()
+        self.captured, self.warming, self.eager_since_change = None, None, 0
