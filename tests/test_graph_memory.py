@@ -20,24 +20,34 @@ DIGITS = {"task": "digits", "max_epochs": 8, "num_shards": 2, "device": "cuda", 
 
 
 def episode(env: MorphogeneticEnv, seed: int) -> list[float]:
-    """A conv_light seed germinated at epoch 1 (the step and the pass re-captured as it trains and blends), then
-    every epoch's train and validation loss."""
+    """A conv_light seed germinated at epoch 1 (the step and the pass captured again as it trains and blends) and
+    pruned before epoch 6 (the host alone's kept graphs replayed again), then every epoch's train and validation
+    loss."""
     env.reset(seed=seed)
     losses = []
     for epoch in range(8):
         action = wait_action(len(env.slot_ids))
         if epoch == 1:
             action[0], action[1] = encode_joint(Op.GERMINATE, 1, len(env.slot_ids)), int(Blueprint.CONV_LIGHT)
+        if epoch == 6:
+            env.model.slot("r0c1").prune(force=True)
         _, _, _, _, info = env.step(action)
         losses += [info["train_loss"], info["val_loss"]]
     return losses
 
 
-def test_graphs_sharing_the_envs_pool_train_and_validate_what_eager_steps_do():
-    eager = episode(MorphogeneticEnv({**DIGITS, "cuda_graphs": False}), seed=4)
+def test_kept_graphs_sharing_the_envs_pool_train_and_validate_what_eager_steps_do():
+    """Two episodes: graphs captured as the seed comes and goes, the host alone's kept ones replayed after the prune
+    and through the second episode, all in one pool, against eager steps."""
+    eager_env = MorphogeneticEnv({**DIGITS, "cuda_graphs": False})
+    eager = episode(eager_env, seed=4) + episode(eager_env, seed=5)
     env = MorphogeneticEnv(DIGITS)
     graphed = episode(env, seed=4)
-    assert env.graphs.captures >= 3 and env.val_graphs.captures >= 2, (env.graphs.captures, env.val_graphs.captures)
+    first = (env.graphs.captures, env.val_graphs.captures)
+    graphed += episode(env, seed=5)
+    assert first[0] >= 3 and first[1] >= 2, first
+    # the second episode captured only the seed's structures: the host alone's graphs were kept
+    assert env.graphs.captures - first[0] == first[0] - 1 and env.val_graphs.captures - first[1] == first[1] - 1
     pool = env.graphs.captured.graph.pool()
     assert env.val_graphs.captured.graph.pool() == pool  # one pool for the step and the pass
     np.testing.assert_allclose(graphed, eager, rtol=2e-3, atol=1e-4)
@@ -54,5 +64,5 @@ def test_the_pool_does_not_pile_up_over_episodes():
     for seed in (1, 2, 3):
         episode(env, seed)
     torch.cuda.synchronize()
-    assert env.graphs.captures + env.val_graphs.captures >= 3 * captures
+    assert env.graphs.captures + env.val_graphs.captures >= captures + 3 * 4  # each episode captured its seed anew
     assert torch.cuda.memory_reserved() <= after_one + 32 * 2**20

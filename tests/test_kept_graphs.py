@@ -1,6 +1,7 @@
-"""Captured steps and validation passes are kept by key: when the model comes back to a structure it had, its graph
-is replayed again instead of warmed up and captured anew, and what is trained and validated stays what the eager
-loop trains and validates. On the CPU, through the stand-ins of test_train_step.py and test_validation_graph.py."""
+"""Captured steps and validation passes are kept by key: when the model comes back to a structure it had, in the
+same episode or the next (the env keeps its host's tensors across episodes), its graph is replayed again instead of
+warmed up and captured anew, and what is trained and validated stays what the eager loop trains and validates. On
+the CPU, through the stand-ins of test_train_step.py and test_validation_graph.py."""
 
 from __future__ import annotations
 
@@ -48,6 +49,46 @@ def test_after_a_prune_the_host_alone_replays_the_graphs_kept_from_the_episodes_
     assert steps[0] == 1 and steps[4] == 2  # the host alone, then the seed in TRAINING
     assert steps[-1] == steps[4]  # the host alone again: its kept step, no new capture
     assert passes[-1] == passes[4] >= 2  # and its kept pass
+
+
+def steps(env: MorphogeneticEnv, seed: int, epochs: int, germinate_at: int | None = None) -> list[float]:
+    """reset(seed), then `epochs` steps (a conv_light seed germinated in r0c1 at `germinate_at`): the initial
+    observation, and every step's observation, reward and losses."""
+    obs, _ = env.reset(seed=seed)
+    trace = [*obs["features"].tolist()]
+    for epoch in range(epochs):
+        action = wait_action(3)
+        if epoch == germinate_at:
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+        obs, reward, _, _, info = env.step(action)
+        trace += [*obs["features"].tolist(), reward, info["train_loss"], info["val_loss"]]
+    return trace
+
+
+def test_a_later_episode_trains_what_a_new_envs_first_episode_trains_from_the_same_seed():
+    """The env keeps its host's tensors and host optimizer across episodes (so the host alone's graphs carry over):
+    the new episode's initial values are copied in and the momentum zeroed, and nothing of the last episode leaks."""
+    used = MorphogeneticEnv(DIGITS)
+    steps(used, seed=1, epochs=5, germinate_at=1)
+    host, pointers = used.model.host, [t.data_ptr() for t in used.model.host.state_dict().values()]
+    assert any(len(state) for state in used.host_optimizer.state.values())  # momentum to leak, were it not zeroed
+    again = steps(used, seed=3, epochs=4, germinate_at=2)
+    assert used.model.host is host and [t.data_ptr() for t in host.state_dict().values()] == pointers
+    assert again == steps(MorphogeneticEnv(DIGITS), seed=3, epochs=4, germinate_at=2)
+
+
+def test_the_host_alones_graphs_carry_over_into_the_next_episode():
+    def two_episodes(captured: bool) -> tuple[list[float], MorphogeneticEnv]:
+        env = MorphogeneticEnv(DIGITS)
+        if captured:
+            env.graphs = StepGraphs(enabled=True, capture=ReplayedOnCpu)
+            env.val_graphs = ValidationGraphs(enabled=True, capture=PassedOnCpu)
+        return steps(env, seed=1, epochs=3) + steps(env, seed=2, epochs=3), env
+
+    eager, _ = two_episodes(captured=False)
+    replayed, env = two_episodes(captured=True)
+    assert replayed == eager
+    assert env.graphs.captures == env.val_graphs.captures == 1  # captured in the first episode, replayed in both
 
 
 def test_graphs_beyond_the_kept_number_are_dropped_least_recently_replayed_first():

@@ -192,13 +192,15 @@ class MorphogeneticEnv(gym.Env):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(episode_seed)
             model = MorphogeneticModel(build_host(self.cfg.effective_host_preset), self.slot_ids, self.cfg.lifecycle)
-        self.model = self._in_layout(model.to(self.device))
-        self.graphs.forget()
-        self.val_graphs.forget()
-        self.host_optimizer = torch.optim.SGD(
-            self.model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY,
-            fused=self.device.type == "cuda",  # one kernel a step instead of several (slot.py, germinate)
-        )
+        model = self._in_layout(model.to(self.device))
+        if self.model is None:
+            self.host_optimizer = torch.optim.SGD(
+                model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY,
+                fused=self.device.type == "cuda",  # one kernel a step instead of several (slot.py, germinate)
+            )
+        else:
+            self._keep_host(model)
+        self.model = model
         self.data_generator = torch.Generator(device=self.device).manual_seed(episode_seed)
         self.epoch = 0
         self.loss_history: list[float] = []
@@ -316,6 +318,22 @@ class MorphogeneticEnv(gym.Env):
         self.model.observe_accuracy(main)
         self.loss_history.append(val.loss(0))
         self.accuracy_history.append(main)
+
+    def _keep_host(self, model: MorphogeneticModel) -> None:
+        """Give the new episode's model the host tensors and host optimizer of the episodes before, holding the new
+        episode's initial values: its fresh host's values are copied in, and the optimizer's momentum is zeroed,
+        which for SGD without dampening is where a new optimizer starts (its first step sets momentum to the
+        gradient; zero times momentum plus the gradient is the gradient). So the captured step and validation pass
+        of the host alone, kept by key (StepGraphs, ValidationGraphs), are replayed in every episode instead of
+        captured anew; the graphs of the last episode's seeds are never asked for again and age out."""
+        assert self.model is not None
+        host = self.model.host
+        host.load_state_dict(model.host.state_dict())  # copies into the same tensors: a captured graph reads them
+        model.host = host
+        for state in self.host_optimizer.state.values():
+            momentum = state.get("momentum_buffer")
+            if momentum is not None:
+                momentum.zero_()
 
     def _roll_back(self) -> None:
         """Restore the snapshot, prune live seeds, drop host momentum, and re-measure the restored model."""

@@ -5,13 +5,13 @@ Why: a step validates the same device-resident set every epoch, each chunk a few
 launch-bound. Eagerly, one lone env's pass took 24 ms of wall a step for 5 ms of kernels; replayed, 11 ms
 (H100, issue 22, docs/performance.md). Captured once, the pass is one launch.
 
-What a graph depends on (`validation_key`): the model object, each slot's seed modules, blend and gate while it
-runs (the forward reads them; a dormant slot reads nothing), K and the slots where the configurations part
-(`differs`: it decides where fused_forward repeats the batch), the precision and the chunk. Alpha values are
-not in the key: the graph reads them from a static device tensor, refilled before each replay, so a seed's
-blend ramp keeps its graph. Parameters and batch-norm statistics are read in place, as the captured train step
-updates them. The validation set is prepared once, outside the graph (`TaskData.prepare` copies its constants
-from the CPU, which a capture must not do), and kept on the device beside the graph.
+What a graph depends on (`validation_key`): the model's host (whose tensors the env keeps across episodes), each
+slot's seed modules, blend and gate while it runs (the forward reads them; a dormant slot reads nothing), K and the
+slots where the configurations part (`differs`: it decides where fused_forward repeats the batch), the precision and
+the chunk. Alpha values are not in the key: the graph reads them from a static device tensor, refilled before each
+replay, so a seed's blend ramp keeps its graph. Parameters and batch-norm statistics are read in place, as the
+captured train step updates them. The validation set is prepared once, outside the graph (`TaskData.prepare`
+copies its constants from the CPU, which a capture must not do), and kept on the device beside the graph.
 
 A key is captured after `WARMUP_PASSES` eager passes (cuDNN chooses its algorithms on them); the eager pass
 stays for flex_attention seeds (EAGER_STEP_BLUEPRINTS) and wherever graphs are off.
@@ -31,14 +31,14 @@ from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
 from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 
 WARMUP_PASSES = 1
-# Captured passes an env keeps: the host alone and the structure of the moment (ValidationGraphs).
-KEPT_PASSES = 2
+# Captured passes an env keeps: the host alone, a seed in TRAINING, then blended (ValidationGraphs).
+KEPT_PASSES = 3
 
 
 class ValidationKey(NamedTuple):
     """Everything a captured validation pass depends on besides tensor values (objects compare by identity)."""
 
-    model: MorphogeneticModel
+    host: torch.nn.Module
     slots: tuple[tuple[Any, ...], ...]
     configurations: int
     differs: tuple[bool, ...]
@@ -48,7 +48,7 @@ class ValidationKey(NamedTuple):
 
 def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: Precision, chunk: int) -> ValidationKey:
     per_slot = tuple((s.slot_id, s.algorithm, s.seed, s.gate) if s.is_active else (s.slot_id,) for s in model.seed_slots())
-    return ValidationKey(model, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
+    return ValidationKey(model.host, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
 
 
 def capturable(model: MorphogeneticModel) -> bool:
