@@ -30,6 +30,7 @@ from torch import nn
 
 from esper_ray.contracts.stages import Stage
 from esper_ray.env.graph_memory import GraphMemory, capturing
+from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.morpho import fused_block
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
@@ -152,29 +153,19 @@ class CapturedStep:
         self.graph.replay()
 
 
-class StepGraphs:
-    """The env's captured steps, kept by key (up to `KEPT_STEPS`, the least recently replayed dropped first), the
-    eager steps it takes to get one, and the accumulators every step of the env writes to (a graph writes to the
-    tensors it was captured with, so they must outlive epochs).
-
-    Kept by key, a graph is replayed again when the model comes back to a structure it had: after a prune, the host
-    alone runs the step captured at the episode's start. That is sound because a kept graph's key holds every
-    object its kernels read (the model's host, the host optimizer and its state, each running seed, its optimizer
-    and blend); a rollback drops the optimizer state, so `forget` drops every graph.
+class StepGraphs(KeptGraphs):
+    """The env's captured steps, kept by key (kept_graphs.py), the eager steps it takes to get one, and the
+    accumulators every step of the env writes to (a graph writes to the tensors it was captured with, so they must
+    outlive epochs). A step's key holds every object its kernels read: the model's host, the host optimizer and its
+    state, each running seed, its optimizer and blend.
 
     `capture` builds the captured step; tests pass a CPU stand-in to check the bookkeeping without a GPU.
     """
 
     def __init__(self, enabled: bool, capture: Callable[[TrainStep, torch.Tensor, torch.Tensor], Any] = CapturedStep) -> None:
+        super().__init__(limit=KEPT_STEPS, warmup=WARMUP_STEPS)
         self.enabled = enabled
         self.capture = capture
-        self.kept: dict[tuple[Any, ...], Any] = {}
-        """Captured steps by key, least recently replayed first."""
-        self.captured: Any = None
-        """The captured step replayed last."""
-        self.warming: tuple[Any, ...] | None = None
-        self.eager_since_change = 0
-        self.captures = 0
         self._accumulators: Accumulators | None = None
 
     def accumulators(self, device: torch.device) -> Accumulators:
@@ -189,24 +180,11 @@ class StepGraphs:
     def run(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
         """One full-size batch that is not the epoch's last: replay, capture, or (while warming up) eager."""
         key = step.key()
-        captured = self.kept.pop(key, None)
+        captured = self.replayable(key)
         if captured is None:
-            if self.warming != key:  # a structure with no graph yet: warm it up from scratch
-                self.warming, self.eager_since_change = key, 0
-            if self.eager_since_change < WARMUP_STEPS:
+            if self.warming_up(key):
                 step(x, y)
-                self.eager_since_change += 1
                 return
             captured = self.capture(step, x, y)
-            self.captures += 1
-            self.warming = None
-        self.kept[key] = captured  # now the most recently replayed
-        while len(self.kept) > KEPT_STEPS:
-            del self.kept[next(iter(self.kept))]
-        self.captured = captured
+            self.add(key, captured)
         captured.replay(x, y)
-
-    def forget(self) -> None:
-        """After a rollback or a new episode: the optimizer state the graphs captured is gone."""
-        self.kept.clear()
-        self.captured, self.warming, self.eager_since_change = None, None, 0

@@ -26,6 +26,7 @@ import torch
 
 from esper_ray.env.epoch import ValStats, accumulate_fused, read_val_stats, validate_fused
 from esper_ray.env.graph_memory import GraphMemory, capturing
+from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.env.train_step import Precision
 from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
 from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
@@ -93,24 +94,16 @@ class CapturedValidation:
         return read_val_stats(self.correct, self.loss_sum, self.y.numel())
 
 
-class ValidationGraphs:
-    """The env's captured validation passes, kept by key (up to `KEPT_PASSES`, the least recently replayed dropped
-    first), and the eager passes it takes to get one. Kept, the host alone's pass is replayed again after a prune
-    brings the host back to itself; the key holds every object the pass reads.
+class ValidationGraphs(KeptGraphs):
+    """The env's captured validation passes, kept by key (kept_graphs.py), and the eager passes it takes to get one.
 
     `capture` builds the captured pass; tests pass a CPU stand-in to check the bookkeeping without a GPU.
     """
 
     def __init__(self, enabled: bool, capture: Callable[..., Any] = CapturedValidation) -> None:
+        super().__init__(limit=KEPT_PASSES, warmup=WARMUP_PASSES)
         self.enabled = enabled
         self.capture = capture
-        self.kept: dict[ValidationKey, Any] = {}
-        """Captured passes by key, least recently replayed first."""
-        self.captured: Any = None
-        """The captured pass replayed last."""
-        self.warming: ValidationKey | None = None
-        self.eager_since_change = 0
-        self.captures = 0
 
     def validate(self, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor, alphas: torch.Tensor, *,
                  chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor], precision: Precision) -> ValStats:
@@ -119,23 +112,10 @@ class ValidationGraphs:
             return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         model.eval()
         key = validation_key(model, alphas, precision, chunk)
-        captured = self.kept.pop(key, None)
+        captured = self.replayable(key)
         if captured is None:
-            if self.warming != key:  # a structure with no graph yet: warm it up from scratch
-                self.warming, self.eager_since_change = key, 0
-            if self.eager_since_change < WARMUP_PASSES:
-                self.eager_since_change += 1
+            if self.warming_up(key):
                 return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
             captured = self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
-            self.captures += 1
-            self.warming = None
-        self.kept[key] = captured  # now the most recently replayed
-        while len(self.kept) > KEPT_PASSES:
-            del self.kept[next(iter(self.kept))]
-        self.captured = captured
+            self.add(key, captured)
         return captured.replay(alphas)
-
-    def forget(self) -> None:
-        """After a new episode or a rollback: drop the graphs and their prepared sets."""
-        self.kept.clear()
-        self.captured, self.warming, self.eager_since_change = None, None, 0
