@@ -24,16 +24,19 @@ TEXT = {"task": "text", "text_max_bytes": 8_000, "batch_size": 16, "max_epochs":
 
 
 class ReplayedOnCpu:
-    """Captures the step object and static input buffers; replay copies the batch in and runs that step."""
+    """Captures the step object, its telemetry and static input buffers; replay copies the batch in, runs that step
+    with that telemetry and hands its norms on, as CapturedStep does."""
 
-    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.key, self.step = step.key(), step
+    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, on_grads=None, fuse: bool = True) -> None:
+        self.key, self.step, self.on_grads, self.fuse = step.key(), step, on_grads, fuse
         self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
 
-    def replay(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def replay(self, x: torch.Tensor, y: torch.Tensor, on_grads=None) -> None:
         self.static_x.copy_(x)
         self.static_y.copy_(y)
-        self.step(self.static_x, self.static_y)
+        self.step(self.static_x, self.static_y, on_grads=self.on_grads, fuse=self.fuse)
+        if on_grads is not None and self.on_grads is not None:
+            on_grads.take(self.on_grads)
 
 
 def episode_losses(captured: bool) -> tuple[list[float], int]:
@@ -64,8 +67,8 @@ def test_a_stale_captured_step_would_be_caught():
     class NeverRecaptured(ReplayedOnCpu):
         first: ReplayedOnCpu | None = None
 
-        def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
-            super().__init__(step, x, y)
+        def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, **kwargs) -> None:
+            super().__init__(step, x, y, **kwargs)
             if NeverRecaptured.first is not None:
                 self.step = NeverRecaptured.first.step  # keep replaying the first capture
             NeverRecaptured.first = NeverRecaptured.first or self
@@ -170,11 +173,11 @@ def test_a_step_in_which_an_eager_only_seed_runs_is_never_captured(monkeypatch, 
     env = MorphogeneticEnv({**TEXT, "device": "cpu"})
     env.graphs = StepGraphs(enabled=True, capture=ReplayedOnCpu)
     captures, losses = text_episode_with_a_seed(env, Blueprint.ATTENTION)
-    assert captures[0] == 1  # the host alone was captured
+    assert captures[:2] == [1, 2]  # the host alone was captured: a full batch, then (after its warm-up) the last
     if eager_only:
-        assert captures[-1] == 1  # nothing more while the seed ran
+        assert captures[-1] == 2  # nothing more while the seed ran
     else:
-        assert captures[-1] == 3  # TRAINING, then BLENDING
+        assert captures[-1] == 6  # TRAINING, then BLENDING, each a full batch and the last
     assert all(math.isfinite(v) for v in losses)
 
 
@@ -186,5 +189,5 @@ def test_a_flex_attention_seed_trains_through_blending_on_cuda_with_graphs_on():
     env = MorphogeneticEnv({**TEXT, "device": "cuda", "cuda_graphs": True})
     assert env.graphs.enabled
     captures, losses = text_episode_with_a_seed(env, Blueprint.FLEX_ATTENTION)
-    assert captures[0] == 1 and captures[-1] == 1  # the host alone was captured; the steps with the seed ran eagerly
+    assert captures[:2] == [1, 2] and captures[-1] == 2  # the host alone's batches were captured; the seed's ran eagerly
     assert all(math.isfinite(v) for v in losses)

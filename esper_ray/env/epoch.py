@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from esper_ray.data.sharding import DeviceShard
+from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.train_step import Precision, StepGraphs, TrainStep
 from esper_ray.morpho.model import MorphogeneticModel
 
@@ -59,14 +60,14 @@ def train_epoch(
     precision: Precision,
     max_grad_norm: float,
     graphs: StepGraphs | None = None,
-    on_last_batch: Callable[[], None] | None = None,
+    on_last_batch: GradientCapture | None = None,
 ) -> TrainStats:
     """Train host and seeds for one pass over the shard. `prepare` turns raw samples into model input.
 
     The epoch's order and augmentation are drawn for the whole shard at once (a few large kernels instead of a
     few small ones per batch); then every full batch but the last runs through `graphs` (a captured CUDA
     graph where enabled, eager otherwise) with the CNN host's blocks compiled on CUDA (morpho/fused_block.py), and
-    the last batch, full or short, runs eagerly and unfused with the gradient telemetry hook.
+    the last batch, full or short, runs unfused with the gradient telemetry hook (a graph of its own where enabled).
     """
     model.train()
     graphs = graphs or StepGraphs(enabled=False)
@@ -79,7 +80,9 @@ def train_epoch(
     capturable = graphs.usable(step)
     for i in range(n_batches):
         x, y = x_all[i * batch_size : (i + 1) * batch_size], y_all[i * batch_size : (i + 1) * batch_size]
-        if i == n_batches - 1:
+        if i == n_batches - 1 and capturable:
+            graphs.run_last(step, x, y, on_last_batch)
+        elif i == n_batches - 1:
             step(x, y, on_grads=on_last_batch, fuse=False)
         elif capturable:
             graphs.run(step, x, y)

@@ -26,6 +26,10 @@ class GradientCapture:
             if norms is not None:
                 self.seed_norms[s.slot_id] = norms
 
+    def take(self, other: GradientCapture) -> None:
+        """Hold the norms `other` holds: a captured last step's telemetry, whose tensors its replay just wrote."""
+        self.host_norm, self.seed_norms = other.host_norm, dict(other.seed_norms)
+
     def publish(self) -> None:
         """Copy the captured norms to the host in one transfer and hand them to their slots."""
         if self.host_norm is None or not self.seed_norms:

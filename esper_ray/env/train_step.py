@@ -4,9 +4,9 @@ The tiny hosts are launch-bound: a batch of the cifar10 host is ~100 kernel laun
 the GPU waits on Python. Captured once as a CUDA graph, the whole step (forward, loss, backward, gradient
 clips, host and seed optimizer steps, loss/accuracy accumulation) is one launch.
 
-What may be captured: full batches of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host),
-not the epoch's last batch (gradient telemetry reads it eagerly), and no step in which a seed of
-EAGER_STEP_BLUEPRINTS runs (flex_attention: it copies from the CPU as it computes). A graph is tied to the module
+What may be captured: the steps of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host), the
+epoch's last batch in a graph of its own (its shape, unfused, with the gradient telemetry, whose norms stay device
+tensors), and no step in which a seed of EAGER_STEP_BLUEPRINTS runs (flex_attention: it copies from the CPU as it computes). A graph is tied to the module
 structure it was captured with, so it is keyed by everything that changes the step's code path or its
 tensors (`slot_key`): the seeds that run, the branch each takes, their blends and optimizers, the host
 optimizer, and the precision. A new
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from esper_ray.contracts.stages import Stage
+from esper_ray.env.gradient_telemetry import MEASURED_STAGES, GradientCapture
 from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.morpho import fused_block
@@ -39,8 +40,8 @@ from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
 # Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
 TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
 WARMUP_STEPS = 1
-# Captured steps an env keeps: the host alone, a seed in TRAINING, then blended (StepGraphs).
-KEPT_STEPS = 3
+# Captured steps an env keeps: for the host alone, a seed in TRAINING, then blended, a full batch's and the last's.
+KEPT_STEPS = 6
 
 
 @dataclass
@@ -138,19 +139,25 @@ class TrainStep:
 
 class CapturedStep:
     """A TrainStep captured as a CUDA graph over static input buffers of one batch shape, into the env's graph
-    memory when given one (graph_memory.py)."""
+    memory when given one (graph_memory.py). An epoch's last batch is captured with its gradient telemetry
+    (`on_grads`) and unfused, like its eager step: each replay writes the norms into the tensors of the telemetry it
+    was captured with, and hands them to the epoch's own."""
 
-    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory | None = None) -> None:
+    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory | None = None,
+                 on_grads: GradientCapture | None = None, fuse: bool = True) -> None:
         self.key = step.key()
+        self.on_grads = on_grads
         self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
         self.graph = torch.cuda.CUDAGraph()
         with capturing(self.graph, memory):
-            step(self.static_x, self.static_y, capturing=True)
+            step(self.static_x, self.static_y, on_grads=on_grads, capturing=True, fuse=fuse)
 
-    def replay(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def replay(self, x: torch.Tensor, y: torch.Tensor, on_grads: GradientCapture | None = None) -> None:
         self.static_x.copy_(x)
         self.static_y.copy_(y)
         self.graph.replay()
+        if on_grads is not None and self.on_grads is not None:
+            on_grads.take(self.on_grads)
 
 
 class StepGraphs(KeptGraphs):
@@ -188,3 +195,19 @@ class StepGraphs(KeptGraphs):
             captured = self.capture(step, x, y)
             self.add(key, captured)
         captured.replay(x, y)
+
+    def run_last(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, on_grads: GradientCapture | None) -> None:
+        """The epoch's last batch (often short) with its gradient telemetry, unfused (only the full batch's shape is
+        compiled): replay, capture, or (while warming up) eager. Its key adds the batch's shape and the slots whose
+        gradients the telemetry measures (MEASURED_STAGES: a seed that moves on to HOLDING keeps its step, not its
+        telemetry)."""
+        measured = tuple(s.slot_id for s in step.model.seed_slots() if s.stage in MEASURED_STAGES)
+        key = ("last batch", step.key(), tuple(x.shape), on_grads is not None, measured)
+        captured = self.replayable(key)
+        if captured is None:
+            if self.warming_up(key):
+                step(x, y, on_grads=on_grads, fuse=False)
+                return
+            captured = self.capture(step, x, y, on_grads=on_grads, fuse=False)
+            self.add(key, captured)
+        captured.replay(x, y, on_grads)
