@@ -12,11 +12,12 @@ So an env's graphs all allocate from one `torch.cuda.MemPool` that lives as long
 blocks of the graphs dropped before it, and nothing goes back to the driver. The capture waits for the work queued
 on the env's stream instead of synchronising the device.
 
-Sharing a pool is safe here because no graph keeps a tensor it allocated while capturing that is read after its
-replay ends: parameters, optimizer state, batch-norm statistics, accumulators and static inputs are all allocated
-outside the captures (the eager warm-up creates the optimizer state), and what a capture allocates (activations,
-gradients, norms) is written before it is read within each replay. The env's graphs replay one at a time, in order,
-on its one stream, so one graph's temporaries never overwrite what another is still reading.
+Sharing a pool is safe here because what a graph reads across replays is allocated outside the captures:
+parameters, optimizer state (the eager warm-up creates it), batch-norm statistics, accumulators and static inputs.
+What a capture allocates (activations, gradients, clip norms) is written before it is read within each replay. The
+one exception, the last batch's gradient telemetry (train_step.CapturedStep), is read right after its replay, before
+any other graph runs, and stays referenced, so no other capture is ever given its memory. The env's graphs replay
+one at a time, in order, on its one stream, so one graph's temporaries never overwrite what another is reading.
 """
 
 from __future__ import annotations
