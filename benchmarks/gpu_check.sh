@@ -10,8 +10,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 #    seed trained through BLENDING with cuda_graphs on, the captured validation pass against the eager one, and the
 #    compiled host blocks against the plain ones). Verbose, so that each test's outcome is in the log as it happens
 #    (a run cut short still names a failed test); the summary goes to pytest_cuda.txt, and the slowest tests to the
-#    log. The set takes 7 to 9 minutes on an H100 (2026-11-27: 91 % done after 440 s with 4 xdist workers).
-python3 -m pytest -v --durations=20 -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
+#    log. Two torch threads a worker: with torch's default of one a core, 6 workers on 16 cores oversubscribed the
+#    CPU and the set did not finish in 8 minutes (H200, 2026-11-27); with 2 threads, test_env.py, test_text_env.py
+#    and the captured-pass CUDA test took 33 s.
+OMP_NUM_THREADS=2 python3 -m pytest -n 6 -v --durations=20 -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
   tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py \
   tests/test_morpho_forward.py tests/test_fused_block.py tests/test_graph_memory.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$out/pytest_cuda_log.txt" | tail -20 | tee "$out/pytest_cuda.txt"
