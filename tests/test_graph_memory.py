@@ -4,12 +4,15 @@ the captured steps' bookkeeping is tested on the CPU in test_train_step.py and t
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
 
 from esper_ray.contracts.actions import Blueprint, Op, encode_joint
 from esper_ray.env import MorphogeneticEnv
+from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.policy.baselines import wait_action
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -67,3 +70,53 @@ def test_the_pool_does_not_pile_up_over_episodes():
     torch.cuda.synchronize()
     assert env.graphs.captures + env.val_graphs.captures >= captures + 3 * 4  # each episode captured its seed anew
     assert torch.cuda.memory_reserved() <= after_one + 32 * 2**20
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared pool", "private pools"])
+def test_the_cycle_collector_never_frees_a_dropped_graph_during_a_capture(shared):
+    """A dropped graph that a reference cycle holds is freed whenever the cycle collector next runs; freed during a
+    capture, it invalidates that capture (an earlier test's env did so on an H200: "operation not permitted when
+    stream is capturing (function reset)"). Here such a cycle becomes garbage as a capture starts and the capture
+    allocates enough Python objects to trigger the collector many times over: no collection starts while capturing,
+    the capture replays what it recorded, and the cycle is freed once the capture is over."""
+    device = torch.device("cuda")
+    memory = GraphMemory(device) if shared else None
+    x = torch.arange(4.0, device=device)
+    collections_while_capturing = []
+    freed = []
+
+    class GraphInACycle:
+        def __init__(self) -> None:
+            self.me, self.graph = self, torch.cuda.CUDAGraph()
+            with capturing(self.graph, memory):
+                self.out = x * 2
+            self.graph.replay()  # instantiated and used, as an env's graphs are
+
+        def __del__(self) -> None:
+            freed.append(True)
+
+    def on_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections_while_capturing.append(torch.cuda.is_current_stream_capturing())
+
+    gc.collect()
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(on_collection)
+    try:
+        cycle = GraphInACycle()
+        graph = torch.cuda.CUDAGraph()
+        with capturing(graph, memory):
+            del cycle  # garbage from here on
+            kept = [[i] for i in range(20_000)]  # net allocations: the collector's trigger
+            out = x + 1
+        assert gc.isenabled() and len(kept) == 20_000
+        assert not any(collections_while_capturing)
+        gc.collect()
+    finally:
+        gc.callbacks.remove(on_collection)
+        gc.set_threshold(*threshold)
+    assert freed == [True]
+    x.add_(1)
+    graph.replay()
+    assert torch.equal(out, x + 1)

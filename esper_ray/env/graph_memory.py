@@ -23,6 +23,7 @@ one at a time, in order, on its one stream, so one graph's temporaries never ove
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 
 import torch
@@ -41,7 +42,7 @@ class GraphMemory:
             # episode's start. A graph of one tiny kernel, kept as long as the pool, holds it.
             self._anchor_tensor = torch.zeros(1, device=device)
             self._anchor = torch.cuda.CUDAGraph()
-            with self.capturing(self._anchor):
+            with capturing(self._anchor, self):
                 self._anchor_tensor.add_(1)
 
     @contextlib.contextmanager
@@ -58,6 +59,26 @@ class GraphMemory:
         current.wait_stream(self.stream)
 
 
-def capturing(graph: torch.cuda.CUDAGraph, memory: GraphMemory | None) -> contextlib.AbstractContextManager[None]:
-    """Capture into the env's shared memory, or, without one, as torch.cuda.graph does (a private pool per graph)."""
-    return memory.capturing(graph) if memory is not None else torch.cuda.graph(graph)
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, memory: GraphMemory | None) -> Iterator[None]:
+    """Capture into the env's shared memory, or, without one, as torch.cuda.graph does (a private pool per graph),
+    with Python's cycle collector held off."""
+    with _no_cycle_collection(), (memory.capturing(graph) if memory is not None else torch.cuda.graph(graph)):
+        yield
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Why: a dropped graph that a reference cycle holds is freed when the cycle collector next runs, which may be in
+    the middle of a capture (any allocation can trigger it). Freeing a graph calls what a capturing stream forbids, and
+    the capture fails ("operation not permitted when stream is capturing (function reset)", then
+    cudaErrorStreamCaptureInvalidated; seen on an H200 when an earlier env of the same process was collected).
+    torch.cuda.graph no longer runs gc.collect() before a capture, and a full collection each time would cost more
+    than the capture, so the collector waits until the capture ends instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
