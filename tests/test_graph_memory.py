@@ -1,5 +1,6 @@
 """An env's CUDA graphs share one memory pool (env/graph_memory.py): they train and validate what eager steps do
-while re-captured through an episode, and the pool does not pile up over episodes. CUDA only (gpu_check.sh runs it);
+while re-captured through an episode, the pool does not pile up over episodes, and no cycle collection frees a
+dropped graph in the middle of a capture. CUDA only (gpu_check.sh runs it);
 the captured steps' bookkeeping is tested on the CPU in test_train_step.py and test_validation_graph.py."""
 
 from __future__ import annotations
