@@ -7,10 +7,10 @@
 Each process steps one env of `benchmarks/throughput.py --gpu` (random controller) for `--seconds` after an episode of
 warm-up. A step whose structure changed (episode start, a germination, a stage that changes the step's code, a prune)
 trains its first batches eagerly (train_step.WARMUP_STEPS), captures a new train graph, and validates eagerly once
-before capturing a new validation graph (validation_graph.WARMUP_PASSES). Timed around each: the captures
-themselves (CapturedStep / CapturedValidation construction, wall), the eager train steps (their CPU side) and the
-eager validation passes (synchronised), the eager step of each epoch's last batch (CPU side), and every env step,
-split into steps that captured something and plain ones.
+before capturing a new validation graph (validation_graph.WARMUP_PASSES); an epoch's last batch has graphs of its own,
+warmed up the same way. Timed around each: the captures themselves (CapturedStep / CapturedValidation construction,
+wall), the eager train steps of full batches (their CPU side) and of last batches (`eager_last_batch`, CPU side), the
+eager validation passes (synchronised), and every env step, split into steps that captured something and plain ones.
 Prints one JSON line with per-episode and per-step figures averaged over the processes.
 """
 
@@ -56,7 +56,8 @@ def _is_warm_up(self: Any, x: Any, y: Any, on_grads: Any = None, capturing: bool
 
 
 def _is_last_batch(self: Any, x: Any, y: Any, on_grads: Any = None, capturing: bool = False, fuse: bool = True) -> bool:
-    """A TrainStep call for an epoch's last batch: eager in every step, unfused, with gradient telemetry."""
+    """An eager TrainStep call for an epoch's last batch (unfused, with gradient telemetry): a warm-up before its
+    capture, or every epoch where graphs are off."""
     return not capturing and not fuse
 
 

@@ -10,7 +10,7 @@ its graph's kernels read, so an equal key means a graph that computes what an ea
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
@@ -28,33 +28,24 @@ class KeptGraphs:
         self.eager_since_change = 0
         self.captures = 0
 
-    def replayable(self, key: Hashable) -> Any:
-        """The graph kept for `key`, now the most recently replayed, or None."""
+    def graph_for(self, key: Hashable, capture: Callable[[], Any]) -> Any:
+        """The graph to replay for `key`: the one kept, now the most recently replayed, or one `capture()` records
+        now; None while the key is still warming up (each None counts one eager run, which the caller makes)."""
         captured = self.kept.pop(key, None)
-        if captured is not None:
-            self._keep(key, captured)
-        return captured
-
-    def warming_up(self, key: Hashable) -> bool:
-        """Whether `key` is to run eagerly this time rather than be captured (each call counts one eager run)."""
-        if self.warming != key:  # a structure with no graph yet: warm it up from scratch
-            self.warming, self.eager_since_change = key, 0
-        if self.eager_since_change < self.warmup:
-            self.eager_since_change += 1
-            return True
-        return False
-
-    def add(self, key: Hashable, captured: Any) -> None:
-        """A graph just captured for `key`."""
-        self.captures += 1
-        self.warming = None
-        self._keep(key, captured)
-
-    def _keep(self, key: Hashable, captured: Any) -> None:
-        self.kept[key] = captured
+        if captured is None:
+            if self.warming != key:  # a structure with no graph yet: warm it up from scratch
+                self.warming, self.eager_since_change = key, 0
+            if self.eager_since_change < self.warmup:
+                self.eager_since_change += 1
+                return None
+            captured = capture()
+            self.captures += 1
+            self.warming = None
+        self.kept[key] = captured  # (re-)inserted last: the most recently replayed
         while len(self.kept) > self.limit:
             del self.kept[next(iter(self.kept))]
         self.captured = captured
+        return captured
 
     def forget(self) -> None:
         """Drop every graph (after a rollback: the optimizer state they read is gone)."""

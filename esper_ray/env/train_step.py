@@ -186,15 +186,11 @@ class StepGraphs(KeptGraphs):
 
     def run(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> None:
         """One full-size batch that is not the epoch's last: replay, capture, or (while warming up) eager."""
-        key = step.key()
-        captured = self.replayable(key)
+        captured = self.graph_for(step.key(), lambda: self.capture(step, x, y))
         if captured is None:
-            if self.warming_up(key):
-                step(x, y)
-                return
-            captured = self.capture(step, x, y)
-            self.add(key, captured)
-        captured.replay(x, y)
+            step(x, y)
+        else:
+            captured.replay(x, y)
 
     def run_last(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, on_grads: GradientCapture | None) -> None:
         """The epoch's last batch (often short) with its gradient telemetry, unfused (only the full batch's shape is
@@ -203,11 +199,8 @@ class StepGraphs(KeptGraphs):
         telemetry)."""
         measured = tuple(s.slot_id for s in step.model.seed_slots() if s.stage in MEASURED_STAGES)
         key = ("last batch", step.key(), tuple(x.shape), on_grads is not None, measured)
-        captured = self.replayable(key)
+        captured = self.graph_for(key, lambda: self.capture(step, x, y, on_grads=on_grads, fuse=False))
         if captured is None:
-            if self.warming_up(key):
-                step(x, y, on_grads=on_grads, fuse=False)
-                return
-            captured = self.capture(step, x, y, on_grads=on_grads, fuse=False)
-            self.add(key, captured)
-        captured.replay(x, y, on_grads)
+            step(x, y, on_grads=on_grads, fuse=False)
+        else:
+            captured.replay(x, y, on_grads)

@@ -112,10 +112,8 @@ class ValidationGraphs(KeptGraphs):
             return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         model.eval()
         key = validation_key(model, alphas, precision, chunk)
-        captured = self.replayable(key)
+        captured = self.graph_for(key, lambda: self.capture(key, model, x_val, y_val, alphas, chunk=chunk,
+                                                             prepare=prepare, precision=precision))
         if captured is None:
-            if self.warming_up(key):
-                return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
-            captured = self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
-            self.add(key, captured)
+            return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         return captured.replay(alphas)
