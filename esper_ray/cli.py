@@ -17,6 +17,7 @@ import yaml
 from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.fields import check_int
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
@@ -176,6 +177,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.spec import ExperimentSpec
 
     spec = ExperimentSpec.from_yaml(args.experiment)
+    if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
+        check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
+        spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     trials = len(spec.trials())
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
@@ -287,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
     ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
     ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
+    ab.add_argument("--max-concurrent-trials", type=int, metavar="N",
+                    help="trials at once, as resources allow (default: the experiment file's max_concurrent_trials); give "
+                    "the same value again with --resume")
     ab.add_argument("--save", action="store_true",
                     help="keep every evaluation episode's grown network, of every arm (PPO and baselines), in "
                     "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))")

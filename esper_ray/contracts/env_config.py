@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +48,15 @@ class EnvConfig:
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
     reward_mode: str = "shaped"
-    """shaped, simplified, sparse, basic, basic_plus, escrow or minimal."""
+    """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution (counterfactual accuracy) or loss (validation loss; shaped only)."""
     gamma: float = 0.995
     """Discount for reward shaping; the trainer sets it to PPO's gamma."""
+    param_cost_pp: float = 1.0
+    """committed reward: accuracy points charged per doubling of the network by its seeds."""
+    committed_stage_weight: float = 1.0
+    """committed reward: weight of the potential-based shaping on the seeds' lifecycle stages (accuracy points)."""
     batch_size: int | None = None
     """Training batch per env; None takes the task default (64 digits, 512 CIFAR)."""
     host_lr: float | None = None
@@ -144,6 +149,10 @@ class EnvConfig:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a number > 0")
+        for name in ("param_cost_pp", "committed_stage_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value!r}: must be a number >= 0")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp={self.amp!r}: choose one of {list(AMP_MODES)}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -164,7 +173,8 @@ class EnvConfig:
         """A fresh RewardConfig for this env (each env holds its own copy). The loss family's scales follow the
         task: a text model's loss per byte moves in larger steps and ends far above an image classifier's."""
         loss_scales = {"loss_sigma": 0.15, "loss_target": 1.5} if self.task == "text" else {}
-        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma, **loss_scales)  # type: ignore[arg-type]
+        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma,  # type: ignore[arg-type]
+                            param_cost_pp=self.param_cost_pp, committed_stage_weight=self.committed_stage_weight, **loss_scales)
 
     @property
     def lifecycle(self) -> LifecycleConfig:

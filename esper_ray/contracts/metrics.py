@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 FINAL_ACCURACY = "esper/final_accuracy"
+"""Validation accuracy of the committed model (host and fossils) at episode end: what a host run keeps."""
 FINAL_ACCURACY_MIN = "esper/final_accuracy_min"
 FINAL_ACCURACY_MAX = "esper/final_accuracy_max"
 INITIAL_ACCURACY = "esper/initial_accuracy"
 FINAL_PERPLEXITY = "esper/final_perplexity"
 """exp(validation loss) at episode end: per token for text."""
+FINAL_ACCURACY_WITH_PROBATION = "esper/final_accuracy_with_probation"
+"""The same with the seeds still on probation in, at their last alpha."""
 PARAMS_ADDED = "esper/params_added"
+"""Parameters of the fossilized seeds at episode end (the kept network's growth)."""
+PARAMS_ON_PROBATION = "esper/params_on_probation"
+"""Parameters of the seeds still live at episode end (dropped from the kept network)."""
 HOST_PARAMS = "esper/host_params"
 SEEDS_GERMINATED = "esper/seeds_germinated"
 SEEDS_FOSSILIZED = "esper/seeds_fossilized"

@@ -23,6 +23,8 @@ class RewardMode(str, Enum):
     BASIC_PLUS = "basic_plus"
     ESCROW = "escrow"
     MINIMAL = "minimal"
+    COMMITTED = "committed"
+    """The committed model's accuracy gain, as a potential difference (rewards/committed.py)."""
 
 
 class RewardFamily(str, Enum):
@@ -61,6 +63,10 @@ class RewardConfig:
     """loss family: loss at which the terminal bonus saturates."""
     loss_rent_weight: float = 0.05
     loss_rent_grace_epochs: int = 3
+    param_cost_pp: float = 1.0
+    """committed mode: accuracy points charged per doubling of the network by its seeds."""
+    committed_stage_weight: float = 1.0
+    """committed mode: weight of the potential-based shaping on the seeds' lifecycle stages (accuracy points)."""
 
     @property
     def ablates_fossils(self) -> bool:

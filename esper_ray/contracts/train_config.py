@@ -27,7 +27,7 @@ class TrainConfig:
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length in host epochs (the original used 150; the CPU default is short)."""
     reward_mode: str = "shaped"
-    """shaped, simplified, sparse, basic, basic_plus, escrow or minimal."""
+    """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution or loss (loss only with shaped)."""
     envs: int = 2
@@ -87,6 +87,9 @@ class TrainConfig:
     original did; the metrics stay in raw reward units."""
     model: str = "cpu"
     """Network size preset: cpu (64-unit LSTM) or gpu (512, the original's sizes)."""
+    prune_logit: float = 0.0
+    """Initial bias of the PRUNE entries of the policy's op head (learnable): negative makes an untrained policy prune
+    less often, so a seed lives long enough to show what it brings (docs/learning.md, section 8)."""
     checkpoint_every: int = 5
     """Save a checkpoint every this many rounds (0: only at the end and on Ctrl-C)."""
     output: str = "esper_runs/train"

@@ -24,6 +24,7 @@ import random
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -91,6 +92,17 @@ def _precision(amp: str, device: torch.device) -> Precision:
     return Precision(dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))
 
 
+@dataclass(frozen=True)
+class TestStats:
+    """The held-out test split, measured at the end of an evaluation episode."""
+
+    accuracy: float
+    """Of the committed model: the host and its fossilized seeds (seeds on probation dropped)."""
+    loss: float
+    accuracy_with_probation: float
+    """Of the model as it runs, seeds on probation in at their current alpha (equals `accuracy` without any)."""
+
+
 class MorphogeneticEnv(gym.Env):
     metadata = {"render_modes": []}
 
@@ -154,8 +166,9 @@ class MorphogeneticEnv(gym.Env):
         actions: a resumed run then replays the rounds an uninterrupted one would have (train/rounds.py)."""
         self._round, self._episode_in_round = round_, 0
 
-    def measure_test(self) -> tuple[float, float]:
-        """(accuracy, loss) of the model as it is now on the held-out test split.
+    def measure_test(self) -> TestStats:
+        """The held-out test split's accuracy and loss of the committed model (host and fossils: what a host run
+        keeps), and the accuracy with the seeds still on probation at their current alpha, in one fused pass.
 
         Only a final evaluation calls this: no reward, observation or governor decision ever reads the test
         split, so a controller is never trained on it.
@@ -166,11 +179,12 @@ class MorphogeneticEnv(gym.Env):
             if self._test_split is None:
                 self._test_split = (self.data.test_x.to(self.device), self.data.test_y.to(self.device))
             test_x, test_y = self._test_split
+            alphas = torch.stack([self.model.committed_alphas(), self.model.current_alphas()])
             stats = validate_fused(
-                self.model, test_x, test_y, self.model.current_alphas()[None],
+                self.model, test_x, test_y, alphas,
                 chunk=self.cfg.effective_val_batch_size, prepare=self._prepare_eval, precision=self.precision,
             )
-        return stats.accuracy(), stats.loss()
+        return TestStats(accuracy=stats.accuracy(0), loss=stats.loss(0), accuracy_with_probation=stats.accuracy(1))
 
     # ------------------------------------------------------------------ phases
     def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -305,6 +319,7 @@ class MorphogeneticEnv(gym.Env):
     def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:
         assert self.model is not None
         self.val = val
+        self.committed_accuracy = val.accuracy(plan.committed_index)
         main = val.accuracy(0)
         for slot_id in plan.ablated_slots:
             self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(plan.row(f"off:{slot_id}")))
@@ -449,9 +464,11 @@ class MorphogeneticEnv(gym.Env):
             "epoch": self.epoch,
             "episode_seed": self._episode_seed,
             "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
+            "committed_accuracy": self.committed_accuracy,
             "val_perplexity": math.exp(min(self.val.loss(), 50.0)),
             "val_correct": self.val.correct[0], "val_total": self.val.samples,
             "host_params": self.model.host_params, "seed_params": self.model.seed_params,
+            "committed_seed_params": self.model.committed_seed_params,
             "total_params": self.model.host_params + self.model.seed_params,
             "stages": {s.slot_id: s.stage.name for s in self.model.seed_slots()},
             "last_op": self.last_op.name if self.last_op is not None else "NONE",

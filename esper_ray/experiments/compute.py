@@ -13,7 +13,6 @@ counterfactual). Medians, because a ratio's mean is pulled by one large seed.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -77,7 +76,7 @@ def summarize_compute(record: ExperimentRecord) -> tuple[list[ArmCompute], list[
             final_params_range=(min(params), max(params)) if params else (math.nan, math.nan),
         ))
     pairs = []
-    for a, b in itertools.combinations(record.spec.arms, 2):
+    for a, b in record.spec.compared_pairs:  # the verdict's pairs, in its order
         params_d, params_r, n = _paired(fields["final_params"][a], fields["final_params"][b])
         train_d, train_r, _ = _paired(fields["train_flops"][a], fields["train_flops"][b])
         _, all_r, _ = _paired(fields["all_flops"][a], fields["all_flops"][b])

@@ -27,6 +27,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
+from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import FINISHED, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
@@ -70,15 +71,16 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     spec = record.spec
     values = metric_by_arm(record)
     arms = [summarize_arm(arm, by_seed) for arm, by_seed in values.items()]
-    pairs = compare_arms(values)
+    pairs = compare_arms(values, spec.compared_pairs)
     verdicts = [verdict(p, spec.metric, spec.alpha, len(pairs)) for p in pairs]
+    family = "the pairs of the experiment's `compare`" if spec.compare is not None else "all pairs"
     arm_compute, pair_compute = summarize_compute(record)
     size_verdicts = [size_sentence(p) for p in pair_compute]
     results = as_json(record)
     results["statistics"] = {
         "metric": spec.metric, "alpha": spec.alpha, "pairs_in_family": len(pairs),
-        "primary_test": "paired Wilcoxon signed-rank (exact sign-flip distribution), Holm over all pairs",
-        "secondary_test": "Mann-Whitney U (exact permutation distribution), Holm over all pairs",
+        "primary_test": f"paired Wilcoxon signed-rank (exact sign-flip distribution), Holm over {family}",
+        "secondary_test": f"Mann-Whitney U (exact permutation distribution), Holm over {family}",
         "arms": [asdict(a) for a in arms], "pairs": [asdict(p) for p in pairs], "verdicts": verdicts,
         "excluded_trials": [{"arm": t.arm, "seed": t.seed, "status": t.status, "error": t.error} for t in record.excluded],
         "compute": {"arms": [asdict(a) for a in arm_compute], "pairs": [asdict(p) for p in pair_compute],
@@ -125,7 +127,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "## Verdict",
         "",
         f"The verdict rests on the seed-paired test (Wilcoxon signed-rank, exact), Holm-corrected over the {len(pairs)} "
-        f"pair(s); Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
+        f"pair(s){' the experiment file names (compare)' if spec.compare is not None else ''}; Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
         f"non-zero seed pairs to reach alpha={spec.alpha}.",
         "",
         *[f"- {v} {s}" for v, s in zip(verdicts, size_verdicts)],
@@ -158,8 +160,10 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
             f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
             f"{'; '.join(p.notes)} |"
         )
+    lines += kept_lines(record)
     lines += loss_lines(record)
     lines += compute_lines(arm_compute)
+    lines += training_cost_lines(record)
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
@@ -171,6 +175,56 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
 def _controller_label(spec: Any, arm: str) -> str:
     fixed = spec.fixed_seed(arm)
     return f"fixed({fixed.label})" if fixed is not None else spec.controller(arm).value
+
+
+def kept_lines(record: ExperimentRecord) -> list[str]:
+    """What each arm's host runs kept: the metric scores the committed model (host and fossils); the seeds still on
+    probation when a run ended are dropped. Both accuracies side by side, so a reader sees what was not kept."""
+    with_probation = by_seed(record, "test_accuracy_with_probation")
+    arms = [a for a in record.spec.arms if with_probation[a]]
+    if not arms:
+        return []  # runs made before the committed model
+    test, kept = by_seed(record, "test_accuracy"), by_seed(record, "params_added")
+    probation, fossilized = by_seed(record, "params_on_probation"), by_seed(record, "fossilized")
+
+    def mean(values: dict[int, float]) -> float:
+        return float(np.mean(list(values.values()))) if values else math.nan
+
+    lines = [
+        "", "## What the host runs kept", "",
+        "A host run keeps its committed model: the host and its fossilized seeds (docs/design.md, \"The end of a host "
+        "run\"). The test accuracy above is that model's; beside it, the same evaluation episodes with the seeds still "
+        "on probation left in at their last alpha. Means per evaluation episode over each arm's finished trials.",
+        "",
+        "| arm | test accuracy, committed | with seeds on probation | fossilized seeds | params kept | params on probation (dropped) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        lines.append(f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | {_fmt(mean(fossilized[arm]), 3)} | "
+                     f"{_fmt(mean(kept[arm]), 6)} | {_fmt(mean(probation[arm]), 6)} |")
+    return lines
+
+
+def training_cost_lines(record: ExperimentRecord) -> list[str]:
+    """The full cost of each arm's controller beyond its evaluation episodes: a PPO arm's training host runs, a
+    fixed arm's sweep (as its experiment file states it)."""
+    spec = record.spec
+    rows = []
+    for arm in spec.arms:
+        kind = spec.controller(arm)
+        train = spec._arm_settings(arm)
+        if kind is ControllerKind.PPO:
+            cfg = TrainConfig.from_mapping({**train, "seed": spec.seeds[0]})
+            runs = spec.rounds * cfg.envs * cfg.episodes_per_env
+            rows.append(f"| {arm} | {runs:,} host runs of {cfg.max_epochs} epochs per seed ({spec.rounds} rounds x {cfg.envs} "
+                        f"envs x {cfg.episodes_per_env} episodes) |")
+        elif kind is ControllerKind.FIXED:
+            sweep = spec.arms[arm].get("sweep_host_runs")
+            rows.append(f"| {arm} | " + (f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"
+                                         if sweep is not None else "the sweep that picked its seed (not stated in the file) |"))
+        else:
+            rows.append(f"| {arm} | none (rules, no training) |")
+    return ["", "## What each controller cost before its evaluation", "", "| arm | training or search |", "|---|---|", *rows]
 
 
 def loss_lines(record: ExperimentRecord) -> list[str]:

@@ -23,11 +23,16 @@ from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_K
 TUNE_DIR = "tune"
 EXPERIMENT_FILE = "experiment.json"
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
+OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germinated", "pruned")
+"""Per round, NaN in runs made before they were recorded."""
 EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
                 "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
 COMPUTE_COLUMNS = ("final_params", "refused", "train_flops", "seed_train_flops", "validation_flops", "counterfactual_flops",
                    "seconds")
 """Size and compute of the evaluation episodes (means per episode); NaN in runs made before they were recorded."""
+PROBATION_COLUMNS = ("test_accuracy_with_probation", "val_accuracy_with_probation", "params_on_probation")
+"""The evaluation episodes' accuracy with the seeds still on probation in, and their parameters (the metric scores the
+committed model without them); NaN in runs made before the committed model."""
 LOSS_COLUMNS = ("test_loss", "test_perplexity")
 """Held-out test loss (mean over the evaluation episodes) and exp of it; NaN in runs made before they were recorded."""
 FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
@@ -106,11 +111,13 @@ def _history_and_evaluation(frame: Any) -> tuple[list[dict[str, float]], dict[st
         if SUMMARY_PREFIX + "final_accuracy" in row and math.isfinite(_float(row[SUMMARY_PREFIX + "round"])):
             entry = {"round": _float(row[SUMMARY_PREFIX + "round"])}
             entry.update({c: _float(row[SUMMARY_PREFIX + c]) for c in HISTORY_COLUMNS})
+            entry.update({c: _float(row[SUMMARY_PREFIX + c]) if SUMMARY_PREFIX + c in row else math.nan
+                          for c in OPTIONAL_HISTORY_COLUMNS})
             history.append(entry)
         if EVAL_PREFIX + "test_accuracy" in row and math.isfinite(_float(row[EVAL_PREFIX + "test_accuracy"])):
             evaluation = {c: _float(row[EVAL_PREFIX + c]) for c in EVAL_COLUMNS}
             evaluation.update({c: _float(row[EVAL_PREFIX + c]) if EVAL_PREFIX + c in row else math.nan
-                               for c in LOSS_COLUMNS + COMPUTE_COLUMNS})
+                               for c in LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS})
     first = frame.iloc[0]
     return history, evaluation, _float(first["timestamp"]) - _float(first["time_this_iter_s"])
 

@@ -16,12 +16,14 @@
     eval_episodes: 4
     alpha: 0.05
     order_seed: 7                   # optional: seed of the random start order (drawn and recorded if absent)
+    compare: [[ppo, none], [ppo, heuristic]]   # optional: the pairs the verdict tests (default: every pair)
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +42,9 @@ from esper_ray.morpho.hosts import topology_of
 # of the final grown model.
 METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
-ARM_ONLY_KEYS = ("controller", "fixed")
+ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs")
+"""Arm keys that are not training settings; `sweep_host_runs`: the host runs of the sweep that picked a fixed arm's
+seed (once for all seeds), shown in the report's cost table."""
 DEFAULT_LAST_ROUNDS = 3
 
 
@@ -90,6 +94,9 @@ class ExperimentSpec:
     """Retries of a trial that raises (from its last checkpoint) before it is marked failed and excluded."""
     order_seed: int | None = None
     """Seed of the random trial start order; drawn and recorded when absent."""
+    compare: tuple[tuple[str, str], ...] | None = None
+    """The pairs of arms the verdict tests, as [A, B] lists: the family Holm corrects over, fixed before the run
+    (e.g. the learned controller against each baseline). Default: every pair of arms."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -131,12 +138,38 @@ class ExperimentSpec:
             raise ValueError("training: `controller` is chosen per arm (arms.<name>.controller), not for all arms")
         for arm, settings in self.arms.items():
             kind = ControllerKind.parse(settings.get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
+            if "sweep_host_runs" in settings:
+                check_int(f"arms.{arm}.sweep_host_runs", settings["sweep_host_runs"], 0)
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
                 raise ValueError(f"arms.{arm}: `fixed` names the seed of a fixed controller, e.g. controller: fixed, "
                                  f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
                                  + (" and it has none" if kind is ControllerKind.FIXED else ""))
+        object.__setattr__(self, "compare", self._checked_compare())
         for trial in self.trials():
             TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+
+    def _checked_compare(self) -> tuple[tuple[str, str], ...] | None:
+        if self.compare is None:
+            return None
+        example = "e.g. [[ppo, none], [ppo, heuristic]]"
+        if isinstance(self.compare, (str, bytes)) or not isinstance(self.compare, (list, tuple)) or not self.compare:
+            raise ValueError(f"compare={self.compare!r}: must be a non-empty list of [A, B] arm pairs, {example}")
+        pairs = []
+        for pair in self.compare:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ValueError(f"compare: {pair!r} is not a pair [A, B] of arms, {example}")
+            unknown = [a for a in pair if a not in self.arms]
+            if unknown:
+                raise ValueError(f"compare: {pair!r} names {unknown}, not arms of this experiment; arms: {list(self.arms)}")
+            if pair[0] == pair[1] or (pair[0], pair[1]) in pairs or (pair[1], pair[0]) in pairs:
+                raise ValueError(f"compare: {pair!r} compares an arm with itself or repeats a pair")
+            pairs.append((str(pair[0]), str(pair[1])))
+        return tuple(pairs)
+
+    @property
+    def compared_pairs(self) -> list[tuple[str, str]]:
+        """The verdict's family of pairs: `compare`, or every pair of arms in arm order."""
+        return list(self.compare) if self.compare is not None else list(itertools.combinations(self.arms, 2))
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> ExperimentSpec:

@@ -306,9 +306,11 @@ def compare_pair(arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_se
     )
 
 
-def compare_arms(values: Mapping[str, Mapping[int, float]]) -> list[PairComparison]:
-    """Every pair of arms, in arm order; Holm over all pairs within each family (paired, unpaired)."""
-    pairs = [compare_pair(a, values[a], b, values[b]) for a, b in itertools.combinations(values, 2)]
+def compare_arms(values: Mapping[str, Mapping[int, float]], family: Sequence[tuple[str, str]] | None = None) -> list[PairComparison]:
+    """The pairs of `family` (default: every pair of arms, in arm order); Holm over those pairs, separately for the
+    paired and the unpaired test."""
+    family = list(itertools.combinations(values, 2)) if family is None else family
+    pairs = [compare_pair(a, values[a], b, values[b]) for a, b in family]
     paired_holm = holm([p.wilcoxon_p for p in pairs])
     unpaired_holm = holm([p.mann_whitney_p for p in pairs])
     return [replace(p, wilcoxon_p_holm=w, mann_whitney_p_holm=u) for p, w, u in zip(pairs, paired_holm, unpaired_holm)]

@@ -74,6 +74,11 @@ def test_loss_and_perplexity(summaries: list[EpisodeSummary]) -> tuple[float, fl
     return loss, math.exp(loss) if math.isfinite(loss) and loss < 700 else math.nan
 
 
+def _mean_of(summaries: list[EpisodeSummary], field: str) -> float:
+    values = [getattr(s, field) for s in summaries]
+    return float(np.mean([math.nan if v is None else v for v in values]))
+
+
 def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     """Means over the evaluation episodes (the A/B metrics) and their spread."""
     test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
@@ -85,6 +90,10 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
         EVAL_PREFIX + "test_accuracy": float(test.mean()),
         EVAL_PREFIX + "test_accuracy_std": float(test.std()),
         EVAL_PREFIX + "test_accuracy_per_param": float(np.mean([per_kparam(t, p) for t, p in zip(test, params)])),
+        # the committed model is what is scored; the same with the seeds left on probation shows what was not kept
+        EVAL_PREFIX + "test_accuracy_with_probation": _mean_of(summaries, "test_accuracy_with_probation"),
+        EVAL_PREFIX + "val_accuracy_with_probation": _mean_of(summaries, "final_accuracy_with_probation"),
+        EVAL_PREFIX + "params_on_probation": float(np.mean([s.params_on_probation for s in summaries])),
         EVAL_PREFIX + "test_loss": test_loss,
         EVAL_PREFIX + "test_perplexity": test_perplexity,
         EVAL_PREFIX + "val_accuracy": float(val.mean()),

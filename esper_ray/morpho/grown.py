@@ -1,16 +1,14 @@
 """The grown network: the host with the seeds a run grew, each fixed at its final alpha. No lifecycle, no Ray.
 
 A MorphogeneticModel carries the whole lifecycle (stages, alpha ramps, seed optimizers, counterfactual passes);
-the network a run leaves behind needs none of it. `GrownNetwork` is the host plus, per slot, the seed that
-took part in the run's final forward, blended in with the operator and the alpha it ended with:
+the network a run leaves behind needs none of it. `GrownNetwork` is the committed model of the run's end
+(docs/design.md, "The end of a host run"): the host plus every FOSSILIZED seed, blended in with its operator at
+the alpha it ended with. Seeds still on probation (GERMINATED, TRAINING, BLENDING, HOLDING) are dropped, as are
+pruned seeds (their module is gone).
 
-    kept:     every seed in BLENDING, HOLDING or FOSSILIZED with alpha > 0, at that alpha (so a seed still
-              blending in, or half-way through a prune's blend-out, is kept at its current alpha);
-    left out: seeds still GERMINATED or TRAINING (they run at alpha 0, so the output is the host's exactly),
-              seeds blended down to alpha 0, and pruned seeds (their module is gone).
-
-Leaving those out changes no output, and the forward calls the model's own `blend`, so in eval mode on the
-same device and precision it gives the logits the env measured the run's final test accuracy with.
+The forward calls the model's own `blend`, so in eval mode on the same device and precision it gives the logits
+the env measured the run's final (committed) test accuracy with. Files written before the end of a run meant
+this also hold BLENDING or HOLDING seeds; they still load (KEPT_STAGES).
 """
 
 from __future__ import annotations
@@ -37,10 +35,10 @@ from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer import TransformerHost
 
 KEPT_STAGES = frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+"""Stages a saved seed may have: FOSSILIZED, or (in files written before the committed model) BLENDING/HOLDING."""
 CONTENTS = (
-    "every seed that takes part in the final forward: seeds in BLENDING, HOLDING or FOSSILIZED with alpha > 0, "
-    "each at the alpha the run ended with (a seed still blending in is kept at its current alpha, not at its "
-    "target); seeds still GERMINATED or TRAINING (alpha 0: their output is the host's) and pruned seeds are left out"
+    "the committed model: the host and every FOSSILIZED seed, each at the alpha the run ended with; seeds still on "
+    "probation when the run ended (GERMINATED, TRAINING, BLENDING, HOLDING) and pruned seeds are left out"
 )
 
 
@@ -141,14 +139,15 @@ class GrownNetwork(nn.Module):
 
 
 def kept_alpha(slot: SeedSlot) -> float | None:
-    """The alpha a slot's seed is kept at in the grown network, or None when the seed is left out."""
-    if slot.seed is None or slot.stage not in KEPT_STAGES or slot.alpha.alpha <= 0.0:
+    """The alpha a slot's seed is kept at in the grown network, or None when the seed is left out: only fossils
+    are kept (MorphogeneticModel.committed_alphas)."""
+    if slot.seed is None or slot.stage is not Stage.FOSSILIZED or slot.alpha.alpha <= 0.0:
         return None
     return float(slot.alpha.alpha)
 
 
 def grown_from(model: MorphogeneticModel) -> GrownNetwork:
-    """A copy (on the CPU, in eval mode) of the network the model computes now, without its lifecycle."""
+    """A copy (on the CPU, in eval mode) of the committed model (host and fossils), without its lifecycle."""
     seeds = {}
     for slot in model.seed_slots():
         alpha = kept_alpha(slot)

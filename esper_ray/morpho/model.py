@@ -117,6 +117,16 @@ class MorphogeneticModel(nn.Module):
             [s.alpha.alpha if s.is_active and s.stage is not Stage.TRAINING else 0.0 for s in self.seed_slots()]
         )
 
+    def committed_alphas(self) -> torch.Tensor:
+        """[S] the alphas of the committed model: fossilized seeds at their alpha, every other slot 0. What a host
+        run keeps when it ends (docs/design.md, "The end of a host run")."""
+        return torch.tensor([s.alpha.alpha if s.stage is Stage.FOSSILIZED else 0.0 for s in self.seed_slots()])
+
+    @property
+    def committed_seed_params(self) -> int:
+        """Parameters of the fossilized seeds: what the committed model adds to the host."""
+        return sum(s.seed_params for s in self.seed_slots() if s.stage is Stage.FOSSILIZED)
+
     def step_epoch(self) -> None:
         for s in self.seed_slots():
             s.step_epoch()

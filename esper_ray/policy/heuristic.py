@@ -4,10 +4,20 @@ Germinate when the host has stabilised and plateaued and no seed is alive; advan
 lifecycle needs a push (only when auto-forward is off); prune a seed whose stage made accuracy fall by 2 pp;
 fossilize a holding seed whose counterfactual contribution exceeds 0.5 pp, otherwise prune it.
 Blueprints rotate, skipping those recently pruned (penalty +2 per prune, halved every epoch, skip at >= 3).
+
+Scaled to the run (issue 30). The original's numbers are for its own runs of 75 epochs (its heuristic's default;
+its RL episodes were 150): min_epoch 5, 3 stable and 3 flat epochs, a 5-epoch embargo and prune patience, and
+per-epoch thresholds (0.5 pp of accuracy, a -5 %..+3 % loss change). In a run of `max_epochs` they scale by
+max_epochs / 75: epoch counts shrink with it (at least 1) and per-epoch thresholds grow by its inverse, since a
+run three times shorter changes three times as much an epoch. And a seed is planted only while its lifecycle can
+still end before the run does (10 epochs of TRAINING, the blend, one epoch in HOLDING to decide): a seed still on
+probation at the end is dropped (docs/design.md), so planting it later only costs. Measured on digits-impaired
+(25 epochs, 4 episodes): unscaled, the heuristic planted at epochs 6, 10, 12 and 25 and fossilized none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +52,10 @@ DEFAULT_ROTATIONS = {"cnn": DEFAULT_ROTATION, "transformer": TRANSFORMER_ROTATIO
 DEFAULT_PLATEAU_THRESHOLDS = {"cnn": 0.005, "transformer": 0.01}
 
 
+ORIGINAL_RUN_EPOCHS = 75
+"""Length of the runs the original's heuristic numbers were made for (its `heuristic` command's default)."""
+
+
 @dataclass(frozen=True)
 class HeuristicConfig:
     min_epoch: int = 5
@@ -65,10 +79,38 @@ class HeuristicConfig:
     """Blueprints to germinate in turn; None takes the host topology's default."""
     penalty_per_prune: float = 2.0
     penalty_skip: float = 3.0
+    stable_band: tuple[float, float] = (-0.05, 0.03)
+    """An epoch whose relative loss improvement lies in this band counts towards "stabilised"."""
+    reference_epochs: int | None = ORIGINAL_RUN_EPOCHS
+    """Run length the numbers above are meant for; a run of another length scales them (see the module's
+    docstring). None: use them as given."""
+    lifecycle_epochs: int = 16
+    """Epochs from germination to the first epoch a seed can be fossilized (10 in TRAINING, a 5-epoch blend, one
+    in HOLDING); no seed is planted with fewer epochs left. 0: no deadline."""
 
     def __post_init__(self) -> None:
         if self.rotation is not None and not self.rotation:
             raise ValueError("rotation: needs at least one blueprint")
+        if self.reference_epochs is not None and self.reference_epochs < 1:
+            raise ValueError(f"reference_epochs={self.reference_epochs}: must be >= 1 (or None to use the numbers as given)")
+
+    def scaled_to(self, max_epochs: int) -> HeuristicConfig:
+        """These settings for a run of `max_epochs` (module docstring); unchanged when reference_epochs is None."""
+        if self.reference_epochs is None:
+            return self
+        scale = max_epochs / self.reference_epochs
+
+        def epochs(n: int) -> int:
+            return max(1, round(n * scale))
+
+        low, high = self.stable_band
+        return dataclasses.replace(
+            self, min_epoch=epochs(self.min_epoch), plateau_epochs=epochs(self.plateau_epochs),
+            stable_epochs=epochs(self.stable_epochs), embargo_epochs=epochs(self.embargo_epochs),
+            prune_patience=epochs(self.prune_patience), stable_band=(low / scale, high / scale),
+            plateau_threshold=None if self.plateau_threshold is None else self.plateau_threshold / scale,
+            reference_epochs=None,
+        )
 
     def rotation_for(self, topology: str) -> tuple[Blueprint, ...]:
         """The rotation to use on a host of this topology; ValueError if it names blueprints the host cannot take."""
@@ -106,10 +148,12 @@ class HeuristicController:
                  topology: str = "cnn") -> None:
         self.slot_ids = list(slot_ids)
         self.max_epochs = max_epochs
-        self.cfg = cfg or HeuristicConfig()
+        given = cfg or HeuristicConfig()
+        if given.plateau_threshold is None:
+            given = dataclasses.replace(given, plateau_threshold=DEFAULT_PLATEAU_THRESHOLDS[topology])
+        self.cfg = given.scaled_to(max_epochs)
         self.rotation = self.cfg.rotation_for(topology)
-        self.plateau_threshold = (self.cfg.plateau_threshold if self.cfg.plateau_threshold is not None
-                                  else DEFAULT_PLATEAU_THRESHOLDS[topology])
+        self.plateau_threshold: float = self.cfg.plateau_threshold  # type: ignore[assignment]
         self.offsets = head_offsets(len(self.slot_ids))
         self.reset()
 
@@ -125,7 +169,8 @@ class HeuristicController:
         accuracy = float(features[BASE_VAL_ACCURACY])
         if t.losses:
             change = (t.losses[-1] - loss) / max(t.losses[-1], 1e-8)
-            t.stable_run = t.stable_run + 1 if -0.05 < change < 0.03 else 0
+            low, high = cfg.stable_band
+            t.stable_run = t.stable_run + 1 if low < change < high else 0
             t.stabilised = t.stabilised or t.stable_run >= cfg.stable_epochs
             gain = accuracy - t.accuracies[-1]
             t.plateau_run = t.plateau_run + 1 if gain < self.plateau_threshold else 0
@@ -195,6 +240,8 @@ class HeuristicController:
             return False
         if t.last_prune_epoch is not None and epoch - t.last_prune_epoch < cfg.embargo_epochs:
             return False
+        if cfg.lifecycle_epochs and self.max_epochs - epoch < cfg.lifecycle_epochs:
+            return False  # it would still be on probation when the run ends, and be dropped
         return t.stabilised and epoch >= cfg.min_epoch and t.plateau_run >= cfg.plateau_epochs
 
     def _next_blueprint(self) -> Blueprint | None:

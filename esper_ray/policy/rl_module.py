@@ -17,7 +17,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Op, encode_joint
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
 
 # A masked logit: finite (so 0 * logit stays 0 in entropies) and far below any real logit.
@@ -40,7 +40,8 @@ def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequent
 
 
 class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
-    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS)."""
+    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS), and
+    prune_logit (optional): the initial bias of the op head's PRUNE entries."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
@@ -59,6 +60,9 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         )
         self.lstm = nn.LSTM(int(cfg["hidden_size"]), self.cell, batch_first=True)
         self.policy_heads = nn.ModuleList([_mlp_head(self.cell, int(cfg["head_hidden"]), n, 0.01) for n in self.nvec])
+        with torch.no_grad():  # a prior, learnable like any bias: how often an untrained policy prunes
+            prune = [encode_joint(Op.PRUNE, i, self.num_slots) for i in range(self.num_slots)]
+            self.policy_heads[0][2].bias[prune] = float(cfg.get("prune_logit", 0.0))
         self.value_head = _mlp_head(self.cell, int(cfg["head_hidden"]), 1, 1.0)
         self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(
             input_lens=self.nvec, relevance=relevance_matrix(self.num_slots, self.nvec[0])

@@ -84,7 +84,7 @@ def non_attribution_components(signal: StepSignal, cfg: RewardConfig) -> dict[st
         "alpha_shock": rc.alpha_shock(signal),
         "occupancy": rc.occupancy(signal),
         "action": action_shaping(signal),
-        "terminal": 0.05 * PP * signal.val_accuracy if signal.is_terminal else 0.0,
+        "terminal": 0.05 * PP * signal.committed_accuracy if signal.is_terminal else 0.0,  # what the run keeps
     }
     return parts
 

@@ -27,8 +27,11 @@ class EpisodeSummary:
     episode_return: float
     initial_accuracy: float
     final_accuracy: float
+    """Validation accuracy of the committed model when the run ended: the host and its fossilized seeds, what a
+    host run keeps (seeds still on probation are dropped; docs/design.md, "The end of a host run")."""
     host_params: int
     params_added: int
+    """Parameters of the fossilized seeds: what the kept network adds to the host."""
     germinated: int
     fossilized: int
     pruned: int
@@ -49,6 +52,12 @@ class EpisodeSummary:
     test_accuracy: float | None = None
     """Final model's accuracy on the held-out test split (measured only by evaluations)."""
     test_loss: float | None = None
+    final_accuracy_with_probation: float | None = None
+    """Validation accuracy with the seeds still on probation in, at their last alpha (= final_accuracy without any)."""
+    params_on_probation: int = 0
+    """Parameters of the seeds still live (not fossilized) when the run ended: not part of the kept network."""
+    test_accuracy_with_probation: float | None = None
+    """Held-out test accuracy with the seeds on probation in (evaluations only)."""
 
     @property
     def total_params(self) -> int:
@@ -132,17 +141,20 @@ def run_episode(
             on_step(steps, info)
         if terminated or truncated:
             break
-    test_accuracy, test_loss = env.measure_test() if measure_test else (None, None)
+    test = env.measure_test() if measure_test else None
+    kept = int(info["committed_seed_params"])
     return EpisodeSummary(
         episode=episode, steps=steps, episode_return=total, initial_accuracy=initial,
-        final_accuracy=float(info["val_accuracy"]), host_params=int(info["host_params"]),
-        params_added=int(info["seed_params"]), germinated=int(info["count/germinated"]),
+        final_accuracy=float(info["committed_accuracy"]), host_params=int(info["host_params"]),
+        params_added=kept, germinated=int(info["count/germinated"]),
         fossilized=int(info["count/fossilized"]), pruned=int(info["count/pruned"]),
         rollbacks=int(info["count/rollbacks"]), refused=int(info["count/refused"]), train_flops=int(info["flops/train"]),
         seed_train_flops=int(info["flops/train_seeds"]), validation_flops=int(info["flops/validation"]),
         counterfactual_flops=int(info["flops/counterfactual"]), rolled_back=bool(info["rollback"]),
         seconds=time.perf_counter() - start,
-        test_accuracy=test_accuracy, test_loss=test_loss,
+        test_accuracy=test.accuracy if test else None, test_loss=test.loss if test else None,
+        final_accuracy_with_probation=float(info["val_accuracy"]), params_on_probation=int(info["seed_params"]) - kept,
+        test_accuracy_with_probation=test.accuracy_with_probation if test else None,
     )
 
 
@@ -176,9 +188,14 @@ def episode_end_steps(bar: tqdm, episodes_done: int, max_epochs: int) -> int:
 
 def format_summary(s: EpisodeSummary) -> str:
     test = f", test acc {100 * s.test_accuracy:.2f}%" if s.test_accuracy is not None else ""
+    probation = ""
+    if s.params_on_probation:
+        with_probation = s.test_accuracy_with_probation if s.test_accuracy_with_probation is not None else s.final_accuracy_with_probation
+        probation = (f" ({s.params_on_probation:,} params still on probation dropped; with them "
+                     f"{100 * (with_probation or 0.0):.2f}%)")
     return (
         f"episode {s.episode}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
-        f"params added {s.params_added:,} on a {s.host_params:,}-param host, seeds germinated {s.germinated} / "
+        f"params kept {s.params_added:,} on a {s.host_params:,}-param host{probation}, seeds germinated {s.germinated} / "
         f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, training {s.train_flops:.3g} FLOPs, "
         f"{s.seconds:.1f}s"
         + (", ended by governor rollback" if s.rolled_back else "")

@@ -68,6 +68,8 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
         "seed": env.cfg.seed, "episode_seed": history.episode_seed, "max_epochs": env.cfg.max_epochs, "epochs": summary.steps,
         "ended_by_rollback": summary.rolled_back, "device": str(env.device), "amp": resolve_amp(env.cfg.amp, env.device),
         "test_accuracy": summary.test_accuracy,
+        "test_accuracy_with_probation": summary.test_accuracy_with_probation,
+        "params_dropped_on_probation": summary.params_on_probation,
         "test_loss": summary.test_loss if math.isfinite(summary.test_loss) else None,  # strict JSON: a diverged loss is null
         "initial_val_accuracy": summary.initial_accuracy, "final_val_accuracy": summary.final_accuracy,
         "val_accuracy_by_epoch": history.val_accuracy, "train_accuracy_by_epoch": history.train_accuracy,

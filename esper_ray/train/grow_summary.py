@@ -65,6 +65,15 @@ def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _probation_line(run: Mapping[str, Any]) -> list[str]:
+    """What the run's end dropped: seeds still on probation are not part of the kept (committed) network."""
+    dropped = run.get("params_dropped_on_probation")  # absent in files written before the committed model
+    if not dropped:
+        return []
+    return [f"Seeds still on probation when the run ended ({dropped:,} parameters) were dropped; with them in, the test "
+            f"accuracy was {_pct(run['test_accuracy_with_probation'])}."]
+
+
 def summary_markdown(folder: Path, architecture: Mapping[str, Any]) -> str:
     run, params = architecture["run"], architecture["params"]
     test_loss = f"test loss {run['test_loss']:.4f}" if run["test_loss"] is not None else "test loss not finite"
@@ -76,6 +85,7 @@ def summary_markdown(folder: Path, architecture: Mapping[str, Any]) -> str:
         f"(amp {run['amp']}) after {run['epochs']} of {run['max_epochs']} epochs{ended}. Validation accuracy "
         f"{_pct(run['initial_val_accuracy'])} before training, {_pct(run['final_val_accuracy'])} at the end.",
         f"Grown by: {run['controller']}. Parameters: {params['host']:,} host + {params['seeds']:,} seeds = {params['total']:,}.",
+        *_probation_line(run),
         "",
         "## Architecture",
         "",

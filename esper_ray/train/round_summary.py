@@ -22,7 +22,11 @@ class RoundSummary:
     final_accuracy: float
     final_accuracy_min: float
     final_accuracy_max: float
+    """final_accuracy*: the committed model's (host and fossils), what each host run keeps."""
+    final_accuracy_with_probation: float
+    """The mean final accuracy with the seeds still on probation in."""
     params_added: float
+    """Parameters of the fossilized seeds at episode end (mean)."""
     host_params: float
     germinated: float
     fossilized: float
@@ -65,6 +69,7 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         final_accuracy=_number(runners, m.FINAL_ACCURACY),
         final_accuracy_min=_number(runners, m.FINAL_ACCURACY_MIN),
         final_accuracy_max=_number(runners, m.FINAL_ACCURACY_MAX),
+        final_accuracy_with_probation=_number(runners, m.FINAL_ACCURACY_WITH_PROBATION),
         params_added=_number(runners, m.PARAMS_ADDED),
         host_params=_number(runners, m.HOST_PARAMS),
         germinated=_number(runners, m.SEEDS_GERMINATED),
@@ -83,8 +88,9 @@ def progress_line(s: RoundSummary, total_rounds: int) -> str:
     line = (
         f"round {s.round}/{total_rounds} | env steps {s.env_steps} ({s.episodes} episodes) | "
         f"return {s.episode_return:.2f} | final acc {100 * s.final_accuracy:.1f}% "
-        f"(min {100 * s.final_accuracy_min:.1f}, max {100 * s.final_accuracy_max:.1f}) | "
-        f"params +{s.params_added:,.0f} | seeds/ep germ {s.germinated:.1f} foss {s.fossilized:.1f} "
+        f"(min {100 * s.final_accuracy_min:.1f}, max {100 * s.final_accuracy_max:.1f}; "
+        f"{100 * s.final_accuracy_with_probation:.1f}% with probation) | "
+        f"params kept +{s.params_added:,.0f} | seeds/ep germ {s.germinated:.1f} foss {s.fossilized:.1f} "
         f"prune {s.pruned:.1f} | {s.steps_per_second:.1f} steps/s | {s.seconds:.1f}s"
     )
     if s.rollbacks:

@@ -35,6 +35,7 @@ NAMED: dict[str, str] = {
     _RUNNERS + m.FINAL_ACCURACY: "host/final_accuracy",
     _RUNNERS + m.FINAL_ACCURACY_MIN: "host/final_accuracy_min",
     _RUNNERS + m.FINAL_ACCURACY_MAX: "host/final_accuracy_max",
+    _RUNNERS + m.FINAL_ACCURACY_WITH_PROBATION: "host/final_accuracy_with_probation",
     _RUNNERS + m.INITIAL_ACCURACY: "host/initial_accuracy",
     _RUNNERS + m.FINAL_PERPLEXITY: "host/final_perplexity",
     _RUNNERS + m.HOST_PARAMS: "host/params",
@@ -53,6 +54,7 @@ NAMED: dict[str, str] = {
     _RUNNERS + m.SEEDS_FOSSILIZED: "seeds/fossilized",
     _RUNNERS + m.SEEDS_PRUNED: "seeds/pruned",
     _RUNNERS + m.PARAMS_ADDED: "seeds/params_added",
+    _RUNNERS + m.PARAMS_ON_PROBATION: "seeds/params_on_probation",
     "time_this_iter_s": "speed/seconds_per_round",
 }
 """Result path -> tag, for the figures with fixed names."""
