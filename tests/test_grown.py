@@ -55,11 +55,12 @@ def transformer_model() -> tuple[MorphogeneticModel, torch.Tensor]:
 
 
 @pytest.mark.parametrize("build", [cnn_model, transformer_model], ids=["cnn", "transformer"])
-def test_saved_network_computes_the_models_final_forward_bit_for_bit(build, tmp_path):
+def test_saved_network_computes_the_committed_models_forward_bit_for_bit(build, tmp_path):
+    """What a run keeps is its committed model, the host and its fossils (docs/design.md, "The end of a host run")."""
     model, x = build()
     assert [s.stage for s in model.seed_slots()[:3]] == [Stage.FOSSILIZED, Stage.BLENDING, Stage.TRAINING]
     with torch.no_grad():
-        reference = model.fused_forward(x, model.current_alphas()[None])[0]  # how the env measures accuracy
+        reference = model.fused_forward(x, model.committed_alphas()[None])[0]  # how the env measures test accuracy
         network = grown_from(model)
         assert torch.equal(network(x), reference)
         save_grown_network(tmp_path / "net", network, {})
@@ -67,10 +68,10 @@ def test_saved_network_computes_the_models_final_forward_bit_for_bit(build, tmp_
         assert not loaded.training
         assert torch.equal(loaded(x), reference)
     kept = {s.slot: (s.stage, s.blend.name, s.alpha) for s in loaded.seed_specs}
-    assert kept == {"r0c0": (Stage.FOSSILIZED, "GATE", 1.0), "r0c1": (Stage.BLENDING, "MULTIPLY", 1 / 3)}  # TRAINING: alpha 0, left out
+    assert kept == {"r0c0": (Stage.FOSSILIZED, "GATE", 1.0)}  # the blending and the training seed are on probation: dropped
     architecture = json.loads((tmp_path / "net" / ARCHITECTURE_FILE).read_text())
     host_params = sum(p.numel() for p in model.host.parameters())
-    seed_params = sum(sum(p.numel() for p in model.slot(s).seed_parameters()) for s in ("r0c0", "r0c1"))
+    seed_params = sum(p.numel() for p in model.slot("r0c0").seed_parameters())
     assert architecture["params"] == {"host": host_params, "seeds": seed_params, "total": host_params + seed_params}
 
 
@@ -91,11 +92,18 @@ class ScenarioController:
         return wait_action(len(self.env.slot_ids))
 
 
-def test_reloaded_network_scores_the_runs_test_accuracy_on_cpu(tmp_path):
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 2, "device": "cpu", "auto_forward": False})
+def test_the_metric_the_saved_network_and_the_reward_agree_on_what_the_run_kept(tmp_path):
+    """The end of a host run keeps the committed model: the test metric, the saved network and the reward's last
+    step all read host + fossils, and the seeds still on probation (one blending, one training) are left out."""
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 2, "device": "cpu", "auto_forward": False,
+                            "reward_mode": "committed", "param_cost_pp": 0.0, "committed_stage_weight": 0.0})
     folder = tmp_path / "grown"
     [summary] = run_episodes(env, ScenarioController(env), 1, progress=False, measure_test=True,
                              on_episode_end=saver(folder, "a scripted scenario"))
+    model = env.model
+    assert summary.params_added == model.slot("r0c0").seed_params  # kept: the fossil only
+    assert summary.params_on_probation == model.slot("r0c1").seed_params + model.slot("r0c2").seed_params
+    assert summary.test_accuracy_with_probation is not None  # measured beside it, in the same fused pass
     assert sorted(p.name for p in folder.iterdir()) == ["accuracy.png", "architecture.json", "summary.md", "weights.pt"]
     network = load_grown(folder)
     data = load_task_data("digits-impaired")
@@ -108,11 +116,22 @@ def test_reloaded_network_scores_the_runs_test_accuracy_on_cpu(tmp_path):
     assert correct / len(data.test_y) == summary.test_accuracy
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
     assert architecture["run"]["test_accuracy"] == summary.test_accuracy
-    assert {s["slot"]: (s["stage"], s["alpha"]) for s in architecture["seeds"]} == {"r0c0": ("FOSSILIZED", 1.0), "r0c1": ("BLENDING", 1.0)}
-    assert architecture["slots"]["r0c2"] == {"stage": "TRAINING", "blueprint": "norm", "in_network": False,
-                                             "germinated_epoch": 1, "fossilized_epoch": None}
+    assert {s["slot"]: (s["stage"], s["alpha"]) for s in architecture["seeds"]} == {"r0c0": ("FOSSILIZED", 1.0)}
+    assert architecture["slots"]["r0c1"]["in_network"] is False and architecture["slots"]["r0c2"] == {
+        "stage": "TRAINING", "blueprint": "norm", "in_network": False, "germinated_epoch": 1, "fossilized_epoch": None}
     summary_md = (folder / "summary.md").read_text()
-    assert f"{100 * summary.test_accuracy:.2f} %" in summary_md and "| r0c1 | depthwise | BLENDING | yes | multiply | 1 |" in summary_md
+    assert f"{100 * summary.test_accuracy:.2f} %" in summary_md and "| r0c1 | depthwise | BLENDING | no |" in summary_md
+    assert "were dropped" in summary_md
+    # the reward: the last step pays the committed model's validation accuracy, taking back what the seeds on
+    # probation added (param cost and stage shaping off, so the potential is accuracy alone)
+    env.reset(seed=0)
+    controller = ScenarioController(env)
+    controller.reset()
+    obs, done = env._observation(), False
+    while not done:
+        obs, _, done, _, info = env.step(controller.act(obs))
+    assert info["committed_seed_params"] == summary.params_added and info["seed_params"] > info["committed_seed_params"]
+    assert info["reward/end_of_run"] == pytest.approx(env.reward_config.gamma * 100 * (info["committed_accuracy"] - info["val_accuracy"]))
 
 
 def test_loading_needs_no_ray(tmp_path):

@@ -17,6 +17,10 @@ from esper_ray.train.heuristic import run_heuristic
 from tests.morpho_helpers import drive_to
 
 
+AS_GIVEN = HeuristicConfig(reference_epochs=None)
+"""The original's numbers, unscaled (the rules themselves are under test)."""
+
+
 def test_heuristic_on_digits_ends_far_above_the_untrained_host():
     summaries = run_heuristic({"task": "digits", "max_epochs": 12, "num_shards": 2}, episodes=2, progress=False)
     for s in summaries:
@@ -24,9 +28,10 @@ def test_heuristic_on_digits_ends_far_above_the_untrained_host():
         assert s.final_accuracy > s.initial_accuracy + 0.5 and s.final_accuracy > 0.85
 
 
-def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float], accuracies: list[float]) -> dict:
+def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float], accuracies: list[float],
+                         max_epochs: int = 40) -> dict:
     """The observation of an epoch with this loss/accuracy history (the host's own numbers, no training needed)."""
-    view = EpochView(epoch=epoch, max_epochs=40, val_loss=losses[-1], val_accuracy=accuracies[-1], loss_history=losses,
+    view = EpochView(epoch=epoch, max_epochs=max_epochs, val_loss=losses[-1], val_accuracy=accuracies[-1], loss_history=losses,
                      accuracy_history=accuracies, last_action_success=True, last_op=Op.WAIT)
     slots = env.model.seed_slots()
     return {"features": build_features(view, slots), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
@@ -37,7 +42,7 @@ def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued()
     1 % while the accuracy stops rising. Stabilised after 3 flat epochs, plateaued after 3, epoch >= 5: germinate."""
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6})
     env.reset(seed=0)
-    controller = HeuristicController(env.slot_ids, 40)
+    controller = HeuristicController(env.slot_ids, 40, AS_GIVEN)
     losses = [2.3, 1.7, 1.3, 1.0, 0.995, 0.99, 0.99, 0.985, 0.985]
     accuracies = [0.10, 0.40, 0.55, 0.62, 0.621, 0.622, 0.621, 0.623, 0.622]
     decisions = []
@@ -58,7 +63,8 @@ def test_a_language_models_slow_climb_counts_as_a_plateau_on_a_transformer_only(
     a CNN it is progress (0.5 pp), so the heuristic keeps waiting."""
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6})
     env.reset(seed=0)
-    controller = HeuristicController(env.slot_ids, 40, HeuristicConfig(rotation=(Blueprint.NORM,)), topology=topology)
+    controller = HeuristicController(env.slot_ids, 40, HeuristicConfig(rotation=(Blueprint.NORM,), reference_epochs=None),
+                                     topology=topology)
     losses = [2.0 * 0.985**e for e in range(9)]
     accuracies = [0.30 + 0.008 * e for e in range(9)]
     ops = [decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]), 3)[0]
@@ -88,6 +94,33 @@ def test_heuristic_fossilizes_a_contributing_holding_seed_and_prunes_a_useless_o
     controller.t.slots[1].accuracy_at_germination = env.val.accuracy() - 0.05
     action = controller.act(obs)
     assert decode_joint(int(action[0]), 3) == (expected, 1)
+
+
+def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_finish_its_lifecycle():
+    """The original's numbers are for 75-epoch runs; a 25-epoch run has a third of the epochs, so epoch counts shrink
+    by 3 and per-epoch thresholds grow by 3. With 16 epochs from germination to the first legal fossilize, the
+    last epoch it plants at is 25 - 16 = 9."""
+    cfg = HeuristicController(["r0c0", "r0c1"], 25).cfg
+    assert (cfg.min_epoch, cfg.stable_epochs, cfg.plateau_epochs, cfg.embargo_epochs, cfg.prune_patience) == (2, 1, 1, 2, 2)
+    assert cfg.stable_band == pytest.approx((-0.15, 0.09)) and cfg.plateau_threshold == pytest.approx(0.015)
+    assert HeuristicController(["r0c0"], 75).cfg.min_epoch == 5  # the original's own run length: unchanged
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 25, "num_shards": 6})
+    env.reset(seed=0)
+    flat = [1.0] * 30, [0.5] * 30  # stabilised and flat from the start: it would plant at any epoch it may
+    for epoch, plants in ((9, True), (10, False), (20, False)):
+        controller = HeuristicController(env.slot_ids, 25)
+        ops = [decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]), 3)[0]
+               for e in range(epoch - 2, epoch + 1)]
+        assert (ops[-1] is Op.GERMINATE) is plants, (epoch, ops)
+
+
+def test_heuristic_completes_the_lifecycle_of_a_contributing_seed_on_digits_impaired():
+    """Issue 30: a baseline that never fossilizes is a second `none`. On the starved host, where a seed helps, the
+    heuristic scaled to the 25-epoch run plants early and fossilizes (4 of 4 episodes measured; asserted: 2 of 3)."""
+    summaries = run_heuristic({"task": "digits-impaired", "max_epochs": 25, "num_shards": 2}, episodes=3, progress=False)
+    assert sum(s.fossilized >= 1 and s.params_added > 0 for s in summaries) >= 2, [s.fossilized for s in summaries]
+    kept = [s for s in summaries if s.fossilized]
+    assert all(s.final_accuracy == s.final_accuracy_with_probation for s in kept if s.params_on_probation == 0)
 
 
 def test_heuristic_rotation_must_fit_the_host_topology():

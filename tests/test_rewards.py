@@ -77,8 +77,18 @@ def test_sparse_is_zero_until_the_last_step_then_committed_accuracy_minus_parame
 def test_basic_terminal_pays_the_improvement_since_the_episode_began():
     cfg = RewardConfig(mode="basic")
     empty = (slot(stage_before=Stage.DORMANT, stage_after=Stage.DORMANT, seed_params=0, contribution=None),)
-    last = signal(epoch=100, val_accuracy=0.70, prev_val_accuracy=0.70, initial_val_accuracy=0.10, slots=empty)
+    last = signal(epoch=100, val_accuracy=0.70, prev_val_accuracy=0.70, initial_val_accuracy=0.10, committed_accuracy=0.70,
+                  slots=empty)
     assert compute_reward(last, cfg).components["terminal"] == pytest.approx(5.0 * 0.60)
+
+
+@pytest.mark.parametrize("mode", ["shaped", "simplified", "basic"])
+def test_terminal_rewards_score_the_committed_model_not_the_seeds_on_probation(mode):
+    """The run keeps host and fossils (docs/design.md): a seed still holding at the end adds nothing to the terminal term."""
+    cfg = RewardConfig(mode=mode)
+    holding = signal(epoch=100, val_accuracy=0.70, committed_accuracy=0.40)
+    committed = signal(epoch=100, val_accuracy=0.40, committed_accuracy=0.40)
+    assert compute_reward(holding, cfg).components["terminal"] == pytest.approx(compute_reward(committed, cfg).components["terminal"])
 
 
 def test_escrow_pays_credit_changes_and_takes_back_unfossilized_credit_at_the_end():
@@ -145,3 +155,87 @@ def test_shaped_pays_a_synergy_bonus_for_positive_pair_interactions():
     without = compute_reward(signal(slots=(slot(interaction_sum=-0.02),)), cfg)
     assert with_synergy.components["synergy"] == pytest.approx(0.1 * math.tanh(0.5 * 2.0))
     assert without.components["synergy"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ committed
+HOST_CURVE = (0.20, 0.24, 0.27, 0.29, 0.30, 0.31, 0.32, 0.33, 0.33, 0.34, 0.34, 0.35, 0.35)
+
+
+def committed_episode(fossilize_at: int | None, *, host=HOST_CURVE,
+                      gain: float = 0.10, planted_at: int = 1, blends_at: int = 3, host_params: int = 160,
+                      seed_params: int = 320) -> list[StepSignal]:
+    """A constructed run of len(host) steps: the host's own accuracy curve `host`; a seed planted by step
+    `planted_at` that adds `gain` from step `blends_at` on (alpha 1), fossilized at step `fossilize_at` or left
+    holding. A seed left on probation is dropped at the end: the committed model is the host alone, which has
+    lost `gain` from adapting to the seed (committed = host - gain), as digits-impaired's host does."""
+    steps, T = [], len(host) - 1
+    stage, in_stage, alpha = Stage.DORMANT, 0, 0.0
+    for t in range(1, T + 1):
+        before_stage, before_in_stage, before_alpha = stage, in_stage, alpha
+        op, target = Op.WAIT, None
+        if t == planted_at:
+            stage, in_stage, op, target = Stage.TRAINING, 0, Op.GERMINATE, "r0c1"
+        elif t == blends_at:
+            stage, in_stage, alpha = Stage.HOLDING, 0, 1.0
+        elif fossilize_at is not None and t == fossilize_at:
+            stage, in_stage, op, target = Stage.FOSSILIZED, 0, Op.FOSSILIZE, "r0c1"
+        else:
+            in_stage += 1
+        val = host[t] + (gain if alpha > 0 else 0.0)
+        prev = host[t - 1] + (gain if before_alpha > 0 else 0.0)
+        committed = val if stage is Stage.FOSSILIZED or alpha == 0 else host[t] - gain
+        steps.append(signal(
+            epoch=t, max_epochs=T, op=op, target_slot=target, val_accuracy=val, prev_val_accuracy=prev,
+            initial_val_accuracy=host[0], committed_accuracy=committed, host_params=host_params,
+            slots=(slot(stage_before=before_stage, stage_after=stage, epochs_in_stage_before=before_in_stage,
+                        epochs_in_stage_after=in_stage, alpha_before=before_alpha, alpha_after=alpha,
+                        seed_params=seed_params if stage is not Stage.DORMANT else 0,
+                        contribution=gain if before_alpha > 0 else None, accuracy_at_germination=host[0]),),
+        ))
+    return steps
+
+
+def discounted_return(steps: list[StepSignal], cfg: RewardConfig) -> float:
+    return sum(cfg.gamma**t * compute_reward(s, cfg).total for t, s in enumerate(steps))
+
+
+def test_committed_return_is_the_final_committed_accuracy_less_its_size_cost():
+    """Potential differences telescope: the discounted return is gamma^T Phi(s_T) - Phi(s_0), with Phi(s_T) the committed
+    model's accuracy (pp) less param_cost_pp * log2(1 + kept seed params / host params), whatever happened before."""
+    cfg = RewardConfig(mode="committed", gamma=0.99, param_cost_pp=2.0)
+    for fossilize_at in (4, None):
+        steps = committed_episode(fossilize_at)
+        last = steps[-1]
+        kept = 320 if fossilize_at is not None else 0
+        phi_end = 100 * last.committed_accuracy - 2.0 * math.log2(1 + kept / 160)
+        phi_start = 100 * 0.20
+        assert discounted_return(steps, cfg) == pytest.approx(cfg.gamma ** len(steps) * phi_end - phi_start)
+
+
+def test_committed_stage_shaping_sums_to_nothing_over_a_run():
+    """The lifecycle shaping is potential-based with the run's end at 0: its discounted sum over a run is -Phi(s_0) = 0."""
+    cfg = RewardConfig(mode="committed", gamma=0.99, committed_stage_weight=3.0)
+    steps = committed_episode(4)
+    shaping = sum(cfg.gamma**t * compute_reward(s, cfg).components["stage_shaping"] for t, s in enumerate(steps))
+    assert shaping == pytest.approx(0.0, abs=1e-9)
+    assert compute_reward(steps[0], cfg).components["stage_shaping"] > 0  # planting pays at once ...
+    assert compute_reward(steps[-1], cfg).components["stage_shaping"] < 0  # ... and the end takes it back
+
+
+@pytest.mark.parametrize("gain", [0.02, 0.10])
+def test_the_default_reward_pays_at_least_as_much_for_a_fossilized_contributing_seed_as_for_one_left_on_probation(gain):
+    """Issue 30: under `shaped` a FOSSILIZE cost the policy ~135 return (measurements/reward_terms.py). Under the default
+    reward, committing a seed that contributes is worth at least as much as leaving it on probation to the end."""
+    cfg = RewardConfig()
+    fossilized = discounted_return(committed_episode(4, gain=gain), cfg)
+    probation = discounted_return(committed_episode(None, gain=gain), cfg)
+    assert fossilized >= probation + 100 * gain  # at least the seed's contribution, which the end of the run drops
+    shaped = RewardConfig(mode="shaped")  # the reward this replaced paid for never committing
+    assert discounted_return(committed_episode(4, gain=gain), shaped) < discounted_return(committed_episode(None, gain=gain), shaped)
+
+
+def test_committed_end_of_run_takes_back_exactly_what_the_seeds_on_probation_add():
+    cfg = RewardConfig(mode="committed", param_cost_pp=0.0)
+    last = signal(epoch=100, val_accuracy=0.70, committed_accuracy=0.55)
+    assert compute_reward(last, cfg).components["end_of_run"] == pytest.approx(cfg.gamma * 100 * (0.55 - 0.70))
+    assert "end_of_run" not in compute_reward(signal(), cfg).components

@@ -44,7 +44,7 @@ STAGE_POTENTIAL: dict[Stage, float] = {
 
 @dataclass(frozen=True)
 class RewardConfig:
-    mode: RewardMode = RewardMode.SHAPED
+    mode: RewardMode = RewardMode.COMMITTED
     family: RewardFamily = RewardFamily.CONTRIBUTION
     gamma: float = 0.995
     """Discount used by PBRS; must equal PPO's gamma so shaping leaves the optimal policy unchanged."""

@@ -26,7 +26,7 @@ class TrainConfig:
     """Enabled seed slots."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length in host epochs (the original used 150; the CPU default is short)."""
-    reward_mode: str = "shaped"
+    reward_mode: str = "committed"
     """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution or loss (loss only with shaped)."""
