@@ -182,9 +182,24 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
           f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
           flush=True)
-    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=experiment_source(Path(args.experiment)),
-                          save_networks=args.save)
-    _print_report(done)
+    resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
+    try:
+        outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
+                                 source=experiment_source(Path(args.experiment)), save_networks=args.save)
+    except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
+        if (output / "experiment.json").is_file():
+            print(f"esper-ray ab: stopped before any trial ran; {resume_hint}", file=sys.stderr, flush=True)
+        raise
+    if outcome.interrupted:
+        what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
+        print(f"esper-ray ab: {what} with {outcome.done} of {outcome.total} trials done; the report so far is in "
+              f"{outcome.output / 'report.md'}; {resume_hint}", file=sys.stderr, flush=True)
+        return TERMINATED_EXIT_CODE if outcome.terminated else 130
+    _print_report(outcome.output)
+    if outcome.failed:
+        print(f"esper-ray ab: {len(outcome.failed)} of {outcome.total} trials failed and are left out of the statistics: "
+              + "; ".join(outcome.failed), file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

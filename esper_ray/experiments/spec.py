@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "roll
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
 ARM_ONLY_KEYS = ("controller", "fixed")
 DEFAULT_LAST_ROUNDS = 3
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,11 @@ class ExperimentSpec:
     """Seed of the random trial start order; drawn and recorded when absent."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"name={self.name!r}: must be a non-empty folder name")
+        check_folder_name("name", self.name)
         if not isinstance(self.arms, Mapping) or not all(isinstance(v, Mapping) or v is None for v in self.arms.values()):
             raise ValueError(f"arms={self.arms!r}: must map each arm name to its settings, e.g. {{ppo: {{controller: ppo}}}}")
+        for arm in self.arms:
+            check_folder_name(f"arms.{arm}", arm, "arm name")
         if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
             raise ValueError(f"seeds={self.seeds!r}: must be a list of integers >= 0, e.g. [0, 1, 2, 3, 4, 5, 6, 7]")
@@ -195,6 +198,14 @@ class ExperimentSpec:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["last_rounds"] = self.rollout_rounds
         return out
+
+
+def check_folder_name(key: str, value: Any, what: str = "name") -> None:
+    """An experiment or arm name becomes a folder (esper_runs/NAME, networks/ARM, Tune's trial folders): only a
+    plain folder name, never a path ('..', 'a/b') or a name a shell or another system reads differently."""
+    if not isinstance(value, str) or not FOLDER_NAME.fullmatch(value):
+        raise ValueError(f"{key}={value!r}: the {what} must be a plain folder name of at most 100 letters, digits, "
+                         "'_', '-' or '.', starting with a letter, digit or '_'")
 
 
 def draw_order_seed() -> int:
