@@ -165,7 +165,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = resolve_checkpoint(args.checkpoint)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
                                progress=not args.json,
-                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {checkpoint}") if folder else None)
+                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
+                               if folder else None)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
     return 0
@@ -201,6 +202,16 @@ def _cmd_ab(args: argparse.Namespace) -> int:
               + "; ".join(outcome.failed), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def shared_name(path: Path, cwd: Path | None = None) -> str:
+    """How a file meant for sharing names a path: relative to the folder the command ran in, else by its last three
+    parts (RUN/checkpoints/round_NNNNN), never as an absolute path of this machine (it would carry the user's home)."""
+    resolved = path.expanduser().resolve()
+    try:
+        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
+    except ValueError:
+        return "/".join(resolved.parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:
