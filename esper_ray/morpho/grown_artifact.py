@@ -117,14 +117,16 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
     with torch.device("meta"):  # shapes only: what the description asks for, before anything is allocated
         skeleton = _build(topology, host_config, specs, where)
-    needed = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
-    _check_weights_size(weights, needed, where)
+    tensors = skeleton.state_dict(keep_vars=True)
+    entries = sum(t.numel() * t.element_size() for t in tensors.values())
+    stored = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors.values()}.values())  # tied: once
+    _check_weights_size(weights, stored, entries, where)
     network = _build(topology, host_config, specs, where)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused an object: the file is more than tensors
         refused = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "Unsupported" in line),
-                       _first_line(err))
+                       _first_line(err)).split(". ")[0]  # what was refused, without torch's advice to allow it
         raise ValueError(f"{weights}: refused, it holds more than tensors ({refused}); esper-ray saves tensors only, so "
                          "this file was written by something else: never load it with weights_only=False unless you "
                          "trust where it came from") from None
@@ -163,23 +165,33 @@ def _build(topology: Topology, host_config: dict[str, Any], specs: list[GrownSee
         raise ValueError(f"{where}: describes no network this esper-ray can build ({_first_line(err)})") from None
 
 
-def _check_weights_size(weights: Path, needed: int, where: str) -> None:
-    """weights.pt may hold no more than the tensors the architecture describes need: checked on the zip's
-    directory (its entries' declared sizes) before torch reads a byte of them."""
+def _check_weights_size(weights: Path, stored: int, entries: int, where: str) -> None:
+    """Before torch reads a tensor, and before the network is allocated: weights.pt's zip directory must declare
+    stored (uncompressed, as torch.save writes) entries that fit in the file, at least the `stored` bytes of
+    distinct tensors the architecture describes, and at most its `entries` bytes (tied tensors counted per name)
+    plus the zip's records. So what is allocated is bounded by the bytes on disk, whatever the JSON asks for."""
     size = weights.stat().st_size
     if size == 0:
         raise ValueError(f"{weights}: empty (0 bytes), as an interrupted copy leaves it; save or copy the network again")
     try:
         with zipfile.ZipFile(weights) as archive:
-            declared = sum(entry.file_size for entry in archive.infolist())
+            listed = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         raise ValueError(f"{weights}: unreadable, not the zip file torch.save writes ({_first_line(err)}); the file is "
                          "damaged, save the network again") from None
-    if declared > needed + WEIGHTS_SLACK_BYTES:
-        raise ValueError(f"{weights}: its entries unpack to {declared:,} bytes, while the {needed:,} bytes of tensors "
-                         f"{where} describes need at most {needed + WEIGHTS_SLACK_BYTES:,}; not loaded")
-    # fewer bytes than described is left to load_state_dict: tied weights (a transformer's embedding and head) are
-    # two entries of the state_dict and one stored tensor
+    packed = next((e for e in listed if e.compress_type != zipfile.ZIP_STORED or e.compress_size != e.file_size), None)
+    if packed is not None:
+        raise ValueError(f"{weights}: entry {packed.filename!r} is compressed; torch.save stores entries as they are, so "
+                         "this file was not written by esper-ray; not loaded")
+    declared = sum(e.file_size for e in listed)
+    if declared > size:
+        raise ValueError(f"{weights}: its entries declare {declared:,} bytes in a file of {size:,}; the file is damaged")
+    if declared < stored:
+        raise ValueError(f"{where} describes {stored:,} bytes of tensors and {weights} holds {declared:,}: not the "
+                         "weights of that network (or a file cut short); not loaded")
+    if declared > entries + WEIGHTS_SLACK_BYTES:
+        raise ValueError(f"{weights}: holds {declared:,} bytes, more than the {entries:,} bytes of tensors {where} "
+                         "describes; not loaded")
 
 
 def _first_line(err: BaseException) -> str:
