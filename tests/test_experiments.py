@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -510,3 +511,63 @@ def test_an_experiment_or_arm_name_that_is_a_path_fails_before_ray_starts(tmp_pa
         main(["ab", str(experiment)])
     assert exit_info.value.code == 2 and f"{key}={name!r}" in capsys.readouterr().err
     assert not ray.is_initialized() and list((tmp_path / "here").iterdir()) == []
+
+
+@pytest.mark.expensive
+def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local, tmp_path, capsys, monkeypatch):
+    """Early: stopped before Tune recorded a trial (exit 130; its --resume died with KeyError: 'trial' before).
+    Late: Ctrl-C after a PPO trial reported round 2 of 3 (exit 130 and the resume command; it exited 0 with a
+    final-looking report before). Then --resume completes: every trial once, every round once."""
+    import os
+    import signal
+
+    from ray import tune
+
+    from esper_ray.experiments.runner import TrialEvents
+
+    experiment = tmp_path / "stop.yaml"
+    experiment.write_text(json.dumps({
+        "name": "stop", "seeds": [0], "rounds": 3, "last_rounds": 3, "eval_episodes": 1, "order_seed": 1,
+        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
+        "training": {"task": "digits-impaired", "max_epochs": 2, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
+                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
+    }))
+    out = tmp_path / "run"
+    command = ["ab", str(experiment), "--output", str(out)]
+
+    def stopped_early(self):
+        raise KeyboardInterrupt  # what a Ctrl-C while Tune sets up raises
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tune.Tuner, "fit", stopped_early)
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+    assert exit_info.value.code == 130 and "--resume" in capsys.readouterr().err
+    assert (out / "experiment.json").is_file() and (out / "tune").is_dir()
+    with pytest.raises(SystemExit) as exit_info:  # a plain re-run is refused; the message says --resume
+        main(command)
+    assert exit_info.value.code == 2 and "add --resume" in capsys.readouterr().err
+
+    on_result = TrialEvents.on_trial_result
+
+    def ctrl_c_at_round_2(self, iteration, trials, trial, result, **info):
+        on_result(self, iteration, trials, trial, result, **info)
+        if result.get("round/round") == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Tune's handler is installed: it stops the run cleanly
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TrialEvents, "on_trial_result", ctrl_c_at_round_2)
+        assert main([*command, "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted with" in err and f"--output {out} --resume" in err
+    interrupted = json.loads((out / "results.json").read_text())
+    assert [t["status"] for t in interrupted["trials"] if t["arm"] == "ppo"] == ["incomplete"]
+
+    assert main([*command, "--resume"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((t["arm"], t["seed"], t["status"]) for t in results["trials"]) == [("none", 0, "finished"), ("ppo", 0, "finished")]
+    [ppo] = [t for t in results["trials"] if t["arm"] == "ppo"]
+    # Tune restored the trial from round 1's checkpoint (round 2's was not written yet) and appended round 2
+    # again to its result.json (seen: iterations [1, 2, 2, 3]); the history holds each round once
+    assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]
+    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
