@@ -160,3 +160,30 @@ def test_latest_naming_an_empty_round_says_the_round_before_is_complete(tmp_path
         resolve_checkpoint(output)
     message = str(err.value)
     assert "names round 2" in message and f"--resume {output / 'checkpoints' / 'round_00001'}" in message
+
+
+@pytest.mark.parametrize("text, expected", [("{", "not valid JSON"), ("[1, 2]", "expected a mapping"),
+                                            ('{"rounds": "many"}', "rounds='many'")])
+def test_damaged_settings_of_a_checkpoint_are_one_line_naming_the_file(tmp_path, text, expected):
+    from esper_ray.train.checkpoints import TRAIN_CONFIG_FILE, load_checkpoint_config
+
+    output = run_with_rounds(tmp_path, 1)
+    settings = output / "checkpoints" / "round_00001" / TRAIN_CONFIG_FILE
+    settings.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_checkpoint_config(settings.parent)
+    assert str(err.value).startswith(f"{settings}: ") and expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_eval_of_a_checkpoint_with_a_crafted_pickle_and_no_manifest_runs_none_of_it(tmp_path, capsys):
+    from esper_ray.cli import main
+
+    output = run_with_rounds(tmp_path, 1)
+    checkpoint = output / "checkpoints" / "round_00001"
+    (checkpoint / "algorithm_state.pkl").write_bytes(pickle.dumps(Marker(tmp_path / "ran")))
+    (checkpoint / MANIFEST_FILE).unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(output)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{MANIFEST_FILE}: missing" in err and "Traceback" not in err
+    assert not (tmp_path / "ran").exists()

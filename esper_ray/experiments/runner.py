@@ -215,6 +215,9 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
     continuing = False
+    if resume and output.is_dir() and not any(output.iterdir()):  # left empty by a stop before the plan was written
+        print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
+        resume = False
     if resume:
         check_same_experiment(spec, output, source, save_networks)
         continuing = check_tune_folder(output)

@@ -153,7 +153,18 @@ def run_folder_of(checkpoint: Path) -> Path:
 
 
 def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
-    return TrainConfig.from_mapping(json.loads((checkpoint / TRAIN_CONFIG_FILE).read_text()))
+    """The checkpoint's training settings; a damaged file is one ValueError naming it."""
+    path = checkpoint / TRAIN_CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of training settings, found {str(raw)[:100]}")
+    try:
+        return TrainConfig.from_mapping(raw)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def holds_a_run(folder: Path) -> bool:
