@@ -303,7 +303,7 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
         main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path)])
     assert "already holds a run: add --resume" in capsys.readouterr().err
     smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
-    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml"}))
+    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml", "start_order": []}))
     other = REPO / "tune_configs" / "controllers.yaml"
     with pytest.raises(SystemExit):
         main(["ab", str(other), "--output", str(tmp_path), "--resume"])
@@ -571,3 +571,12 @@ def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local,
     # again to its result.json (seen: iterations [1, 2, 2, 3]); the history holds each round once
     assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]
     assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
+
+
+@pytest.mark.parametrize("text, expected", [("garbage", "not valid JSON"), ('{"experiment": 3}', "not the record")])
+def test_report_of_a_damaged_experiment_record_is_one_line_naming_it(tmp_path, capsys, text, expected):
+    (tmp_path / "experiment.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"{tmp_path / 'experiment.json'}: {expected}" in err and "\n" not in err

@@ -92,7 +92,15 @@ def read_experiment_file(output: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{output} is not a folder: give the run folder `esper-ray ab` wrote (it holds {EXPERIMENT_FILE})")
     if not path.is_file():
         raise FileNotFoundError(f"{output} holds no {EXPERIMENT_FILE}: it is not an `esper-ray ab` run folder")
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err}); the run folder is damaged") from None
+    if (not isinstance(record, dict) or not isinstance(record.get("experiment"), dict)
+            or not isinstance(record.get("start_order"), list)
+            or not all(isinstance(p, dict) and {"arm", "seed"} <= set(p) for p in record["start_order"])):
+        raise ValueError(f"{path}: not the record `esper-ray ab` writes (experiment, start_order of arms and seeds, ...)")
+    return record
 
 
 def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[str, float]], dict[str, float] | None, float]:
