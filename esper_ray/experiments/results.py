@@ -21,7 +21,6 @@ from esper_ray.experiments.tune_folder import number, read_results, read_trials
 
 TUNE_DIR = "tune"
 EXPERIMENT_FILE = "experiment.json"
-
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
                 "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
@@ -129,10 +128,10 @@ def collect_trials(output: Path) -> ExperimentRecord:
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
     for trial in read_trials(output / TUNE_DIR):
         planned = trial.config.get(TRIAL_KEY)
-        if not isinstance(planned, dict) or (planned.get("arm"), planned.get("seed")) not in {
-                (a, s) for a, s in positions}:
+        key = (planned.get("arm"), planned.get("seed")) if isinstance(planned, dict) else None
+        if key not in positions:
             continue  # not one of this experiment's trials
-        arm, seed = planned["arm"], int(planned["seed"])
+        arm, seed = key
         history, evaluation, started = _history_and_evaluation(read_results(trial.folder))
         controller = spec.controller(arm)
         if trial.status == "ERROR":

@@ -69,10 +69,12 @@ def check_complete(checkpoint: Path) -> None:
     damage = damage_of(checkpoint)
     if damage is None:
         return
+    fallback = _fallback(checkpoint.parent, _round_number(checkpoint))
     if damage.startswith(MANIFEST_FILE + ": missing"):
-        damage += (" (checkpoints saved before manifests existed have none; if you trust where it came from, write one with "
-                   "python -m esper_ray.train.manifest FOLDER)")
-    raise ValueError(f"checkpoint {checkpoint} is damaged: {damage}; {_fallback(checkpoint.parent, _round_number(checkpoint))}")
+        raise ValueError(f"checkpoint {checkpoint} cannot be checked: {damage} (checkpoints saved before manifests existed "
+                         "have none; if you trust where it came from, write one with python -m esper_ray.train.manifest "
+                         f"FOLDER); {fallback}")
+    raise ValueError(f"checkpoint {checkpoint} is damaged: {damage}; {fallback}")
 
 
 def _fallback(checkpoints: Path, before: int | None) -> str:
