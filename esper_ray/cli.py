@@ -166,7 +166,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = resolve_checkpoint(args.checkpoint)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
                                progress=not args.json,
-                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {checkpoint}") if folder else None)
+                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
+                               if folder else None)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
     return 0
@@ -186,10 +187,35 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
           f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
           flush=True)
-    done = run_experiment(spec, output, resume=args.resume, address=args.address, source=experiment_source(Path(args.experiment)),
-                          save_networks=args.save)
-    _print_report(done)
+    resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
+    try:
+        outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
+                                 source=experiment_source(Path(args.experiment)), save_networks=args.save)
+    except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
+        if (output / "experiment.json").is_file():
+            print(f"esper-ray ab: stopped before any trial ran; {resume_hint}", file=sys.stderr, flush=True)
+        raise
+    if outcome.interrupted:
+        what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
+        print(f"esper-ray ab: {what} with {outcome.done} of {outcome.total} trials done; the report so far is in "
+              f"{outcome.output / 'report.md'}; {resume_hint}", file=sys.stderr, flush=True)
+        return TERMINATED_EXIT_CODE if outcome.terminated else 130
+    _print_report(outcome.output)
+    if outcome.failed:
+        print(f"esper-ray ab: {len(outcome.failed)} of {outcome.total} trials failed and are left out of the statistics: "
+              + "; ".join(outcome.failed), file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def shared_name(path: Path, cwd: Path | None = None) -> str:
+    """How a file meant for sharing names a path: relative to the folder the command ran in, else by its last three
+    parts (RUN/checkpoints/round_NNNNN), never as an absolute path of this machine (it would carry the user's home)."""
+    resolved = path.expanduser().resolve()
+    try:
+        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
+    except ValueError:
+        return "/".join(resolved.parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:

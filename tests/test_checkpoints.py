@@ -1,5 +1,6 @@
 """Checkpoints: latest.json only ever names a complete one, and a damaged one is refused at once, naming the
-damaged file and the newest complete checkpoint before it (no Ray: a stand-in algorithm writes the files)."""
+damaged file and the newest complete checkpoint before it, by its manifest, never by loading its pickles (no Ray:
+a stand-in algorithm writes the files)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def test_latest_is_replaced_by_rename_never_rewritten_in_place(tmp_path, monkeyp
     monkeypatch.setattr("esper_ray.train.checkpoints.os.replace", spy)
     before = latest.stat().st_ino
     save_round(StandInAlgorithm(2), TrainConfig(), output)  # type: ignore[arg-type]
-    assert renamed == [("round_00002.partial", "round_00002"), (LATEST_FILE + ".tmp", LATEST_FILE)]  # folder first
+    # the manifest inside the partial folder, then the folder, then latest.json
+    assert renamed == [(MANIFEST_FILE + ".tmp", MANIFEST_FILE), ("round_00002.partial", "round_00002"),
+                       (LATEST_FILE + ".tmp", LATEST_FILE)]
     assert latest.stat().st_ino != before  # a new file took the name: no reader ever saw half of one
 
 
@@ -98,12 +101,89 @@ def test_changed_contents_or_a_missing_file_are_damage_and_without_an_earlier_ch
         resolve_checkpoint(output)
 
 
-def test_a_checkpoint_of_an_older_version_without_a_manifest_is_checked_by_loading_its_pickles(tmp_path):
+class Marker:
+    """A crafted pickle: unpickling it creates the file `path` (what a hostile checkpoint would do instead)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_a_checkpoint_without_a_manifest_is_refused_without_running_its_pickles(tmp_path):
+    output = run_with_rounds(tmp_path, 1, 2)
+    checkpoint = output / "checkpoints" / "round_00002"
+    marker = tmp_path / "ran"
+    (checkpoint / "algorithm_state.pkl").write_bytes(pickle.dumps(Marker(marker)))
+    (checkpoint / MANIFEST_FILE).unlink()
+    with pytest.raises(ValueError) as err:
+        resolve_checkpoint(output)
+    message = str(err.value)
+    assert f"{MANIFEST_FILE}: missing" in message and "\n" not in message
+    assert f"--resume {output / 'checkpoints' / 'round_00001'}" in message
+    assert not marker.exists()
+
+
+def test_a_file_added_to_a_checkpoint_after_its_manifest_is_damage(tmp_path):
+    output = run_with_rounds(tmp_path, 1)
+    (output / "checkpoints" / "round_00001" / "extra.pkl").write_bytes(pickle.dumps(Marker(tmp_path / "ran")))
+    with pytest.raises(ValueError, match=rf"extra.pkl: not in {MANIFEST_FILE}"):
+        resolve_checkpoint(output)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("garbage", "not valid JSON"),
+    ("", "not valid JSON"),
+    ('["round_00002"]', "expected {\"round\": N"),
+    ('{"round": "2", "path": "round_00002"}', "expected {\"round\": N"),
+    ('{"round": 2}', "expected {\"round\": N"),
+])
+def test_a_damaged_latest_json_is_one_line_naming_it_and_the_checkpoint_to_resume(tmp_path, text, expected):
+    output = run_with_rounds(tmp_path, 1, 2)
+    latest = output / "checkpoints" / LATEST_FILE
+    latest.write_text(text)
+    with pytest.raises(ValueError) as err:
+        resolve_checkpoint(output)
+    message = str(err.value)
+    assert message.startswith(f"{latest}: ") and expected in message and "\n" not in message
+    assert f"--resume {output / 'checkpoints' / 'round_00002'}" in message
+
+
+def test_latest_naming_an_empty_round_says_the_round_before_is_complete(tmp_path):
+    output = run_with_rounds(tmp_path, 1, 2)
+    newest = output / "checkpoints" / "round_00002"
+    for path in sorted(newest.rglob("*"), reverse=True):  # an interrupted copy: the folder, nothing in it
+        path.rmdir() if path.is_dir() else path.unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_checkpoint(output)
+    message = str(err.value)
+    assert "names round 2" in message and f"--resume {output / 'checkpoints' / 'round_00001'}" in message
+
+
+@pytest.mark.parametrize("text, expected", [("{", "not valid JSON"), ("[1, 2]", "expected a mapping"),
+                                            ('{"rounds": "many"}', "rounds='many'")])
+def test_damaged_settings_of_a_checkpoint_are_one_line_naming_the_file(tmp_path, text, expected):
+    from esper_ray.train.checkpoints import TRAIN_CONFIG_FILE, load_checkpoint_config
+
+    output = run_with_rounds(tmp_path, 1)
+    settings = output / "checkpoints" / "round_00001" / TRAIN_CONFIG_FILE
+    settings.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_checkpoint_config(settings.parent)
+    assert str(err.value).startswith(f"{settings}: ") and expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_eval_of_a_checkpoint_with_a_crafted_pickle_and_no_manifest_runs_none_of_it(tmp_path, capsys):
+    from esper_ray.cli import main
+
     output = run_with_rounds(tmp_path, 1)
     checkpoint = output / "checkpoints" / "round_00001"
+    (checkpoint / "algorithm_state.pkl").write_bytes(pickle.dumps(Marker(tmp_path / "ran")))
     (checkpoint / MANIFEST_FILE).unlink()
-    assert resolve_checkpoint(output) == checkpoint
-    state = checkpoint / STATE
-    state.write_bytes(state.read_bytes()[:1000])
-    with pytest.raises(ValueError, match=rf"{STATE}: pickle data was truncated"):
-        resolve_checkpoint(output)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(output)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{MANIFEST_FILE}: missing" in err and "Traceback" not in err
+    assert not (tmp_path / "ran").exists()

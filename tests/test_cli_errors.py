@@ -26,6 +26,7 @@ def error_of(args: list[str], capsys) -> str:
     (["--env", "batch_size=0"], "batch_size=0: must be an integer >= 1"),
     (["--envs", "two"], "invalid int value: 'two'"),
     (["--mps"], "mps=True shares a GPU between env processes, but gpus_per_env=0"),
+    (["--seed", str(2**32)], "seed=4294967296: must be below 2**32 - envs"),  # crashed inside Ray before
 ])
 def test_bad_train_settings_end_in_one_line_before_ray_starts(args, expected, capsys, tmp_path):
     import ray

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,11 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
      r"arms.f.fixed.blueprint: blueprint 'mlp' is not available for cnn hosts"),
     ({"arms": {"a": {}, "f": {"controller": "fixed", "slots": ["r0c0"], "fixed": {"blueprint": "norm", "slot": "r0c1"}}}},
      r"arms.f.fixed.slot='r0c1': not an enabled slot; enabled slots: \['r0c0'\]"),
+    ({"name": ".."}, r"name='\.\.': the name must be a plain folder name"),
+    ({"name": "a/b"}, r"name='a/b': the name must be a plain folder name"),
+    ({"arms": {"a": {}, "b/c": {}}}, r"arms.b/c='b/c': the arm name must be a plain folder name"),
+    ({"arms": {"a": {}, "..": {}}}, r"arms...='\.\.': the arm name"),
+    ({"seeds": [0, 2**32]}, r"seed=4294967296: must be below 2\*\*32 - envs"),
 ])
 def test_bad_experiment_files_fail_before_anything_runs(change, match):
     with pytest.raises(ValueError, match=match):
@@ -297,7 +303,7 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
         main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path)])
     assert "already holds a run: add --resume" in capsys.readouterr().err
     smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
-    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml"}))
+    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml", "start_order": []}))
     other = REPO / "tune_configs" / "controllers.yaml"
     with pytest.raises(SystemExit):
         main(["ab", str(other), "--output", str(tmp_path), "--resume"])
@@ -399,3 +405,185 @@ def test_an_experiment_whose_arms_differ_reaches_a_paired_verdict(ray_local, tmp
     assert pair["wilcoxon_n"] == 6 and pair["wilcoxon_p"] == pytest.approx(2 / 64)
     assert results["statistics"]["verdicts"][0].startswith("none beats slow on test_accuracy at alpha=0.05")
     assert np.isfinite(pair["hodges_lehmann"]) and pair["hodges_lehmann"] > 0 and math.isfinite(pair["mann_whitney_p"])
+
+
+# ------------------------------------------------------------------------------- trust: run folders are data
+class RunsCode:
+    """A crafted pickle: unpickling it creates the file `path` (what a hostile run folder would do instead)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def crafted_run(tmp_path: Path, marker: Path) -> Path:
+    """A run folder of tune_configs/smoke.yaml as Tune leaves it, every pickle Tune would load crafted to create
+    `marker`: tuner.pkl, a trial's params.pkl and error.pkl, and a CLOUDPICKLE_FALLBACK entry of the state file.
+    Its ppo trial was resumed after round 1 was reported but not checkpointed: result.json holds round 1 twice."""
+    import pickle
+
+    from esper_ray.experiments.runner import plan
+
+    out = tmp_path / "run"
+    tune = out / "tune"
+    tune.mkdir(parents=True)
+    smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
+    ordered = plan(smoke, out, "tune_configs/smoke.yaml")
+    crafted = pickle.dumps(RunsCode(marker)).hex()
+    trials = []
+    for i, t in enumerate(ordered):
+        name = f"{t.arm}_seed{t.seed}_abcde_{i:05d}"
+        (tune / name).mkdir()
+        (tune / name / "params.pkl").write_bytes(pickle.dumps(RunsCode(marker)))
+        evaluation = {f"eval/{c}": 0.5 for c in ("test_accuracy", "test_accuracy_std", "test_accuracy_per_param",
+                                                 "val_accuracy", "val_accuracy_per_param", "params_added", "host_params",
+                                                 "fossilized", "germinated", "episodes")}
+        rows = []
+        if t.controller is ControllerKind.PPO:
+            summary = {f"round/{c}": 0.1 for c in ("final_accuracy", "params_added", "host_params", "episode_return",
+                                                   "episodes", "seconds")}
+            rows = [{"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, "round/round": 1, **summary,
+                     "round/final_accuracy": 0.1},  # reported, then interrupted before its checkpoint
+                    {"training_iteration": 1, "timestamp": 20.0, "time_this_iter_s": 1.0, "round/round": 1, **summary,
+                     "round/final_accuracy": 0.3, **evaluation}]  # the round again, after the resume
+        else:
+            rows = [{"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, **evaluation}]
+        (tune / name / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        trial = {"trial_id": f"abcde_{i:05d}", "status": "TERMINATED", "relative_logdir": name,
+                 "config": {"trial": {"arm": t.arm, "seed": t.seed}},
+                 "storage": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted}}
+        trials.append([json.dumps(trial), json.dumps({"last_result": rows[-1]})])
+    (tune / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({
+        "trial_data": trials, "runner_data": {"_stopper": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted}}}))
+    (tune / "tuner.pkl").write_bytes(pickle.dumps(RunsCode(marker)))
+    return out
+
+
+def test_report_of_a_run_folder_runs_no_code_from_it_and_counts_each_round_once(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    out = crafted_run(tmp_path, marker)
+    assert main(["report", str(out)]) == 0
+    assert not marker.exists()
+    results = json.loads((out / "results.json").read_text())
+    ppo = [t for t in results["trials"] if t["arm"] == "ppo"]
+    assert all(t["status"] == "finished" and [r["round"] for r in t["history"]] == [1] for t in ppo)
+    assert all(t["history"][0]["final_accuracy"] == 0.3 for t in ppo)  # the round's report after the resume
+    assert "| ppo | 0 | ppo | finished | 0.5 | 1 |" in (out / "report.md").read_text()  # rounds column: 1
+
+
+def no_ray_may_start(monkeypatch) -> None:
+    """Make starting (or joining) Ray from `esper-ray ab` fail the test: what is checked must be checked before."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("esper-ray ab went on to start Ray")
+
+    monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
+
+
+def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_its_pickles(tmp_path, capsys, monkeypatch):
+    import pickle
+
+    from esper_ray.experiments.runner import TUNE_MANIFEST
+    from esper_ray.train.manifest import write_manifest
+
+    no_ray_may_start(monkeypatch)
+    marker = tmp_path / "ran"
+    out = crafted_run(tmp_path, marker)
+    smoke = str(REPO / "tune_configs" / "smoke.yaml")
+    # no manifest: the folder cannot be checked (a kill -9, or not written by esper-ray)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", smoke, "--output", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{TUNE_MANIFEST}: missing" in err and "Traceback" not in err
+    # a manifest, then tuner.pkl swapped: named, refused
+    write_manifest(out / "tune", out / TUNE_MANIFEST)
+    (out / "tune" / "tuner.pkl").write_bytes(pickle.dumps(RunsCode(marker)) + b"  ")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", smoke, "--output", str(out), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "tuner.pkl: " in err and "differs from tune_files.json" in err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name, key", [("..", "name"), ("a/b", "name"), ("", "name")])
+def test_an_experiment_or_arm_name_that_is_a_path_fails_before_ray_starts(tmp_path, capsys, monkeypatch, name, key):
+    no_ray_may_start(monkeypatch)
+    experiment = tmp_path / "x.yaml"
+    experiment.write_text(json.dumps({**BASE, "name": name}))
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")  # the default output esper_runs/NAME would be below here
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", str(experiment)])
+    assert exit_info.value.code == 2 and f"{key}={name!r}" in capsys.readouterr().err
+    assert list((tmp_path / "here").iterdir()) == []
+
+
+@pytest.mark.expensive
+def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local, tmp_path, capsys, monkeypatch):
+    """Early: stopped before Tune recorded a trial (exit 130; its --resume died with KeyError: 'trial' before).
+    Late: Ctrl-C after a PPO trial reported round 2 of 3 (exit 130 and the resume command; it exited 0 with a
+    final-looking report before). Then --resume completes: every trial once, every round once."""
+    import os
+    import signal
+
+    from ray import tune
+
+    from esper_ray.experiments.runner import TrialEvents
+
+    experiment = tmp_path / "stop.yaml"
+    experiment.write_text(json.dumps({
+        "name": "stop", "seeds": [0], "rounds": 3, "last_rounds": 3, "eval_episodes": 1, "order_seed": 1,
+        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
+        "training": {"task": "digits-impaired", "max_epochs": 2, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
+                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
+    }))
+    out = tmp_path / "run"
+    command = ["ab", str(experiment), "--output", str(out)]
+
+    def stopped_early(self):
+        raise KeyboardInterrupt  # what a Ctrl-C while Tune sets up raises
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tune.Tuner, "fit", stopped_early)
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+    assert exit_info.value.code == 130 and "--resume" in capsys.readouterr().err
+    assert (out / "experiment.json").is_file() and (out / "tune").is_dir()
+    with pytest.raises(SystemExit) as exit_info:  # a plain re-run is refused; the message says --resume
+        main(command)
+    assert exit_info.value.code == 2 and "add --resume" in capsys.readouterr().err
+
+    on_result = TrialEvents.on_trial_result
+
+    def ctrl_c_at_round_2(self, iteration, trials, trial, result, **info):
+        on_result(self, iteration, trials, trial, result, **info)
+        if result.get("round/round") == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Tune's handler is installed: it stops the run cleanly
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TrialEvents, "on_trial_result", ctrl_c_at_round_2)
+        assert main([*command, "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted with" in err and f"--output {out} --resume" in err
+    interrupted = json.loads((out / "results.json").read_text())
+    assert [t["status"] for t in interrupted["trials"] if t["arm"] == "ppo"] == ["incomplete"]
+
+    assert main([*command, "--resume"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((t["arm"], t["seed"], t["status"]) for t in results["trials"]) == [("none", 0, "finished"), ("ppo", 0, "finished")]
+    [ppo] = [t for t in results["trials"] if t["arm"] == "ppo"]
+    # Tune restored the trial from round 1's checkpoint (round 2's was not written yet) and appended round 2
+    # again to its result.json (seen: iterations [1, 2, 2, 3]); the history holds each round once
+    assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]
+    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
+
+
+@pytest.mark.parametrize("text, expected", [("garbage", "not valid JSON"), ('{"experiment": 3}', "not the record")])
+def test_report_of_a_damaged_experiment_record_is_one_line_naming_it(tmp_path, capsys, text, expected):
+    (tmp_path / "experiment.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"{tmp_path / 'experiment.json'}: {expected}" in err and "\n" not in err

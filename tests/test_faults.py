@@ -95,7 +95,7 @@ def test_a_killed_env_runner_is_restarted_and_the_run_goes_on(ray_with_faults):
     assert summarize_round(last).episodes == 2 and summarize_round(last).failed_env_steps == 0  # both runners again
 
 
-def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray_with_faults, tmp_path):
+def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray_with_faults, tmp_path, capsys):
     from esper_ray.cli import main
 
     experiment = tmp_path / "fail.yaml"
@@ -106,7 +106,8 @@ def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray
         "training": {"task": "digits", "max_epochs": 2, "envs": 1, "cpus_per_env": 0.5},
     }))
     out = tmp_path / "run"
-    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    assert main(["ab", str(experiment), "--output", str(out)]) == 1  # the report, then a non-zero exit: a script can tell
+    assert "1 of 4 trials failed" in capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     status = {(t["arm"], t["seed"]): t["status"] for t in results["trials"]}
     assert status == {("broken", 0): "finished", ("broken", 1): "error", ("fine", 0): "finished", ("fine", 1): "finished"}
@@ -121,36 +122,58 @@ def _train(out: Path, rounds: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", str(rounds), "--envs", "2", "--cpus-per-env", "0.5",
          "--max-epochs", "60", "--episodes-per-env", "1", "--task", "digits", "--env", "batch_size=512",
-         "--checkpoint-every", "1", "--seed", "3", "--output", str(out), *extra],
+         "--checkpoint-every", "2", "--seed", "3", "--output", str(out), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"},
     )
 
 
-def _rounds(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["round"]: r for r in rows}  # a round redone after a resume keeps its last value
+def _rounds(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_kill_9_then_resume_replays_the_uninterrupted_rounds(ray_with_faults, tmp_path):
+def _descendants(pid: int) -> list:
+    import ray  # noqa: F401  (psutil is Ray's bundled copy)
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leaves_no_ray_process(ray_with_faults, tmp_path):
+    """kill -9 of the command alone (as `kill -9 PID` does), after round 3 with checkpoints every 2 rounds: its Ray
+    processes end with it (the dashboard and runtime-env agents outlived it before), and the resume from round 2
+    replays round 3, which metrics.jsonl then holds once (it held [1, 2, 3, 3, 4, 5] before)."""
+    import ray  # noqa: F401
+    import psutil
+
     whole = _train(tmp_path / "whole", 5)
     whole.communicate(timeout=600)
     assert whole.returncode == 0
 
     killed = _train(tmp_path / "killed", 5)
-    for line in killed.stdout:  # kill -9 the whole command (its own session: only its own Ray processes)
-        if line.startswith("round 3/5"):  # round 4 (seconds long) has begun
-            os.killpg(os.getpgid(killed.pid), signal.SIGKILL)
-            break
-    killed.wait(timeout=60)
-    done = json.loads((tmp_path / "killed" / "checkpoints" / "latest.json").read_text())["round"]
-    assert 2 <= done <= 3
+    started: list = []
+    try:
+        for line in killed.stdout:
+            if line.startswith("round 3/5"):  # round 4 (seconds long) has begun
+                started = _descendants(killed.pid)
+                os.kill(killed.pid, signal.SIGKILL)
+                break
+        killed.wait(timeout=60)
+        assert started, "the command had no Ray process when it was killed"
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert not alive, [p.name() for p in alive]
+    finally:
+        for process in started:  # started by this test's command: never left behind, whatever failed above
+            if process.is_running():
+                process.kill()
+    assert json.loads((tmp_path / "killed" / "checkpoints" / "latest.json").read_text())["round"] == 2
     resumed = _train(tmp_path / "killed", 5, "--resume", str(tmp_path / "killed"))
     printed, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, printed[-3000:]
-    assert "resumed from" in printed and f"at round {done}" in printed
+    assert "resumed from" in printed and "at round 2" in printed
 
     expected, got = _rounds(tmp_path / "whole"), _rounds(tmp_path / "killed")
+    assert [r["round"] for r in got] == [1, 2, 3, 4, 5]
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
-    for round_ in range(done + 1, 6):
-        assert {k: got[round_][k] for k in keys} == {k: expected[round_][k] for k in keys}, round_
+    for round_ in range(3, 6):
+        assert {k: got[round_ - 1][k] for k in keys} == {k: expected[round_ - 1][k] for k in keys}, round_

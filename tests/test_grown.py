@@ -208,6 +208,18 @@ def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
     assert f"grown network: {folder}" in captured.err
     assert json.loads((folder / ARCHITECTURE_FILE).read_text())["run"]["test_accuracy"] == row["test_accuracy"]
     assert load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    for shared in folder.iterdir():  # files meant for sharing carry no path of this machine
+        if shared.suffix in (".md", ".json"):
+            assert str(tmp_path) not in shared.read_text(), shared.name
+    assert "esper_ray.load_grown('grown')" in (folder / "summary.md").read_text()
+
+
+def test_an_eval_save_names_its_checkpoint_without_this_machines_paths(tmp_path):
+    from esper_ray.cli import shared_name
+
+    checkpoint = tmp_path / "runs" / "digits" / "checkpoints" / "round_00020"
+    assert shared_name(checkpoint, cwd=tmp_path) == "runs/digits/checkpoints/round_00020"
+    assert shared_name(checkpoint, cwd=tmp_path / "elsewhere") == "digits/checkpoints/round_00020"
 
 
 def test_a_flex_attention_seed_loads_where_it_cannot_train():
@@ -236,3 +248,77 @@ def test_an_architecture_file_that_describes_another_network_is_refused(tmp_path
         architecture.write_text(json.dumps({**described, field: value}))
         with pytest.raises(ValueError, match=match):
             load_grown(tmp_path / "net")
+
+
+class RunsCode:
+    """A crafted pickle: loading it without weights_only would create the file `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def _damaged(tmp_path: Path, case: str) -> Path:
+    """A saved network, then damaged as `case` says."""
+    model, _ = cnn_model()
+    folder = tmp_path / "net"
+    save_grown_network(folder, grown_from(model), {})
+    architecture, weights = folder / ARCHITECTURE_FILE, folder / WEIGHTS_FILE
+    described = json.loads(architecture.read_text())
+
+    def rewrite(**fields) -> None:
+        architecture.write_text(json.dumps({**described, **fields}))
+
+    if case == "empty weights":
+        weights.write_bytes(b"")
+    elif case == "crafted pickle":  # the real tensors plus an object: sizes check out, weights_only refuses it
+        torch.save({**torch.load(weights, weights_only=True), "extra": RunsCode(tmp_path / "ran")}, weights)
+    elif case == "compressed weights":  # a 2 KB zip may unpack to gigabytes: torch.save never compresses
+        import zipfile
+
+        with zipfile.ZipFile(weights, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("net/data/0", b"\0" * 10_000_000)
+    elif case == "80 GB asked":  # a few bytes of JSON describing a huge host: refused before anything is allocated
+        rewrite(host_config={**described["host_config"], "base_channels": 65536, "blocks": 4, "pool_layers": 3})
+    elif case == "deep nesting":
+        architecture.write_text("[" * 100_000 + "]" * 100_000)
+    elif case == "oversized file":
+        architecture.write_text(" " * (17 * 2**20))
+    else:  # a field of the wrong type
+        field, value = case.split("=", 1)
+        if field.startswith("seeds[0]."):
+            rewrite(seeds=[{**described["seeds"][0], field.split(".")[1]: json.loads(value)}])
+        elif field.startswith("host_config."):
+            rewrite(host_config={**described["host_config"], field.split(".")[1]: json.loads(value)})
+        else:
+            rewrite(**{field: json.loads(value)})
+    return folder
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("empty weights", "weights.pt: empty (0 bytes)"),
+    ("crafted pickle", "weights.pt: refused, it holds more than tensors"),
+    ("compressed weights", "is compressed"),
+    ("80 GB asked", "describes"),
+    ("deep nesting", "not valid JSON (RecursionError"),
+    ("oversized file", "more than an architecture file holds"),
+    ("topology=3", "topology=3"),
+    ('seeds="r0c1"', "seeds='r0c1'; expected a list"),
+    ("seeds=[1]", "seeds[0]=1; expected a mapping"),
+    ("host_config=[8]", "host_config=[8]; expected a mapping"),
+    ('host_config.base_channels="8"', "host_config.base_channels='8'; expected an integer"),
+    ("host_config.blocks=100000", "host_config.blocks=100000; expected an integer in [0, 64]"),
+    ("params=3", "params=3; expected a mapping"),
+    ('seeds[0].alpha="x"', "alpha='x'; expected a number"),
+    ("seeds[0].slot=[1]", "describes no network"),
+])
+def test_a_damaged_or_hostile_network_folder_is_one_line_and_runs_no_code(tmp_path, case, expected):
+    folder = _damaged(tmp_path, case)
+    with pytest.raises(ValueError) as err:
+        load_grown(folder)
+    message = str(err.value)
+    assert expected in message and "\n" not in message, message
+    assert "will likely succeed" not in message and "add_safe_globals" not in message  # torch's advice is not repeated
+    assert not (tmp_path / "ran").exists()

@@ -360,3 +360,4 @@ def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file
     # end even where latest.json named round 2 already (checkpoint_every=0: no save inside the loop)
     resumed = train(small(tmp_path, rounds=2, checkpoint_every=0), resume=run / "checkpoints" / "round_00001")
     assert [r.round for r in resumed.rounds] == [2] and resolve_checkpoint(run) == run / "checkpoints" / "round_00002"
+    assert [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]  # each once

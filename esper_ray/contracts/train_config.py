@@ -12,6 +12,8 @@ from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
 PLACEMENTS = ("PACK", "SPREAD")
+SEED_LIMIT = 2**32
+"""Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings that TrainConfig sets itself; `env` may not override them.
 TRAIN_OWNED_ENV_KEYS = frozenset({"task", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
 
@@ -106,6 +108,9 @@ class TrainConfig:
         for name, minimum in (("envs", 1), ("episodes_per_env", 1), ("rounds", 1), ("learners", 0), ("ppo_epochs", 1),
                               ("checkpoint_every", 0), ("seed", 0), ("max_epochs", 1)):
             check_int(name, getattr(self, name), minimum)
+        if self.seed + self.envs >= SEED_LIMIT:  # RLlib seeds env runner k with seed + k, and numpy takes < 2**32
+            raise ValueError(f"seed={self.seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds "
+                             f"are 32-bit, and env runner k is seeded with seed + k)")
         for name in ("gpus_per_env", "learner_gpus", "learner_cpus"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ray import tune
-
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.spec import ExperimentSpec
-from esper_ray.experiments.trainable import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial, per_kparam
+from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
+from esper_ray.experiments.tune_folder import number, read_results, read_trials
 
 TUNE_DIR = "tune"
 EXPERIMENT_FILE = "experiment.json"
@@ -70,7 +69,10 @@ class TrialResult:
         per_param = name.endswith("_per_param")
         if self.controller is not ControllerKind.PPO:  # nothing trained: its evaluation episodes are its rollouts
             return self.evaluation["val_accuracy_per_param" if per_param else "val_accuracy"]
-        values = [v for v in self.rollout_curve(per_param)[-last_rounds:] if math.isfinite(v)]
+        # the last `last_rounds` rounds by number (the history holds each round once: tune_folder.read_results)
+        newest = max((r["round"] for r in self.history), default=0.0)
+        curve = zip(self.history, self.rollout_curve(per_param))
+        values = [v for r, v in curve if r["round"] > newest - last_rounds and math.isfinite(v)]
         return sum(values) / len(values) if values else math.nan
 
 
@@ -94,63 +96,60 @@ def read_experiment_file(output: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{output} is not a folder: give the run folder `esper-ray ab` wrote (it holds {EXPERIMENT_FILE})")
     if not path.is_file():
         raise FileNotFoundError(f"{output} holds no {EXPERIMENT_FILE}: it is not an `esper-ray ab` run folder")
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err}); the run folder is damaged") from None
+    if (not isinstance(record, dict) or not isinstance(record.get("experiment"), dict)
+            or not isinstance(record.get("start_order"), list)
+            or not all(isinstance(p, dict) and {"arm", "seed"} <= set(p) for p in record["start_order"])):
+        raise ValueError(f"{path}: not the record `esper-ray ab` writes (experiment, start_order of arms and seeds, ...)")
+    return record
 
 
-def _float(value: Any) -> float:
-    return float(value) if value is not None else math.nan
-
-
-def _history_and_evaluation(frame: Any) -> tuple[list[dict[str, float]], dict[str, float] | None, float]:
-    if frame is None or not len(frame):
+def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[str, float]], dict[str, float] | None, float]:
+    """Per-round history (each round once), the evaluation and the start time of a trial's results."""
+    if not results:
         return [], None, math.nan
-    frame = frame.sort_values("training_iteration")
     history: list[dict[str, float]] = []
     evaluation = None
-    for _, row in frame.iterrows():
-        if SUMMARY_PREFIX + "final_accuracy" in row and math.isfinite(_float(row[SUMMARY_PREFIX + "round"])):
-            entry = {"round": _float(row[SUMMARY_PREFIX + "round"])}
-            entry.update({c: _float(row[SUMMARY_PREFIX + c]) for c in HISTORY_COLUMNS})
-            entry.update({c: _float(row[SUMMARY_PREFIX + c]) if SUMMARY_PREFIX + c in row else math.nan
-                          for c in OPTIONAL_HISTORY_COLUMNS})
+    for row in results:
+        if SUMMARY_PREFIX + "final_accuracy" in row and math.isfinite(number(row.get(SUMMARY_PREFIX + "round"))):
+            entry = {"round": number(row[SUMMARY_PREFIX + "round"])}
+            entry.update({c: number(row.get(SUMMARY_PREFIX + c)) for c in HISTORY_COLUMNS + OPTIONAL_HISTORY_COLUMNS})
             history.append(entry)
-        if EVAL_PREFIX + "test_accuracy" in row and math.isfinite(_float(row[EVAL_PREFIX + "test_accuracy"])):
-            evaluation = {c: _float(row[EVAL_PREFIX + c]) for c in EVAL_COLUMNS}
-            evaluation.update({c: _float(row[EVAL_PREFIX + c]) if EVAL_PREFIX + c in row else math.nan
-                               for c in LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS})
-    first = frame.iloc[0]
-    return history, evaluation, _float(first["timestamp"]) - _float(first["time_this_iter_s"])
+        if math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy"))):
+            evaluation = {c: number(row.get(EVAL_PREFIX + c))
+                          for c in EVAL_COLUMNS + LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS}
+    first = results[0]
+    return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s"))
 
 
 def collect_trials(output: Path) -> ExperimentRecord:
-    """Every planned trial of the run in `output`, whatever state the run is in."""
+    """Every planned trial of the run in `output`, whatever state the run is in. Reads JSON and text only: no
+    pickle of the run folder is loaded (tune_folder.py)."""
     record = read_experiment_file(output)
     spec = ExperimentSpec.from_mapping(record["experiment"])
     found: dict[tuple[str, int], TrialResult] = {}
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
-    tune_path = output / TUNE_DIR
-    if tune.Tuner.can_restore(str(tune_path)):
-        for result in tune.Tuner.restore(str(tune_path), trainable=MorphoTrial).get_results():
-            if result.config is not None and TRIAL_KEY in result.config:
-                arm, seed = result.config[TRIAL_KEY]["arm"], int(result.config[TRIAL_KEY]["seed"])
-            else:  # a trial that failed before its first result has no config on disk: its folder names it
-                named = TRIAL_DIR_RE.match(Path(result.path).name)
-                if named is None or result.error is None:
-                    continue  # planned, never started
-                arm, seed = named.group(1), int(named.group(2))
-            history, evaluation, started = _history_and_evaluation(result.metrics_dataframe)
-            controller = spec.controller(arm)
-            if result.error is not None:
-                status = ERROR
-            elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
-                status = FINISHED
-            else:
-                status = INCOMPLETE if history or evaluation else NOT_STARTED
-            found[(arm, seed)] = TrialResult(
-                arm=arm, seed=seed, position=positions[(arm, seed)], controller=controller,
-                status=status, error=None if result.error is None else (str(result.error).strip().splitlines() or [""])[-1],
-                history=history, evaluation=evaluation, started_at=started,
-            )
+    for trial in read_trials(output / TUNE_DIR):
+        planned = trial.config.get(TRIAL_KEY)
+        key = (planned.get("arm"), planned.get("seed")) if isinstance(planned, dict) else None
+        if key not in positions:
+            continue  # not one of this experiment's trials
+        arm, seed = key
+        history, evaluation, started = _history_and_evaluation(read_results(trial.folder))
+        controller = spec.controller(arm)
+        if trial.status == "ERROR":
+            status = ERROR
+        elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
+            status = FINISHED
+        else:
+            status = INCOMPLETE if history or evaluation else NOT_STARTED
+        found[(arm, seed)] = TrialResult(
+            arm=arm, seed=seed, position=positions[(arm, seed)], controller=controller, status=status,
+            error=trial.error, history=history, evaluation=evaluation, started_at=started,
+        )
     trials = []
     for position, planned in enumerate(record["start_order"]):
         key = (planned["arm"], int(planned["seed"]))

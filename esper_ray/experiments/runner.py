@@ -3,6 +3,7 @@
 Output folder (default esper_runs/<name>):
     experiment.json                 the experiment's settings, the file it came from, the order seed and start order
     tune/                           Ray Tune's experiment (one folder per trial, TensorBoard logs included)
+    tune_files.json                 the manifest of tune/ (size and SHA-256 of each file) as the command left it
     networks/ARM/seedS/episodeI/    with --save: every evaluation episode's grown network (esper_ray.load_grown)
     results.json, report.md, *.png  the report (see report.py), rewritten after every run or resume
 """
@@ -14,21 +15,32 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray import tune
 
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import EXPERIMENT_FILE, TRIAL_DIR_RE, TUNE_DIR, collect_trials, read_experiment_file
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
-from esper_ray.experiments.trainable import EVAL_PREFIX, NETWORKS_DIR, SUMMARY_PREFIX, TRIAL_KEY, MorphoTrial
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
+from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY
+from esper_ray.experiments.tune_folder import read_trials, state_file
+from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.resources import connect_ray
 from esper_ray.train.step_failures import FAILURES_LOG
+from esper_ray.train.termination import received as sigterm_received
+from esper_ray.train.termination import sigterm_acts_as_ctrl_c
+
+TUNE_MANIFEST = "tune_files.json"
+"""Size and SHA-256 of every file under tune/, written whenever the command stops; --resume checks it first."""
+TERMINAL = ("TERMINATED", "ERROR")
+"""Tune's statuses of a trial that will not run again (finished, or failed with its retries used up)."""
 
 
 def _trial_label(trial: Any) -> str:
@@ -42,12 +54,22 @@ def _trial_name(trial: Any) -> str:
 
 
 class TrialEvents(tune.Callback):
-    """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables."""
+    """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables.
+
+    Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called at the start
+    of every fit, restarts the clock, and the count of done trials is read from the trials' statuses.
+    """
 
     def __init__(self, total: int, rounds: int, print_fn: Any = print) -> None:
         self.total, self.rounds, self.print = total, rounds, print_fn
-        self.done = 0
+        self.setup()
+
+    def setup(self, **info: Any) -> None:
         self.start = time.time()
+        self.ended: set[str] = set()
+
+    def _done(self, trials: list[Any]) -> int:
+        return len(self.ended | {t.trial_id for t in trials if t.status in TERMINAL})
 
     def _line(self, text: str) -> None:
         elapsed = time.time() - self.start
@@ -55,7 +77,7 @@ class TrialEvents(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         running = len({t.trial_id for t in trials if t.status == "RUNNING"} | {trial.trial_id})
-        self._line(f"started  {_trial_label(trial)} ({running} running, {self.done}/{self.total} done)")
+        self._line(f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done)")
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         parts = []
@@ -72,15 +94,16 @@ class TrialEvents(tune.Callback):
             self._line(f"         {_trial_label(trial)} " + "; ".join(parts))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self.done += 1
-        self._line(f"finished {_trial_label(trial)} ({self.done}/{self.total} done)")
+        self.ended.add(trial.trial_id)
+        self._line(f"finished {_trial_label(trial)} ({self._done(trials)}/{self.total} done)")
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(f"retrying {_trial_label(trial)} from its last checkpoint after an error")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self.done += 1
-        self._line(f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics ({self.done}/{self.total} done)")
+        self.ended.add(trial.trial_id)
+        self._line(f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics "
+                   f"({self._done(trials)}/{self.total} done)")
 
 
 def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
@@ -113,7 +136,7 @@ def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: 
         "start_order": [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(ordered)],
         "save_networks": save_networks,
     }
-    (output / EXPERIMENT_FILE).write_text(json.dumps(record, indent=2))
+    write_atomically(output / EXPERIMENT_FILE, json.dumps(record, indent=2))
     return ordered
 
 
@@ -147,8 +170,41 @@ def gather_networks(output: Path) -> int:
     return count
 
 
+@dataclass(frozen=True)
+class ExperimentOutcome:
+    output: Path
+    interrupted: bool
+    """Stopped by Ctrl-C or SIGTERM before every trial finished or failed: `--resume` continues it."""
+    terminated: bool
+    """Stopped by SIGTERM (a job manager's stop), not by Ctrl-C."""
+    failed: list[str]
+    """The trials that failed, retries used up (`arm/seedS: the error's last line`)."""
+    done: int
+    total: int
+
+
+def check_tune_folder(output: Path) -> bool:
+    """Before --resume loads Tune's pickles: whether Tune left an experiment to continue (False: it was stopped
+    before its first state file, so nothing ran), and, if it did, that its folder matches the manifest written
+    when the command last stopped. Raises ValueError naming the first file that differs."""
+    tune_path = output / TUNE_DIR
+    if state_file(tune_path) is None:
+        return False
+    damage = damage_of(tune_path, output / TUNE_MANIFEST)
+    if damage is not None:
+        raise ValueError(f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
+                         f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
+                         f"code when loaded, so it is not resumed; start a new run with another --output")
+    return True
+
+
 def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
-                   source: str | None = None, save_networks: bool = False) -> Path:
+                   source: str | None = None, save_networks: bool = False) -> ExperimentOutcome:
+    """Run (or with `resume` continue) the experiment in `output`, then write its report.
+
+    Ctrl-C or SIGTERM stop it cleanly: Tune saves its state, the manifest of tune/ is written and the report of
+    what finished; the outcome says it was interrupted. Interrupted at any point, `--resume` continues it.
+    """
     # Tune's own tables and hints (its "new output" engine prints them even at verbose=0): TrialEvents says what
     # matters, a line per trial event.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -156,48 +212,74 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     tune_path = output / TUNE_DIR
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
-    events = TrialEvents(len(spec.trials()), spec.rounds)
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
+    continuing = False
+    if resume and output.is_dir() and not any(output.iterdir()):  # left empty by a stop before the plan was written
+        print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
+        resume = False
     if resume:
         check_same_experiment(spec, output, source, save_networks)
-        connect_ray(address, env_vars=mps_env)
-        if not tune.Tuner.can_restore(str(tune_path)):
-            raise FileNotFoundError(f"--resume: no Tune experiment to resume at {tune_path}")
-        tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
-    else:
-        if tune_path.exists() or (output / EXPERIMENT_FILE).exists():
-            raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
-        connect_ray(address, env_vars=mps_env)
-        check_trials_fit(spec, local=address is None)
-        output.mkdir(parents=True, exist_ok=True)
-        ordered = plan(spec, output, source, save_networks)
-        trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
-                   "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
-                   "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
-        tuner = tune.Tuner(
-            MorphoTrial,
-            param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
-            tune_config=tune.TuneConfig(
-                num_samples=1, max_concurrent_trials=spec.max_concurrent_trials,
-                trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
-            ),
-            run_config=tune.RunConfig(
-                name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
-                checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
-                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
-                # this copies them into its folder under tune/ with each checkpoint.
-                sync_config=tune.SyncConfig(sync_artifacts=True),
-                callbacks=[events], verbose=0,
-            ),
-        )
-    print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
-    with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
-        tuner.fit()
+        continuing = check_tune_folder(output)
+        save_networks = bool(read_experiment_file(output).get("save_networks", False))
+    elif tune_path.exists() or (output / EXPERIMENT_FILE).exists():
+        raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
+    connect_ray(address, env_vars=mps_env)
+    try:
+        with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
+            if continuing:
+                tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
+            else:
+                check_trials_fit(spec, local=address is None)
+                if resume:  # stopped before Tune recorded a trial: start the recorded plan afresh
+                    shutil.rmtree(tune_path, ignore_errors=True)
+                    ordered = recorded_order(spec, output)
+                else:
+                    output.mkdir(parents=True, exist_ok=True)
+                    ordered = plan(spec, output, source, save_networks)
+                tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds))
+            print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
+            with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
+                tuner.fit()
+    finally:  # also on Ctrl-C before fit: the folder is left as --resume can check it
+        if tune_path.is_dir():
+            write_manifest(tune_path, output / TUNE_MANIFEST)
     write_report(output, collect_trials(output))
-    if read_experiment_file(output).get("save_networks", False):
+    if save_networks:
         kept = gather_networks(output)
         print(f"networks: {kept} grown networks in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
               "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
-    return output
+    after = read_trials(tune_path)
+    finished = [t for t in after if t.status in TERMINAL]
+    interrupted = len(finished) < len(spec.trials())
+    failed = [f"{t.config[TRIAL_KEY]['arm']}/seed{t.config[TRIAL_KEY]['seed']}: {t.error}" for t in after if t.status == "ERROR"]
+    return ExperimentOutcome(output, interrupted, interrupted and sigterm_received(), failed, len(finished), len(spec.trials()))
+
+
+def recorded_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
+    """The start order experiment.json recorded, as trials of `spec`."""
+    by_key = {(t.arm, t.seed): t for t in spec.trials()}
+    return [by_key[(p["arm"], int(p["seed"]))] for p in read_experiment_file(output)["start_order"]]
+
+
+def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents) -> tune.Tuner:
+    trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
+               "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
+               "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
+    return tune.Tuner(
+        MorphoTrial,
+        param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
+        tune_config=tune.TuneConfig(
+            num_samples=1, max_concurrent_trials=spec.max_concurrent_trials,
+            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
+            # this copies them into its folder under tune/ with each checkpoint.
+            sync_config=tune.SyncConfig(sync_artifacts=True),
+            callbacks=[events], verbose=0,
+        ),
+    )

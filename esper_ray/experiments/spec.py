@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs")
 """Arm keys that are not training settings; `sweep_host_runs`: the host runs of the sweep that picked a fixed arm's
 seed (once for all seeds), shown in the report's cost table."""
 DEFAULT_LAST_ROUNDS = 3
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,11 @@ class ExperimentSpec:
     (e.g. the learned controller against each baseline). Default: every pair of arms."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"name={self.name!r}: must be a non-empty folder name")
+        check_folder_name("name", self.name)
         if not isinstance(self.arms, Mapping) or not all(isinstance(v, Mapping) or v is None for v in self.arms.values()):
             raise ValueError(f"arms={self.arms!r}: must map each arm name to its settings, e.g. {{ppo: {{controller: ppo}}}}")
+        for arm in self.arms:
+            check_folder_name(f"arms.{arm}", arm, "arm name")
         if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
             raise ValueError(f"seeds={self.seeds!r}: must be a list of integers >= 0, e.g. [0, 1, 2, 3, 4, 5, 6, 7]")
@@ -228,6 +231,14 @@ class ExperimentSpec:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["last_rounds"] = self.rollout_rounds
         return out
+
+
+def check_folder_name(key: str, value: Any, what: str = "name") -> None:
+    """An experiment or arm name becomes a folder (esper_runs/NAME, networks/ARM, Tune's trial folders): only a
+    plain folder name, never a path ('..', 'a/b') or a name a shell or another system reads differently."""
+    if not isinstance(value, str) or not FOLDER_NAME.fullmatch(value):
+        raise ValueError(f"{key}={value!r}: the {what} must be a plain folder name of at most 100 letters, digits, "
+                         "'_', '-' or '.', starting with a letter, digit or '_'")
 
 
 def draw_order_seed() -> int:

@@ -27,6 +27,7 @@ from ray.tune.result import DONE
 from esper_ray.contracts.controllers import ControllerKind, FixedSeed
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
+from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
@@ -37,9 +38,6 @@ from esper_ray.train.rounds import restore, train_round
 from esper_ray.train.step_failures import append_tracebacks, round_failures
 from esper_ray.train.tensorboard_log import tensorboard_scalars
 
-TRIAL_KEY = "trial"
-SUMMARY_PREFIX = "round/"
-EVAL_PREFIX = "eval/"
 BASELINE_STATE_FILE = "baseline_trial.json"
 NETWORKS_DIR = "networks"
 
@@ -59,11 +57,6 @@ def fixed_seed_of(config: dict[str, Any]) -> FixedSeed | None:
         return None
     cfg = train_config_of(config)
     return FixedSeed.from_mapping(fixed, "fixed", topology=topology_of(cfg.task), slots=cfg.slots)
-
-
-def per_kparam(accuracy: float, total_params: int) -> float:
-    """Accuracy per 1,000 parameters of the final grown model."""
-    return accuracy / (total_params / 1000.0)
 
 
 def test_loss_and_perplexity(summaries: list[EpisodeSummary]) -> tuple[float, float]:

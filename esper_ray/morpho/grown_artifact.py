@@ -57,28 +57,53 @@ def save_grown_network(directory: Path, network: GrownNetwork, extra: Mapping[st
     (directory / ARCHITECTURE_FILE).write_text(json.dumps({**description, **extra}, indent=2, allow_nan=False) + "\n")
 
 
+MAX_ARCHITECTURE_BYTES = 16 * 2**20
+"""architecture.json holds the description and the run's curves: kilobytes. A larger one is not ours."""
+MAX_LAYERS = 64
+"""Host config fields that each add modules (blocks, pooling layers, transformer layers): more would make even
+building the network's skeleton slow."""
+LAYER_FIELDS = ("blocks", "pool_layers", "n_layers")
+MAX_SIZE_FIELD = 2**24
+"""Any other integer of a host config (channels, image side, classes, vocabulary, widths, heads)."""
+WEIGHTS_SLACK_BYTES = 2**20
+"""What weights.pt may hold beyond the tensors its architecture describes (the zip's records and names)."""
+
+
 def read_architecture(directory: str | Path) -> dict[str, Any]:
-    """The parsed architecture file of a saved grown network (checked to be one)."""
+    """The parsed architecture file of a saved grown network (checked to be one, with fields of the right types)."""
     folder = Path(directory).expanduser()
     path = _required(folder, ARCHITECTURE_FILE)
+    if path.stat().st_size > MAX_ARCHITECTURE_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size:,} bytes, more than an architecture file holds "
+                         f"({MAX_ARCHITECTURE_BYTES:,} at most); it is not one esper-ray wrote")
     try:
         raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); the file is damaged, save the network again") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting deeper than JSON needs
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
+                         "save the network again") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path}: not the architecture file of a grown network (its 'format' is not {FORMAT!r})")
     if raw.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format_version={raw.get('format_version')!r}; this esper-ray reads version {FORMAT_VERSION}")
-    for key in ("topology", "host_config", "seeds", "params"):
+    for key, kind, expected in (("topology", str, "a string"), ("host_config", dict, "a mapping"),
+                                ("seeds", list, "a list"), ("params", dict, "a mapping")):
         if key not in raw:
             raise ValueError(f"{path}: has no {key!r}; the file is damaged, save the network again")
+        if not isinstance(raw[key], kind):
+            raise ValueError(f"{path}: {key}={_short(raw[key])}; expected {expected}")
+    for i, seed in enumerate(raw["seeds"]):
+        if not isinstance(seed, dict):
+            raise ValueError(f"{path}: seeds[{i}]={_short(seed)}; expected a mapping (slot, blueprint, blend, alpha, stage)")
     return raw
 
 
 def load_grown(directory: str | Path) -> GrownNetwork:
     """The grown network saved in `directory`, on the CPU, in eval mode: `esper_ray.load_grown("grown/")(x)`.
 
-    Raises FileNotFoundError naming a missing file, ValueError for a damaged one.
+    Runs no code from the files (the weights load with weights_only=True) and allocates nothing before the
+    sizes check out: the architecture is built first on torch's meta device, which holds shapes only, and the
+    tensors it needs must fit what weights.pt holds. Raises FileNotFoundError naming a missing file, ValueError
+    (one line) for a damaged or hostile one.
     """
     folder = Path(directory).expanduser()
     architecture = read_architecture(folder)
@@ -88,23 +113,95 @@ def load_grown(directory: str | Path) -> GrownNetwork:
         topology = Topology(architecture["topology"])
     except ValueError:
         raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
+    host_config = _checked_host_config(architecture["host_config"], where)
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
-    try:
-        network = empty_grown_network(topology, architecture["host_config"], specs)
-    except (TypeError, ValueError) as err:  # host_config fields the host config does not take, a slot it lacks, ...
-        raise ValueError(f"{where}: describes no network this esper-ray can build ({err})") from None
+    with torch.device("meta"):  # shapes only: what the description asks for, before anything is allocated
+        skeleton = _build(topology, host_config, specs, where)
+    tensors = skeleton.state_dict(keep_vars=True)
+    entries = sum(t.numel() * t.element_size() for t in tensors.values())
+    stored = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors.values()}.values())  # tied: once
+    _check_weights_size(weights, stored, entries, where)
+    network = _build(topology, host_config, specs, where)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:  # a truncated zip: OSError
-        raise ValueError(f"{weights}: unreadable ({str(err).splitlines()[0]}); the file is damaged, save the network again") from None
+    except pickle.UnpicklingError as err:  # weights_only refused an object: the file is more than tensors
+        refused = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "Unsupported" in line),
+                       _first_line(err)).split(". ")[0]  # what was refused, without torch's advice to allow it
+        raise ValueError(f"{weights}: refused, it holds more than tensors ({refused}); esper-ray saves tensors only, so "
+                         "this file was written by something else: never load it with weights_only=False unless you "
+                         "trust where it came from") from None
+    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as err:  # a truncated zip: OSError
+        raise ValueError(f"{weights}: unreadable ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
+                         "save the network again") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{weights}: holds a {type(state).__name__}, not a state_dict; save the network again")
     try:
         network.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ValueError(f"{weights} does not fit {where}: {' '.join(str(err).split())}") from None  # one line
-    if count_params(network) != architecture["params"].get("total"):
-        raise ValueError(f"{where} says {architecture['params'].get('total')} parameters; the network built from it has "
-                         f"{count_params(network)}")
+    total = architecture["params"].get("total")
+    if count_params(network) != total:
+        raise ValueError(f"{where} says {_short(total)} parameters; the network built from it has {count_params(network)}")
     return network.eval()
+
+
+def _checked_host_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """The host config's values, each a plain number within limits (the host config classes check the rest)."""
+    for key, value in config.items():
+        if value is None or (isinstance(value, float) and key == "dropout"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
+        limit = MAX_LAYERS if key in LAYER_FIELDS else MAX_SIZE_FIELD
+        if not 0 <= value <= limit:
+            raise ValueError(f"{where}: host_config.{key}={value}; expected an integer in [0, {limit:,}]")
+    return config
+
+
+def _build(topology: Topology, host_config: dict[str, Any], specs: list[GrownSeedSpec], where: str) -> GrownNetwork:
+    try:
+        return empty_grown_network(topology, host_config, specs)
+    except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as err:  # fields the config does not take, ...
+        raise ValueError(f"{where}: describes no network this esper-ray can build ({_first_line(err)})") from None
+
+
+def _check_weights_size(weights: Path, stored: int, entries: int, where: str) -> None:
+    """Before torch reads a tensor, and before the network is allocated: weights.pt's zip directory must declare
+    stored (uncompressed, as torch.save writes) entries that fit in the file, at least the `stored` bytes of
+    distinct tensors the architecture describes, and at most its `entries` bytes (tied tensors counted per name)
+    plus the zip's records. So what is allocated is bounded by the bytes on disk, whatever the JSON asks for."""
+    size = weights.stat().st_size
+    if size == 0:
+        raise ValueError(f"{weights}: empty (0 bytes), as an interrupted copy leaves it; save or copy the network again")
+    try:
+        with zipfile.ZipFile(weights) as archive:
+            listed = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{weights}: unreadable, not the zip file torch.save writes ({_first_line(err)}); the file is "
+                         "damaged, save the network again") from None
+    packed = next((e for e in listed if e.compress_type != zipfile.ZIP_STORED or e.compress_size != e.file_size), None)
+    if packed is not None:
+        raise ValueError(f"{weights}: entry {packed.filename!r} is compressed; torch.save stores entries as they are, so "
+                         "this file was not written by esper-ray; not loaded")
+    declared = sum(e.file_size for e in listed)
+    if declared > size:
+        raise ValueError(f"{weights}: its entries declare {declared:,} bytes in a file of {size:,}; the file is damaged")
+    if declared < stored:
+        raise ValueError(f"{where} describes {stored:,} bytes of tensors and {weights} holds {declared:,}: not the "
+                         "weights of that network (or a file cut short); not loaded")
+    if declared > entries + WEIGHTS_SLACK_BYTES:
+        raise ValueError(f"{weights}: holds {declared:,} bytes, more than the {entries:,} bytes of tensors {where} "
+                         "describes; not loaded")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _required(folder: Path, name: str) -> Path:

@@ -11,24 +11,23 @@
 A checkpoint is written into round_NNNNN.partial and renamed when complete, and latest.json is written to a
 temporary name and renamed over the old one, so latest.json only ever names a complete checkpoint, whatever
 cuts a save short. A checkpoint damaged later (an interrupted copy, a full disk) fails its files.json check
-when it is resumed or evaluated, in seconds, naming the file; loading it would fail inside the learner actor,
-which RLlib then waits on for ever.
+(manifest.py) when it is resumed or evaluated, in seconds, naming the file; loading it would fail inside the
+learner actor, which RLlib then waits on for ever. The check reads sizes and hashes only: a checkpoint is
+pickles, and its pickles are loaded only to resume or evaluate it, after it matches its manifest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import shutil
 from pathlib import Path
 
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.manifest import MANIFEST_FILE, damage_of, write_atomically, write_manifest
 
 TRAIN_CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest.json"
-MANIFEST_FILE = "files.json"
 PARTIAL_SUFFIX = ".partial"
 RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
 
@@ -64,78 +63,53 @@ def record_checkpoint(output: Path, cfg: TrainConfig, partial: Path, round_: int
     return final
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers see the old file or the new, never half."""
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_manifest(checkpoint: Path) -> None:
-    """files.json: the size and SHA-256 of every file of the checkpoint (as saved)."""
-    files = {p.relative_to(checkpoint).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(checkpoint.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE}
-    (checkpoint / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
-
-
-def damage_of(checkpoint: Path) -> str | None:
-    """What is wrong with a checkpoint folder ("learner_group/learner/state.pkl: 1,000 bytes, saved with 487,622"),
-    or None when it is complete. Without files.json (checkpoints of older versions), every pickle must load."""
-    manifest = checkpoint / MANIFEST_FILE
-    if not manifest.is_file():
-        for path in sorted(checkpoint.rglob("*.pkl")):
-            try:
-                with path.open("rb") as f:
-                    pickle.load(f)
-            except (pickle.UnpicklingError, EOFError) as err:
-                return f"{path.relative_to(checkpoint).as_posix()}: {err}"
-        return None
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        return f"{MANIFEST_FILE}: unreadable ({err})"
-    for name, saved in files.items():
-        path = checkpoint / name
-        if not path.is_file():
-            return f"{name}: missing"
-        size = path.stat().st_size
-        if size != saved["bytes"]:
-            return f"{name}: {size:,} bytes, saved with {saved['bytes']:,}"
-        if _sha256(path) != saved["sha256"]:
-            return f"{name}: its contents changed since it was saved (SHA-256 differs)"
-    return None
-
-
 def check_complete(checkpoint: Path) -> None:
     """Raise ValueError naming the damaged file and the newest earlier checkpoint that is complete (or saying
-    there is none) unless `checkpoint` is complete."""
+    there is none) unless `checkpoint` matches its manifest. No pickle is loaded to check it."""
     damage = damage_of(checkpoint)
     if damage is None:
         return
-    rounds = {p: _round_number(p) for p in checkpoint.parent.iterdir() if p.is_dir()}
-    this = _round_number(checkpoint)
-    earlier = sorted((p for p, r in rounds.items() if r is not None and this is not None and r < this),
-                     key=lambda p: rounds[p], reverse=True)
-    complete = next((p for p in earlier if damage_of(p) is None), None)
-    fallback = (f"the newest complete one is {complete}: resume from it with --resume {complete}" if complete is not None
-                else f"no earlier complete checkpoint is in {checkpoint.parent}")
+    fallback = _fallback(checkpoint.parent, _round_number(checkpoint))
+    if damage.startswith(MANIFEST_FILE + ": missing"):
+        raise ValueError(f"checkpoint {checkpoint} cannot be checked: {damage} (checkpoints saved before manifests existed "
+                         "have none; if you trust where it came from, write one with python -m esper_ray.train.manifest "
+                         f"FOLDER); {fallback}")
     raise ValueError(f"checkpoint {checkpoint} is damaged: {damage}; {fallback}")
 
 
-def latest_round(output: Path) -> int | None:
+def _fallback(checkpoints: Path, before: int | None) -> str:
+    """Where to resume from instead: the newest complete checkpoint in `checkpoints` before round `before`."""
+    rounds = {p: _round_number(p) for p in checkpoints.iterdir() if p.is_dir()} if checkpoints.is_dir() else {}
+    earlier = sorted((p for p, r in rounds.items() if r is not None and (before is None or r < before)),
+                     key=lambda p: rounds[p], reverse=True)
+    complete = next((p for p in earlier if damage_of(p) is None), None)
+    if complete is None:
+        return f"no earlier complete checkpoint is in {checkpoints}"
+    return f"the newest complete one is {complete}: resume from it with --resume {complete}"
+
+
+def read_latest(output: Path) -> tuple[int, Path] | None:
+    """(round, checkpoint folder) that checkpoints/latest.json names, None without one. A damaged latest.json
+    (an interrupted copy, a hand edit) is one ValueError naming it and the checkpoint to resume from instead."""
     latest = output / "checkpoints" / LATEST_FILE
-    return int(json.loads(latest.read_text())["round"]) if latest.is_file() else None
+    if not latest.is_file():
+        return None
+    try:
+        raw = json.loads(latest.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{latest}: not valid JSON ({type(err).__name__}: {err}); "
+                         f"{_fallback(latest.parent, None)}") from None
+    if (not isinstance(raw, dict) or isinstance(raw.get("round"), bool) or not isinstance(raw.get("round"), int)
+            or not isinstance(raw.get("path"), str) or not raw["path"]):
+        raise ValueError(f"{latest}: expected {{\"round\": N, \"path\": \"round_NNNNN\"}}, found {str(raw)[:200]}; "
+                         f"{_fallback(latest.parent, None)}")
+    stored = Path(raw["path"])
+    return raw["round"], stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
+
+
+def latest_round(output: Path) -> int | None:
+    latest = read_latest(output)
+    return latest[0] if latest is not None else None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -148,12 +122,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def _find_checkpoint(path: Path) -> Path:
     if (path / TRAIN_CONFIG_FILE).is_file():
         return path
-    latest = path / "checkpoints" / LATEST_FILE
-    if latest.is_file():
-        stored = Path(json.loads(latest.read_text())["path"])
-        checkpoint = stored if stored.is_absolute() else path / "checkpoints" / stored  # absolute: older runs
+    latest = read_latest(path)
+    if latest is not None:
+        round_, checkpoint = latest
         if not (checkpoint / TRAIN_CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{latest} names {stored}, which holds no {TRAIN_CONFIG_FILE}; is the run folder complete?")
+            raise FileNotFoundError(f"{path / 'checkpoints' / LATEST_FILE} names round {round_} at {checkpoint}, which holds no "
+                                    f"{TRAIN_CONFIG_FILE} (an incomplete copy?); {_fallback(checkpoint.parent, round_)}")
         return checkpoint
     raise FileNotFoundError(
         f"no esper-ray checkpoint at {path}: expected {TRAIN_CONFIG_FILE} in it (a checkpoint folder) or "
@@ -181,7 +155,18 @@ def run_folder_of(checkpoint: Path) -> Path:
 
 
 def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
-    return TrainConfig.from_mapping(json.loads((checkpoint / TRAIN_CONFIG_FILE).read_text()))
+    """The checkpoint's training settings; a damaged file is one ValueError naming it."""
+    path = checkpoint / TRAIN_CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of training settings, found {str(raw)[:100]}")
+    try:
+        return TrainConfig.from_mapping(raw)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def holds_a_run(folder: Path) -> bool:

@@ -59,7 +59,8 @@ def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
         "import torch",
         "import esper_ray",
         "",
-        f"net = esper_ray.load_grown({str(folder)!r})  # a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
+        # the folder's name, never its absolute path: the folder is meant to be shared, and moves
+        f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
         *prepare,
         "```",
     ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import ray
 
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.reaper import end_ray_processes_with_this_one
 
 GB = 1024**3
 ACTOR_MEMORY_GB = 0.7
@@ -74,6 +75,7 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
     if address is None:
         with quiet_start:
             context = ray.init(num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
+        end_ray_processes_with_this_one()  # the local Ray this command started ends with it, even on kill -9
         log(dashboard_line(context.dashboard_url, token_auth_enabled()))
         return
     check_reachable(address)

@@ -25,6 +25,7 @@ from tensorboardX import SummaryWriter
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
 from esper_ray.train.checkpoints import checkpoint_dir, latest_round, partial_checkpoint_dir, record_checkpoint
+from esper_ray.train.manifest import write_atomically
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
@@ -95,7 +96,11 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
         log(f"resumed from {resume} at round {algo.iteration()}")
     nodes = algo.env_runner_nodes()
     log(f"placement {cfg.placement}: {len(nodes)} env runners on {len(set(nodes))} node(s)")
-    writer = SummaryWriter(str(output / "tensorboard"))
+    # A resumed run replays the rounds after its checkpoint: the folder's records of those rounds (written
+    # before a kill -9, or by the old run when resumed from an earlier checkpoint) give way to the replay's.
+    keep_rounds_up_to(output / "metrics.jsonl", algo.iteration())
+    # purge_step: TensorBoard drops the events of earlier files at steps >= it, so each round is drawn once
+    writer = SummaryWriter(str(output / "tensorboard"), purge_step=algo.iteration() + 1 if resume is not None else None)
     log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
     summaries: list[RoundSummary] = []
@@ -143,6 +148,22 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
             if counter is not None:
                 ray.kill(counter)
     return summaries, interrupted
+
+
+def keep_rounds_up_to(metrics: Path, done: int) -> None:
+    """Drop the lines of rounds after `done` from metrics.jsonl (atomically), so that each round is there once.
+    A line cut short by a kill is dropped too."""
+    if not metrics.is_file():
+        return
+    kept = []
+    for line in metrics.read_text().splitlines():
+        try:
+            round_ = json.loads(line)["round"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(round_, int) and round_ <= done:
+            kept.append(line)
+    write_atomically(metrics, "".join(line + "\n" for line in kept))
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:

@@ -54,3 +54,31 @@ def sigterm_raises_terminated() -> Iterator[None]:
     finally:
         # None: the handler before was not Python's (Ray's native one); the default ends the process quietly
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def sigterm_acts_as_ctrl_c() -> Iterator[None]:
+    """Within: SIGTERM runs whatever handles Ctrl-C now (SIGINT's Python handler), after noting that it came.
+
+    Ray Tune stops an experiment cleanly on its first SIGINT (its handler saves the experiment's state and lets
+    fit() return); a KeyboardInterrupt raised inside its loop instead would skip that save. Enter it after
+    ray.init, like sigterm_raises_terminated; in other threads it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        _received.set()
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)  # Tune's handler, or Python's default one, which raises KeyboardInterrupt
+        else:
+            raise Terminated()
+
+    _received.clear()
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

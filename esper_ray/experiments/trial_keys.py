@@ -1,0 +1,16 @@
+"""Names shared by an A/B trial (trainable.py), which reports them, and the readers of its results (results.py),
+which need no Ray to read them back."""
+
+from __future__ import annotations
+
+TRIAL_KEY = "trial"
+"""The key of a trial's own settings (arm, seed, controller, train, ...) in its Tune config."""
+SUMMARY_PREFIX = "round/"
+"""Prefix of a PPO round's summary in a trial's results."""
+EVAL_PREFIX = "eval/"
+"""Prefix of the evaluation's metrics in a trial's last result."""
+
+
+def per_kparam(accuracy: float, total_params: int) -> float:
+    """Accuracy per 1,000 parameters of the final grown model."""
+    return accuracy / (total_params / 1000.0)
