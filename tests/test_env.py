@@ -120,8 +120,8 @@ def test_the_test_split_reaches_no_observation_reward_or_info():
             trace += [obs["features"], reward, info["val_accuracy"], info["val_loss"]]
         traces.append(trace)
     assert all(np.array_equal(x, y) for x, y in zip(*traces))
-    accuracy, loss = clean.measure_test()
-    assert 0 < accuracy <= 1 and np.isfinite(loss) and poisoned.measure_test()[0] != accuracy
+    test = clean.measure_test()
+    assert 0 < test.accuracy <= 1 and np.isfinite(test.loss) and poisoned.measure_test().accuracy != test.accuracy
 
 
 def test_info_carries_accuracies_counts_params_stages_rewards_and_phase_times():

@@ -20,6 +20,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.data.datasets import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
 from esper_ray.experiments.results import COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
+from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 from esper_ray.experiments.trainable import evaluation_metrics
 from esper_ray.train.episodes import EpisodeSummary
@@ -148,11 +149,33 @@ def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
 
 
 @pytest.mark.parametrize("name", ["controllers", "reward_modes", "text", "precision"])
-def test_shipped_comparisons_can_reach_alpha_after_holm_over_all_pairs(name):
-    """Holm multiplies the smallest p by the number of pairs: 8 seeds (p >= 2/2^8) allow at most 6 pairs (4 arms)."""
+def test_shipped_comparisons_can_reach_alpha_after_holm_over_their_family(name):
+    """Holm multiplies the smallest p by the number of pairs the verdict tests (`compare`, or all pairs): 8 seeds
+    (p >= 2/2^8) allow at most 6."""
     spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / f"{name}.yaml")
-    pairs = len(spec.arms) * (len(spec.arms) - 1) // 2
+    pairs = len(spec.compared_pairs)
     assert pairs * 2 / 2 ** len(spec.seeds) < spec.alpha, (pairs, len(spec.seeds))
+
+
+def test_compare_names_the_verdicts_family_and_bad_pairs_fail_with_one_line():
+    arms = {"a": {}, "b": {"reward_mode": "sparse"}, "c": {"controller": "none"}}
+    spec = ExperimentSpec.from_mapping({**BASE, "arms": arms, "compare": [["a", "b"], ["a", "c"]]})
+    assert spec.compared_pairs == [("a", "b"), ("a", "c")]
+    assert ExperimentSpec.from_mapping({**BASE, "arms": arms}).compared_pairs == [("a", "b"), ("a", "c"), ("b", "c")]
+    for compare, message in (([["a", "z"]], r"names \['z'\], not arms"), ([["a", "a"]], "with itself"),
+                             ([["a", "b"], ["b", "a"]], "repeats a pair"), ("a-b", "non-empty list"), ([["a"]], "not a pair")):
+        with pytest.raises(ValueError, match=message):
+            ExperimentSpec.from_mapping({**BASE, "arms": arms, "compare": compare})
+
+
+def test_holm_corrects_over_the_named_family_only():
+    """Two arms far apart on 8 seeds: over a family of 1 pair p is the exact floor 2/2^8; over all 3 pairs, 3 times it."""
+    values = {"a": {s: 0.5 + 0.01 * s for s in range(8)}, "b": {s: 0.1 + 0.01 * s for s in range(8)},
+              "c": {s: 0.3 + 0.02 * s for s in range(8)}}
+    [only] = compare_arms(values, [("a", "b")])
+    assert only.wilcoxon_p_holm == pytest.approx(2 / 2**8)
+    every = {(p.arm_a, p.arm_b): p for p in compare_arms(values)}
+    assert every[("a", "b")].wilcoxon_p_holm == pytest.approx(3 * 2 / 2**8)
 
 
 def test_a_fixed_arm_carries_its_seed_into_every_trial():
@@ -185,7 +208,7 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     """ppo against a fixed arm that keeps a 3x larger model and trains 2x the FLOPs, same accuracy: the report
     must say so from the per-trial figures, as strict JSON (no NaN even where a trial has none)."""
     spec = ExperimentSpec.from_mapping({**BASE, "seeds": list(range(8)), "arms": {
-        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}})
+        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}, "sweep_host_runs": 336}}})
     trials = []
     for position, (arm, seed) in enumerate((a, s) for s in range(8) for a in ("ppo", "heavy")):
         params = (400.0 if arm == "ppo" else 1200.0) + seed
@@ -195,7 +218,9 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
                       "params_added": params - 160, "host_params": 160.0, "fossilized": 1.0, "germinated": 1.0,
                       "final_params": params, "refused": 0.0, "train_flops": train, "seed_train_flops": train / 2,
                       "validation_flops": 1e8, "counterfactual_flops": 0.0 if arm == "heavy" else 1e8,
-                      "seconds": math.nan if seed == 7 else 2.0}
+                      "seconds": math.nan if seed == 7 else 2.0,
+                      "test_accuracy_with_probation": 0.7 if arm == "ppo" else 0.6 + 0.01 * seed,
+                      "params_on_probation": 50.0 if arm == "ppo" else 0.0}
         history = [{"round": 1.0, "final_accuracy": 0.6, "params_added": 0.0, "host_params": 160.0, "episode_return": 1.0,
                     "episodes": 4.0, "seconds": 1.0}] if arm == "ppo" else []
         trials.append(TrialResult(arm, seed, position, spec.controller(arm), FINISHED, history=history, evaluation=evaluation))
@@ -219,6 +244,10 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     assert next(t for t in stored["trials"] if t["arm"] == "heavy")["fixed"]["blueprint"] == "conv_heavy"
     text = (tmp_path / "report.md").read_text()
     assert "heavy = fixed(conv_heavy@r0c1)" in text and "## Size and compute" in text and sentence in text
+    # what the runs kept: the committed metric beside the same episodes with the seeds on probation left in
+    assert "| ppo | 0.635 | 0.7 | 1 | " in text and "| 50 |" in text and "| heavy | 0.635 | 0.635 | 1 | " in text
+    assert "## What each controller cost before its evaluation" in text and f"({spec.rounds} rounds x" in text
+    assert "| heavy | 336 host runs once for all seeds (the sweep that picked its seed) |" in text
     assert (tmp_path / "metric_vs_flops.png").stat().st_size > 0
 
 

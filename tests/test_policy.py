@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from ray.rllib.core.columns import Columns
 from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import action_nvec
+from esper_ray.policy.baselines import lifecycle_action
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
 
@@ -62,14 +65,30 @@ def test_per_head_entropies_sum_to_the_entropy_and_weight_argument_heads_by_use(
     assert float(read[0]) == pytest.approx(germinate_prob)  # blueprint is read only by GERMINATE
 
 
-def _module() -> tuple[MorphoPolicyModule, MorphogeneticEnv]:
+def _module(**config: float) -> tuple[MorphoPolicyModule, MorphogeneticEnv]:
     env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6, "slots": ["r0c0", "r1c0"]})
     torch.manual_seed(0)
     module = MorphoPolicyModule(
         observation_space=env.observation_space, action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
-        model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=6),
+        model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=6, **config),
     )
     return module, env
+
+
+def test_the_prune_prior_makes_an_untrained_policy_prune_e_to_the_prior_times_as_often_as_it_waits():
+    """docs/learning.md section 8: with PRUNE at a logit of -3, a TRAINING seed (WAIT or PRUNE legal) is pruned
+    with probability e^-3 / (1 + e^-3) an epoch, not 1/2; the other ops keep their near-uniform start."""
+    for prior in (0.0, -3.0):
+        module, env = _module(prune_logit=prior)
+        env.reset(seed=0)
+        env.step(lifecycle_action(Op.GERMINATE, 0, 2))
+        env.model.slot("r0c0").metrics.age = 6  # old enough to prune
+        obs = env._observation()
+        with torch.no_grad():
+            logits = module.forward_inference(_batch(obs, module))[Columns.ACTION_DIST_INPUTS][0, 0, : NVEC[0]]
+        probs = torch.softmax(logits, -1)
+        prune, wait = float(probs[encode_joint(Op.PRUNE, 0, 2)]), float(probs[encode_joint(Op.WAIT, None, 2)])
+        assert prune / wait == pytest.approx(math.exp(prior), rel=0.05), prior
 
 
 def _batch(obs: dict[str, np.ndarray], module: MorphoPolicyModule, batch: int = 1, time: int = 1) -> dict:

@@ -89,7 +89,7 @@ class TrainConfig:
     original did; the metrics stay in raw reward units."""
     model: str = "cpu"
     """Network size preset: cpu (64-unit LSTM) or gpu (512, the original's sizes)."""
-    prune_logit: float = 0.0
+    prune_logit: float = -3.0
     """Initial bias of the PRUNE entries of the policy's op head (learnable): negative makes an untrained policy prune
     less often, so a seed lives long enough to show what it brings (docs/learning.md, section 8)."""
     checkpoint_every: int = 5
