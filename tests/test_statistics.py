@@ -210,3 +210,14 @@ def test_identical_arms_empty_arms_and_missing_pairs_are_said():
     assert "no finished trials in a" in empty.notes[0] and math.isnan(empty.mann_whitney_p)
     assert "no test possible" in verdict(empty, "test_accuracy", 0.05, 1)
     assert summarize_arm("a", {}).n == 0 and math.isnan(summarize_arm("a", {}).mean)
+
+
+def test_when_b_wins_the_verdict_states_the_effect_in_bs_direction():
+    """Issue 32: "B beats A ... (Hodges-Lehmann) -0.018" contradicted itself; the winner's difference is stated."""
+    a = {s: 0.20 + 0.01 * s for s in range(8)}
+    b = {s: 0.50 + 0.02 * s for s in range(8)}
+    [pair] = compare_arms({"a": a, "b": b})
+    sentence = verdict(pair, "test_accuracy", 0.05, 1)
+    assert sentence.startswith("b beats a on test_accuracy")
+    assert f"median paired difference b - a (Hodges-Lehmann) +{-pair.hodges_lehmann:.4g}" in sentence
+    assert pair.hodges_lehmann < 0  # the pair itself is still A - B

@@ -95,20 +95,21 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
     return float(np.median(va - vb)), ratio, len(seeds)
 
 
-def _relative(ratio: float, what: str) -> str:
+def _relative(ratio: float, what: str, other: str) -> str:
+    """"40 % fewer final parameters than fixed", or "as many final parameters as fixed"."""
     if not math.isfinite(ratio):
-        return f"n/a {what}"
+        return f"n/a {what} against {other}"
     if abs(ratio - 1) < 0.005:
-        return f"as many {what}"
-    return f"{100 * abs(1 - ratio):.0f} % {'fewer' if ratio < 1 else 'more'} {what}"
+        return f"as many {what} as {other}"
+    return f"{100 * abs(1 - ratio):.0f} % {'fewer' if ratio < 1 else 'more'} {what} than {other}"
 
 
 def size_sentence(pair: PairCompute) -> str:
     """"At equal size: ppo has 40 % fewer final parameters than fixed (median paired difference -300), ..." """
     if pair.n_pairs == 0:
         return f"At equal size: {pair.arm_a} vs {pair.arm_b}: no seed with size figures in both arms."
-    return (f"At equal size: {pair.arm_a} has {_relative(pair.params_ratio, 'final parameters')} than {pair.arm_b} "
+    return (f"At equal size: {pair.arm_a} has {_relative(pair.params_ratio, 'final parameters', pair.arm_b)} "
             f"(median paired difference {pair.params_difference:+,.0f}) and uses "
-            f"{_relative(pair.train_flops_ratio, 'training FLOPs')} ({pair.train_flops_difference:+.3g}; "
-            f"{_relative(pair.all_flops_ratio, 'FLOPs')} with validation and counterfactual passes), "
+            f"{_relative(pair.train_flops_ratio, 'training FLOPs', pair.arm_b)} ({pair.train_flops_difference:+.3g}; "
+            f"{_relative(pair.all_flops_ratio, 'FLOPs', pair.arm_b)} with validation and counterfactual passes), "
             f"over {pair.n_pairs} seed pairs.")

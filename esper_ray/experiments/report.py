@@ -118,7 +118,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "",
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
         f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
-        f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO rounds per trial.",
+        f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO round{'s' if spec.rounds != 1 else ''} per trial.",
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: a random permutation with order seed {record.order_seed}"
         f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "

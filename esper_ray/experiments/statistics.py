@@ -344,6 +344,12 @@ def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: in
     p = pair.wilcoxon_p_holm
     stats_text = f"paired Wilcoxon {label}={p:.3g}, n={pair.wilcoxon_n} pairs; {effect}; {secondary}"
     if p < alpha:
-        better, worse = (pair.arm_a, pair.arm_b) if pair.signed_rank_sum > 0 else (pair.arm_b, pair.arm_a)
-        return f"{better} beats {worse} on {metric} at alpha={alpha} ({stats_text})."
+        if pair.signed_rank_sum > 0:
+            return f"{pair.arm_a} beats {pair.arm_b} on {metric} at alpha={alpha} ({stats_text})."
+        # the winner is B: state the effect as B - A, so the sentence and its number agree
+        ci = pair.hodges_lehmann_ci
+        effect_b = (f"median paired difference {pair.arm_b} - {pair.arm_a} (Hodges-Lehmann) {-pair.hodges_lehmann:+.4g} "
+                    f"[{-ci.high:+.4g}, {-ci.low:+.4g}] at {100 * ci.level:.0f} %")
+        stats_b = f"paired Wilcoxon {label}={p:.3g}, n={pair.wilcoxon_n} pairs; {effect_b}; {secondary}"
+        return f"{pair.arm_b} beats {pair.arm_a} on {metric} at alpha={alpha} ({stats_b})."
     return f"No difference in {metric} between {pair.arm_a} and {pair.arm_b} was detected at alpha={alpha} ({stats_text})."

@@ -18,13 +18,12 @@ takes back what it brought (and whatever the host lost by adapting to it), and a
 cost(params) = param_cost_pp * log2(1 + seed params in the forward / host params): `param_cost_pp` points of
 accuracy for each doubling of the network (seeds counted at their alpha while the run goes on).
 
-Exploration needs one more term. A seed helps only once it blends, 10 epochs after it is planted, and an untrained
-policy prunes it long before (a prune is legal from age 5: on digits-impaired the policy pruned 2.0 seeds an
-episode through 30 rounds and fossilized none). So `stage_shaping` adds potential-based shaping on the seeds'
-lifecycle stages (components.potential: a stage's value plus time in it), weight `committed_stage_weight`, with the
-potential of the run's end set to 0. Ng et al. (1999): a potential difference with Phi(terminal) = 0 leaves every
-policy's ranking unchanged (it adds -Phi(s_0) = 0 to every return), while a prune pays back the seed's potential
-at once.
+`stage_shaping` adds potential-based shaping on the seeds' lifecycle stages (components.potential: a stage's value
+plus time in it), weight `committed_stage_weight`, with the potential of the run's end set to 0: it sums to zero
+over every run (Ng et al. 1999), so it changes no policy's ranking; it can speed up an untrained critic. It does
+not solve exploration (it cancels out of the advantage once the critic is accurate): an untrained policy prunes a
+seed long before it blends, and the policy's PRUNE prior (TrainConfig.prune_logit) is what lets seeds live long
+enough to show their worth (docs/learning.md, section 8). The A/B behind this mode's default ran with weight 1.
 """
 
 from __future__ import annotations
