@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,8 @@ from esper_ray.contracts.rewards import RewardConfig, SlotSignal, StepSignal
 from esper_ray.contracts.stages import Stage
 from esper_ray.rewards import compute_reward
 from esper_ray.rewards.components import potential
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def slot(**kw) -> SlotSignal:
@@ -239,3 +245,17 @@ def test_committed_end_of_run_takes_back_exactly_what_the_seeds_on_probation_add
     last = signal(epoch=100, val_accuracy=0.70, committed_accuracy=0.55)
     assert compute_reward(last, cfg).components["end_of_run"] == pytest.approx(cfg.gamma * 100 * (0.55 - 0.70))
     assert "end_of_run" not in compute_reward(signal(), cfg).components
+
+
+def test_reward_terms_measurement_runs_and_under_committed_a_fossil_is_worth_more_than_probation(tmp_path):
+    """measurements/reward_terms.py (issue 30's "measure first"), at small settings: it prints a table per mode and
+    writes its figures. The fixed seed fossilizes at step 17, so 19 epochs leave it two epochs in the run."""
+    out = tmp_path / "terms.json"
+    run = subprocess.run([sys.executable, "measurements/reward_terms.py", "--episodes", "1", "--max-epochs", "19",
+                          "--modes", "committed", "shaped", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "## committed" in run.stdout and "## shaped" in run.stdout
+    figures = json.loads(out.read_text())
+    assert figures["committed"]["fossilize"]["fossilized"] == 1 and figures["committed"]["probation"]["fossilized"] == 0
+    assert figures["committed"]["fossilize"]["discounted total"] > figures["committed"]["probation"]["discounted total"]
