@@ -313,6 +313,8 @@ def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finis
          "--max-epochs", "1000", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
          "--output", str(out), *overlap],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a shell's background job ignores SIGINT, and a child inherits that: give the command Ctrl-C as a terminal would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []
     round_seconds = None

@@ -50,7 +50,7 @@ class EpisodeSummary:
     """The episode ended early, by a governor rollback (a full run ends after max_epochs)."""
     seconds: float
     test_accuracy: float | None = None
-    """Final model's accuracy on the held-out test split (measured only by evaluations)."""
+    """The committed model's accuracy on the held-out test split (measured only by evaluations)."""
     test_loss: float | None = None
     final_accuracy_with_probation: float | None = None
     """Validation accuracy with the seeds still on probation in, at their last alpha (= final_accuracy without any)."""
