@@ -209,12 +209,12 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
     """The full cost of each arm's controller beyond its evaluation episodes: a PPO arm's training host runs, a
     fixed arm's sweep (as its experiment file states it)."""
     spec = record.spec
+    settings = {t.arm: t.train for t in spec.trials()}  # envs, episodes and epochs are the same for every seed
     rows = []
     for arm in spec.arms:
         kind = spec.controller(arm)
-        train = spec._arm_settings(arm)
         if kind is ControllerKind.PPO:
-            cfg = TrainConfig.from_mapping({**train, "seed": spec.seeds[0]})
+            cfg = TrainConfig.from_mapping(settings[arm])
             runs = spec.rounds * cfg.envs * cfg.episodes_per_env
             rows.append(f"| {arm} | {runs:,} host runs of {cfg.max_epochs} epochs per seed ({spec.rounds} rounds x {cfg.envs} "
                         f"envs x {cfg.episodes_per_env} episodes) |")

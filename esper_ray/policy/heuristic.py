@@ -153,7 +153,6 @@ class HeuristicController:
             given = dataclasses.replace(given, plateau_threshold=DEFAULT_PLATEAU_THRESHOLDS[topology])
         self.cfg = given.scaled_to(max_epochs)
         self.rotation = self.cfg.rotation_for(topology)
-        self.plateau_threshold: float = self.cfg.plateau_threshold  # type: ignore[assignment]
         self.offsets = head_offsets(len(self.slot_ids))
         self.reset()
 
@@ -173,7 +172,7 @@ class HeuristicController:
             t.stable_run = t.stable_run + 1 if low < change < high else 0
             t.stabilised = t.stabilised or t.stable_run >= cfg.stable_epochs
             gain = accuracy - t.accuracies[-1]
-            t.plateau_run = t.plateau_run + 1 if gain < self.plateau_threshold else 0
+            t.plateau_run = t.plateau_run + 1 if gain < cfg.plateau_threshold else 0  # type: ignore[operator]
         t.losses.append(loss)
         t.accuracies.append(accuracy)
         t.penalties = {b: p * 0.5 for b, p in t.penalties.items() if p * 0.5 >= 0.1}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 EXIT_CODE = 128 + signal.SIGTERM
@@ -44,16 +44,8 @@ def sigterm_raises_terminated() -> Iterator[None]:
 
     Python can only set signal handlers from the main thread; elsewhere (a Tune trial's thread) this does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
+    with _sigterm_handler(_raise_terminated):
         yield
-        return
-    _received.clear()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        # None: the handler before was not Python's (Ray's native one); the default ends the process quietly
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -64,9 +56,6 @@ def sigterm_acts_as_ctrl_c() -> Iterator[None]:
     fit() return); a KeyboardInterrupt raised inside its loop instead would skip that save. Enter it after
     ray.init, like sigterm_raises_terminated; in other threads it does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
         _received.set()
@@ -76,9 +65,21 @@ def sigterm_acts_as_ctrl_c() -> Iterator[None]:
         else:
             raise Terminated()
 
+    with _sigterm_handler(as_ctrl_c):
+        yield
+
+
+@contextlib.contextmanager
+def _sigterm_handler(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Within, in the main thread: `handler` answers SIGTERM (and no SIGTERM has been received yet); the handler
+    before is restored after. Elsewhere it does nothing: Python sets signal handlers from the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _received.clear()
-    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
+        # None: the handler before was not Python's (Ray's native one); the default ends the process quietly
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
