@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from esper_ray.cli import main
-from esper_ray.contracts.actions import Blueprint, Op, decode_joint
+from esper_ray.contracts.actions import Blueprint, Op, decode_joint, topology_blueprints
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.observation import EpochView, blueprint_ids, build_features
-from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
+from esper_ray.policy.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController
 from esper_ray.train.heuristic import run_heuristic
 from tests.morpho_helpers import drive_to
 
@@ -128,7 +128,12 @@ def test_heuristic_rotation_must_fit_the_host_topology():
         HeuristicController(["r0c0"], 10, HeuristicConfig(rotation=(Blueprint.CONV_LIGHT, Blueprint.LORA)))
     with pytest.raises(ValueError, match=r"rotation: \['conv_light'\] are not transformer blueprints"):
         HeuristicController(["r0c0"], 10, HeuristicConfig(rotation=(Blueprint.CONV_LIGHT,)), topology="transformer")
-    assert HeuristicController(["r0c0"], 10, topology="transformer").rotation[0] is Blueprint.LORA
+    # On a transformer the default rotation starts with the original's (CNN) rotation less what a transformer cannot
+    # take, in its order, so the one lifecycle a short run has goes to attention.
+    fits = topology_blueprints("transformer")
+    original_order = [b for b in DEFAULT_ROTATION if b in fits]
+    rotation = HeuristicController(["r0c0"], 10, topology="transformer").rotation
+    assert list(rotation[: len(original_order)]) == original_order and rotation[0] is Blueprint.ATTENTION
 
 
 def test_heuristic_cli_prints_each_episode_as_json(capsys):

@@ -42,8 +42,10 @@ from esper_ray.env.observation import (
 from esper_ray.policy.baselines import lifecycle_action
 
 DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
-# The original's rotation is for CNNs; on a transformer host the cheap adapters come first.
-TRANSFORMER_ROTATION = (Blueprint.LORA, Blueprint.MLP_SMALL, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.LORA_LARGE)
+# On a transformer host: the original's rotation less the blueprints a transformer cannot take (attention, norm),
+# then the transformer-only ones. A 25-epoch run has room for one lifecycle, so the first blueprint is the one
+# tried; with the cheap adapters first (as before issue 30) it was lora, pruned on text-starved every time.
+TRANSFORMER_ROTATION = (Blueprint.ATTENTION, Blueprint.NORM, Blueprint.LORA, Blueprint.MLP_SMALL, Blueprint.LORA_LARGE)
 DEFAULT_ROTATIONS = {"cnn": DEFAULT_ROTATION, "transformer": TRANSFORMER_ROTATION}
 # Plateau thresholds (fraction of validation accuracy gained in an epoch). The original's 0.5 pp is for images.
 # A byte-level language model's per-token accuracy keeps climbing by 0.4-1.7 pp an epoch for dozens of epochs
