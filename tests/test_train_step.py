@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, Blueprint, Op, encode_joint
+from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, Blueprint, Op, Style, encode_joint
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env import train_step
@@ -191,3 +191,48 @@ def test_a_flex_attention_seed_trains_through_blending_on_cuda_with_graphs_on():
     captures, losses = text_episode_with_a_seed(env, Blueprint.FLEX_ATTENTION)
     assert captures[:2] == [1, 2] and captures[-1] == 2  # the host alone's batches were captured; the seed's ran eagerly
     assert all(math.isfinite(v) for v in losses)
+
+
+def _gated_seed_steps(fused: bool, start_momentum: bool) -> list[torch.Tensor]:
+    """A conv_light seed blended by a learned gate, trained through TRAINING (the gate gets no gradient: alpha is 0)
+    into BLENDING (now it does), with the fused SGD kernel the env uses on CUDA or the foreach one (CPU)."""
+    model = make_model(["r0c1"], auto_forward=False)
+    slot = model.slots["r0c1"]
+    drive_to(slot, Stage.TRAINING, style=Style.GATED_GATE)
+    slot.optimizer = torch.optim.SGD(slot.seed_parameters(), lr=0.05, momentum=0.9, fused=fused)
+    host_optimizer = torch.optim.SGD(model.host.parameters(), lr=0.05, momentum=0.9, fused=fused)
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 1, 8, 8, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+    original = train_step.start_momentum_of_new_grads
+    if not start_momentum:
+        train_step.start_momentum_of_new_grads = lambda optimizer: None
+    try:
+        for stage in (Stage.TRAINING, Stage.BLENDING):
+            if stage is Stage.BLENDING:
+                drive_from_training_to_blending(slot)
+            step = TrainStep(model, host_optimizer, Precision(), 1.0, Accumulators(torch.device("cpu")))
+            for _ in range(3):
+                step(x, y)
+    finally:
+        train_step.start_momentum_of_new_grads = original
+    return [p.detach().clone() for p in slot.seed_parameters()]
+
+
+def drive_from_training_to_blending(slot) -> None:
+    for _ in range(slot.cfg.min_training_epochs):
+        slot.step_epoch()
+    give_healthy_gradients(slot)
+    assert slot.advance() and slot.stage is Stage.BLENDING
+    slot.step_epoch()  # alpha > 0: the gate is in the forward pass
+
+
+def test_a_gate_that_first_gets_gradients_when_blending_steps_with_the_fused_optimizer():
+    # The A/B of issue 30 on H200s lost 1-5 env steps a round to this: the fused kernel takes a group's momentum
+    # buffers as all new or all there, and the gate's arrive after the seed's.
+    with pytest.raises(TypeError, match="NoneType"):
+        _gated_seed_steps(fused=True, start_momentum=False)
+    fused = _gated_seed_steps(fused=True, start_momentum=True)
+    foreach = _gated_seed_steps(fused=False, start_momentum=False)  # torch's own path, which starts buffers itself
+    assert len(fused) == len(foreach) > 0
+    for a, b in zip(fused, foreach):
+        torch.testing.assert_close(a, b)

@@ -127,6 +127,7 @@ class TrainStep:
         for s in self.slots:
             torch.nn.utils.clip_grad_norm_(s.seed_parameters(), self.max_grad_norm)
         for opt in optimizers:
+            start_momentum_of_new_grads(opt)  # type: ignore[arg-type]
             if scaler is not None:
                 scaler.step(opt)  # type: ignore[arg-type]
             else:
@@ -135,6 +136,23 @@ class TrainStep:
             scaler.update()
         self.acc.loss_sum += loss.detach() * y.numel()  # summed over predictions: samples, or tokens for text
         self.acc.correct += (logits.argmax(dim=-1) == y).sum()
+
+
+def start_momentum_of_new_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Give a zero momentum buffer to each parameter that has a gradient for the first time in a group whose
+    other parameters already have one. A seed's gate (GatedBlend) first gets gradients when the seed starts to
+    blend, after the seed's own parameters have stepped; the fused SGD kernel (CUDA) takes a group's buffers as
+    all new or all there and raised TypeError on the mix, losing the env step. A zero buffer gives what a first
+    step gives (buffer = gradient, SGD's dampening being 0), so the foreach path (CPU) computes the same as before.
+    This runs in the eager step before a structure is captured, so a captured step finds every buffer there."""
+    for group in optimizer.param_groups:
+        if group.get("momentum", 0) == 0:
+            continue
+        with_grad = [p for p in group["params"] if p.grad is not None]
+        missing = [p for p in with_grad if optimizer.state[p].get("momentum_buffer") is None]
+        if missing and len(missing) < len(with_grad):
+            for p in missing:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 class CapturedStep:
