@@ -184,8 +184,10 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     trials = len(spec.trials())
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
+    cap = spec.max_concurrent_trials
+    at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
-          f"then {spec.eval_episodes} evaluation episodes each), up to {spec.max_concurrent_trials} at once; output {output}",
+          f"then {spec.eval_episodes} evaluation episodes each), {at_once} at once; output {output}",
           flush=True)
     resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
     try:
@@ -318,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
     ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
     ab.add_argument("--max-concurrent-trials", type=int, metavar="N",
-                    help="trials at once, as resources allow (default: the experiment file's max_concurrent_trials); give "
-                    "the same value again with --resume")
+                    help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
+                    "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed")
     ab.add_argument("--save", action="store_true",
                     help="keep every evaluation episode's grown network, of every arm (PPO and baselines), in "
                     "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))")

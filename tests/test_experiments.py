@@ -3,6 +3,7 @@ resume checks, and end-to-end runs on a local Ray (one whose arms must differ)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -21,6 +22,7 @@ from esper_ray.data.datasets import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
 from esper_ray.experiments.results import COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
 from esper_ray.experiments.statistics import compare_arms
+from esper_ray.experiments.runner import check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 from esper_ray.experiments.trainable import evaluation_metrics
 from esper_ray.train.episodes import EpisodeSummary
@@ -341,6 +343,8 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
     with pytest.raises(SystemExit):  # its trials were started without keeping networks: --save cannot apply now
         main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path), "--resume", "--save"])
     assert "was started without --save" in capsys.readouterr().err
+    # The cap on trials at once is the machine's: resuming on another machine with another cap is the same run.
+    check_same_experiment(dataclasses.replace(smoke, max_concurrent_trials=7), tmp_path, "/x/smoke.yaml")
 
 
 # ------------------------------------------------------------------------------- on a local Ray
@@ -361,6 +365,7 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     assert "## Verdict" in (out / "report.md").read_text()
     printed = capsys.readouterr().out
     assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed
+    assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed and "no cap" in printed  # smoke sets none
     # --save: every evaluation episode's network, the PPO arm's (sent back by its env runner) and the baseline's
     assert f"networks: 8 grown networks in {out / 'networks'}" in printed
     data = load_task_data("digits-impaired")

@@ -22,7 +22,9 @@ from typing import Any
 import ray
 from ray import tune
 
+from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.experiments.concurrency import describe
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import EXPERIMENT_FILE, TRIAL_DIR_RE, TUNE_DIR, collect_trials, read_experiment_file
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
@@ -106,6 +108,13 @@ class TrialEvents(tune.Callback):
                    f"({self._done(trials)}/{self.total} done)")
 
 
+def trial_resources(spec: ExperimentSpec, arm: str) -> dict[str, float]:
+    """What one trial of `arm` asks Tune for, summed over its bundles (resource -> amount)."""
+    trial = next(t for t in spec.trials() if t.arm == arm)
+    config = {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}
+    return dict(MorphoTrial.default_resource_request(config).required_resources)
+
+
 def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
     """Every arm's env settings work (built once here), and each trial fits the machine: a trial larger than the
     whole cluster would wait in Tune's queue for ever."""
@@ -113,8 +122,7 @@ def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
     for arm in spec.arms:
         trial = next(t for t in spec.trials() if t.arm == arm)
         check_env_config(TrainConfig.from_mapping(trial.train), log=lambda _: None)
-        config = {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}
-        need = MorphoTrial.default_resource_request(config).required_resources
+        need = trial_resources(spec, arm)
         short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
         if short:
             what = ", ".join(f"{v:g} {k} (there are {h:g})" for k, (v, h) in short.items())
@@ -122,6 +130,14 @@ def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
             if local:
                 raise ValueError(message)
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
+
+
+def concurrency_line(spec: ExperimentSpec) -> str:
+    """What the cluster fits at once, per kind of trial (a PPO trial asks for more than a baseline one)."""
+    requests: dict[str, dict[str, float]] = {}
+    for arm in spec.arms:
+        requests.setdefault("ppo" if spec.controller(arm) is ControllerKind.PPO else "baseline", trial_resources(spec, arm))
+    return describe(requests, ray.cluster_resources(), spec.max_concurrent_trials)
 
 
 def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False) -> list[TrialSpec]:
@@ -146,9 +162,12 @@ def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None
     if save_networks and not stored.get("save_networks", False):
         raise ValueError(f"--resume --save: the run in {output} was started without --save, and its trials keep the "
                          "settings they started with; start a new run with --save and another --output")
-    if stored["experiment"] != spec.to_dict():
-        differing = sorted(k for k in set(stored["experiment"]) | set(spec.to_dict())
-                           if stored["experiment"].get(k) != spec.to_dict().get(k))
+    # The cap on trials at once is the machine's, not the experiment's (a flag may set it): it does not decide
+    # whether this is the same run. Tune restores a run with the cap it started with.
+    machine_keys = {"max_concurrent_trials"}
+    started, given = (({k: v for k, v in d.items() if k not in machine_keys}) for d in (stored["experiment"], spec.to_dict()))
+    if started != given:
+        differing = sorted(k for k in set(started) | set(given) if started.get(k) != given.get(k))
         raise ValueError(
             f"--resume: {output} holds a run of experiment {stored['experiment']['name']!r} from "
             f"{stored.get('source') or 'an unrecorded file'}, but {source or 'the given experiment'} differs in {differing}; "
@@ -238,6 +257,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                     output.mkdir(parents=True, exist_ok=True)
                     ordered = plan(spec, output, source, save_networks)
                 tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds))
+                print(concurrency_line(spec), flush=True)
             print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
                 tuner.fit()

@@ -11,7 +11,7 @@
     seeds: [0, 1, 2, 3, 4, 5, 6, 7] # one list, shared by every arm: same host init, data order, eval episodes
     rounds: 20                      # PPO rounds per trial (baseline controllers do not train)
     training: {task: digits-impaired, max_epochs: 25, envs: 2}   # settings common to all arms
-    max_concurrent_trials: 2
+    max_concurrent_trials: 2        # optional: a cap (default: as many as the cluster's CPUs and GPUs fit)
     metric: test_accuracy           # held-out test accuracy of the final host over the evaluation episodes
     eval_episodes: 4
     alpha: 0.05
@@ -80,8 +80,9 @@ class ExperimentSpec:
     """PPO training rounds per trial; baseline controllers do not train and only run the evaluation."""
     training: Mapping[str, Any] = field(default_factory=dict)
     """Training settings common to every arm (TrainConfig keys: task, max_epochs, envs, resources, ...)."""
-    max_concurrent_trials: int = 2
-    """Trials running at once (as resources allow)."""
+    max_concurrent_trials: int | None = None
+    """A cap on the trials running at once. None (the default): as many as the cluster's CPUs and GPUs fit
+    (experiments/concurrency.py; Tune queues the rest), so a file runs unchanged on a laptop or four GPUs."""
     metric: str = "test_accuracy"
     """test_accuracy (default: the final host's accuracy on the held-out test split, mean over the evaluation
     episodes), test_accuracy_per_param (per 1,000 parameters), rollout_accuracy (validation accuracy at the end
@@ -122,8 +123,10 @@ class ExperimentSpec:
             raise ValueError(f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
-        for name, minimum in (("rounds", 1), ("max_concurrent_trials", 1), ("eval_episodes", 1), ("max_failures", 0)):
+        for name, minimum in (("rounds", 1), ("eval_episodes", 1), ("max_failures", 0)):
             check_int(name, getattr(self, name), minimum)
+        if self.max_concurrent_trials is not None:
+            check_int("max_concurrent_trials", self.max_concurrent_trials, 1)
         if self.last_rounds is not None:
             check_int("last_rounds", self.last_rounds, 1)
         if self.order_seed is not None and (isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0):

@@ -1,0 +1,46 @@
+"""Trials at once come from the cluster's resources (experiments/concurrency.py): constructed clusters of N CPUs
+and G GPUs against what the shipped experiment files' trials ask for."""
+
+from __future__ import annotations
+
+import pytest
+
+from esper_ray.experiments.concurrency import describe, fits_at_once
+from esper_ray.experiments.runner import trial_resources
+from esper_ray.experiments.spec import ExperimentSpec
+
+
+def test_fits_at_once_is_set_by_the_scarcest_resource():
+    need = {"CPU": 2.5, "GPU": 0.25}
+    assert fits_at_once(need, {"CPU": 16, "GPU": 1}) == 4       # the GPU limits
+    assert fits_at_once(need, {"CPU": 64, "GPU": 4}) == 16
+    assert fits_at_once(need, {"CPU": 8, "GPU": 4}) == 3        # the CPUs limit
+    assert fits_at_once(need, {"CPU": 64}) == 0                 # no GPU: none fits
+    assert fits_at_once({"CPU": 0.5}, {"CPU": 2, "GPU": 8}) == 4  # a CPU trial ignores GPUs
+    with pytest.raises(ValueError, match="must ask for some resource"):
+        fits_at_once({"CPU": 0.0}, {"CPU": 2})
+
+
+@pytest.mark.parametrize("cpus, gpus, ppo_at_once", [(16, 1, 4), (32, 2, 8), (64, 4, 16), (128, 8, 32)])
+def test_the_text_experiment_fills_one_two_four_or_eight_gpus_unchanged(cpus, gpus, ppo_at_once):
+    spec = ExperimentSpec.from_yaml("tune_configs/text.yaml")
+    assert spec.max_concurrent_trials is None  # the file does not size itself for a machine
+    have = {"CPU": float(cpus), "GPU": float(gpus)}
+    assert fits_at_once(trial_resources(spec, "ppo"), have) == ppo_at_once
+    assert fits_at_once(trial_resources(spec, "none"), have) >= ppo_at_once  # a baseline trial asks for less
+
+
+def test_the_cnn_experiment_on_two_cores_runs_one_ppo_trial_beside_a_baseline():
+    spec = ExperimentSpec.from_yaml("tune_configs/controllers.yaml")
+    have = {"CPU": 2.0}
+    ppo, baseline = trial_resources(spec, "ppo"), trial_resources(spec, "none")
+    assert fits_at_once(ppo, have) == 1 and ppo["CPU"] + baseline["CPU"] <= 2.0
+    assert fits_at_once(ppo, {"CPU": 32.0}) == 21
+
+
+def test_the_line_names_each_kind_of_trial_and_the_cap():
+    line = describe({"ppo": {"CPU": 2.5, "GPU": 0.25}, "baseline": {"CPU": 0.5, "GPU": 0.0625}},
+                    {"CPU": 64.0, "GPU": 4.0, "memory": 1e11}, cap=None)
+    assert line == ("trials at once on 64 CPU, 4 GPU: 16 ppo trials at once (2.5 CPU, 0.25 GPU each); "
+                    "64 baseline trials at once (0.5 CPU, 0.0625 GPU each); no cap (max_concurrent_trials not set)")
+    assert describe({"ppo": {"CPU": 1.5}}, {"CPU": 2.0}, cap=1).endswith("capped at 1 by max_concurrent_trials")
