@@ -10,7 +10,7 @@
 controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
 (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
 their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
-share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/capture_costs.py
+share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
 splits those steps further). Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar

@@ -4,7 +4,7 @@ Why: an env captures its train step and its validation pass again whenever its m
 germination, a stage that changes the step's code, a prune. With a random controller that is about 8 captures an
 episode. `torch.cuda.graph` synchronises the device and hands every cached block back to the driver before each
 capture, so the eager steps after it allocate from the driver again, and each graph gets a private pool of its own,
-which only that hand-back frees. Measured with benchmarks/capture_costs.py (H100, 4 envs under MPS): a step that
+which only that hand-back frees. Measured with benchmarks/probes/capture_costs.py (H100, 4 envs under MPS): a step that
 captured took 90.7 ms against 50.8 ms for a plain one, and such steps were half of the wall. Leaving out the
 hand-back alone is no cure: the pools of dropped graphs then pile up until the card runs out of memory.
 

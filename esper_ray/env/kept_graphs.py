@@ -4,8 +4,8 @@ step (train_step.StepGraphs) and validation pass (validation_graph.ValidationGra
 Why kept by key rather than one at a time: the model comes back to structures it had. After a prune the host trains
 alone again, and every episode starts with the host alone (the env keeps its host's tensors across episodes), so
 the graphs of the host alone are replayed again instead of warmed up and captured anew. Each capture with its
-warm-up made a step some 40 ms slower (benchmarks/capture_costs.py, H100, 4 envs under MPS). A key holds every object
-its graph's kernels read, so an equal key means a graph that computes what an eager run would.
+warm-up made a step some 40 ms slower (benchmarks/probes/capture_costs.py, H100, 4 envs under MPS). A key holds
+every object its graph's kernels read, so an equal key means a graph that computes what an eager run would.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Why: the image hosts' layers have 8 to 32 channels, so a training step is many short kernels, and cuDNN's batch norm
 and ATen's channels-last max-pool are among the costliest of them. Through torch.compile, Inductor keeps cuDNN's
 convolution and writes the batch norm's statistics and normalisation, the ReLU and the pool, forward and backward,
-as a few Triton kernels. Measured in a captured step of the cifar10 host (benchmarks/fusion_probe.py, one H200, bf16):
-1.628 -> 1.293 us of GPU time a training sample; four processes under MPS 1,055,302 -> 1,335,862 samples/s.
+as a few Triton kernels. Measured in a captured step of the cifar10 host (benchmarks/probes/fusion_probe.py, one
+H200, bf16): 1.628 -> 1.293 us of GPU time a training sample; four processes under MPS 1,055,302 -> 1,335,862
+samples/s.
 
 Where: only inside `fusing(True)`, which the env's train step enters for every batch of an epoch but the last
 (train_step.py). Those batches all have the env's batch size, so each block is compiled once per batch shape,

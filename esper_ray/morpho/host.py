@@ -41,10 +41,10 @@ class ConvBlock(nn.Module):
 
     `full_precision`: in eval mode, compute in fp32 whatever the autocast. The host's first block reads the image's
     1 to 3 channels, and for so few cuDNN's bf16 convolution is a generic direct kernel: on an H100 its fp32 (TF32)
-    one took 682 us for a 10,000-image validation chunk against 1,523 in bf16 (benchmarks/first_conv.py). Training
-    keeps the autocast: there fp32 saved little (196 against 259 us for a batch of 512, forward and weight gradient)
-    and cuDNN's fp32 weight gradient for 3 channels is a non-deterministic algorithm, which made two eager runs of one
-    episode differ (benchmarks/graph_check.py).
+    one took 682 us for a 10,000-image validation chunk against 1,523 in bf16 (benchmarks/probes/first_conv.py).
+    Training keeps the autocast: there fp32 saved little (196 against 259 us for a batch of 512, forward and weight
+    gradient) and cuDNN's fp32 weight gradient for 3 channels is a non-deterministic algorithm, which made two eager
+    runs of one episode differ (benchmarks/graph_check.py).
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, full_precision: bool = False) -> None:

@@ -171,7 +171,7 @@ class SeedSlot(nn.Module):
         self.initial_curve = style.curve
         self.metrics = SeedMetrics(accuracy_at_germination=self.last_accuracy, accuracy_at_stage_start=self.last_accuracy)
         # On CUDA the fused SGD kernel: one launch a step instead of the foreach version's several (a captured step
-        # of the cifar10 host, bf16, H200: 1.628 -> 1.513 us a training sample, benchmarks/fusion_probe.py).
+        # of the cifar10 host, bf16, H200: 1.628 -> 1.513 us a training sample, benchmarks/probes/fusion_probe.py).
         self.optimizer = torch.optim.SGD(self.seed_parameters(), lr=self.cfg.seed_lr, momentum=self.cfg.seed_momentum,
                                          fused=device.type == "cuda")
         return _OK

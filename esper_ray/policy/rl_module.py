@@ -81,7 +81,7 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         if x.shape[1] == 1 and x.device.type == "cpu":
             # One step (sampling in an env runner): the plain LSTM cell. nn.LSTM on the CPU goes through oneDNN, which
             # re-packs the weights on every call: 5.0-5.8 ms against 0.21-0.23 ms a step for the 512-unit `gpu` preset
-            # on one core (0.08 against 0.02 ms for `cpu`; benchmarks/lstm_step.py); same weights, same math.
+            # on one core (0.08 against 0.02 ms for `cpu`; benchmarks/probes/lstm_step.py); same weights, same math.
             lstm = self.lstm
             h, c = torch.lstm_cell(x[:, 0], (state["h"], state["c"]), lstm.weight_ih_l0, lstm.weight_hh_l0,
                                    lstm.bias_ih_l0, lstm.bias_hh_l0)

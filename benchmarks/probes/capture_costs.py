@@ -1,8 +1,8 @@
 """What an env's CUDA-graph captures cost: the wall of capturing steps against plain ones, and where it goes.
 
-    python benchmarks/capture_costs.py                 # 4 env processes under a private MPS daemon, as throughput.py's bare half
-    python benchmarks/capture_costs.py --procs 1 --no-mps
-    python benchmarks/capture_costs.py --profile-eager 3     # and where 3 eager warm-up steps spend their CPU time
+    python benchmarks/probes/capture_costs.py            # 4 env processes under private MPS, as throughput.py's bare half
+    python benchmarks/probes/capture_costs.py --procs 1 --no-mps
+    python benchmarks/probes/capture_costs.py --profile-eager 3   # and where 3 eager warm-up steps spend their CPU time
 
 Each process steps one env of `benchmarks/throughput.py --gpu` (random controller) for `--seconds` after an episode of
 warm-up. A step whose structure changed (episode start, a germination, a stage that changes the step's code, a prune)
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for throughput.py
 from throughput import (Setup, _show_one_gpu, bare_mps, graph_captures, machine, run_processes,  # noqa: E402
                         warmed_up_env)
 

@@ -1,7 +1,7 @@
 """What fusing the host's layers saves in the captured train step: the measurements behind esper_ray/morpho/fused_block.py.
 
-    python benchmarks/fusion_probe.py                      # one process, every variant, fp32 and bf16
-    python benchmarks/fusion_probe.py --procs 4 --variants env,unfused   # 4 processes at once (start MPS first)
+    python benchmarks/probes/fusion_probe.py                     # one process, every variant, fp32 and bf16
+    python benchmarks/probes/fusion_probe.py --procs 4 --variants env,unfused  # 4 processes at once (start MPS first)
 
 Each variant trains the cifar10 host (slot r0c1 dormant, batch 512, the env's SGD settings) with the env's own
 TrainStep, captured as a CUDA graph as train_step.py does, and times 200 replays with CUDA events: the GPU time

@@ -1,11 +1,11 @@
 """The host's first convolution (3 -> 8 channels, 3x3, 32x32 images) computed several ways, on this GPU.
 
-    python benchmarks/first_conv.py
+    python benchmarks/probes/first_conv.py
 
 cuDNN runs a channels-last convolution with 3 input channels on a generic direct kernel, the costliest single
-kernel of a cifar10 training step (benchmarks/fusion_probe.py --profile). Each way below is captured in a CUDA graph
-and timed over replays: the forward and weight gradient of a training batch of 512 (the input needs no gradient),
-and the forward of a 10,000-sample validation chunk, bf16 and fp32. Prints a table and one JSON line.
+kernel of a cifar10 training step (benchmarks/probes/fusion_probe.py --profile). Each way below is captured in a
+CUDA graph and timed over replays: the forward and weight gradient of a training batch of 512 (the input needs no
+gradient), and the forward of a 10,000-sample validation chunk, bf16 and fp32. Prints a table and one JSON line.
 
   nhwc      F.conv2d on channels-last input (what the host does)
   nchw      F.conv2d on contiguous input, its output turned channels-last
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from fusion_probe import gpu_us  # benchmarks/ is on sys.path when this runs as a script
+from fusion_probe import gpu_us  # benchmarks/probes/ is on sys.path when this runs as a script
 
 
 def nhwc(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """RLlib's own work per env step inside one env runner, without Ray's processes around it, on this machine.
 
-    python benchmarks/env_runner_overhead.py [--episodes 4] [--model gpu]
+    python benchmarks/probes/env_runner_overhead.py [--episodes 4] [--model gpu]
 
 Builds the env runner `esper-ray train` uses (the default train settings; env runner 1 of 2, so shard 0 of
 2) in this process, with one torch thread as a runner has, and samples whole episodes from it. The env's

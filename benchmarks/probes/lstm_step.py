@@ -1,7 +1,7 @@
 """One LSTM step on the CPU, one thread: nn.LSTM (oneDNN) against torch.lstm_cell with the same weights, for the
 policy's two size presets. Why MorphoPolicyModule steps with the cell when it samples (esper_ray/policy/rl_module.py).
 
-    python benchmarks/lstm_step.py
+    python benchmarks/probes/lstm_step.py
 
 Prints one JSON line: milliseconds per step of each, and whether their outputs agree to 1e-5.
 """

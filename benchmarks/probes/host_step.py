@@ -1,7 +1,7 @@
 """The host's GPU work alone (one train epoch + one validation pass, as an env step does them), in N processes.
 
-    python benchmarks/host_step.py --procs 4                    # 4 processes sharing the GPU (start MPS first)
-    python benchmarks/host_step.py --procs 1 --layout nchw --amp bf16 --cudnn-benchmark
+    python benchmarks/probes/host_step.py --procs 4             # 4 processes sharing the GPU (start MPS first)
+    python benchmarks/probes/host_step.py --procs 1 --layout nchw --amp bf16 --cudnn-benchmark
 
 Each process trains the cifar10 host (slot r0c1 dormant) on its own 12,500-sample synthetic shard, batch 512,
 with the env's optimizer settings, the cifar10 task's crop-and-flip augmentation (which the throughput
