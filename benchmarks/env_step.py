@@ -21,11 +21,13 @@ import torch
 from esper_ray.contracts.env_config import AMP_MODES
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicController
+from throughput import commit  # benchmarks/ is on sys.path when this runs as a script
 
 
 def machine() -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {gpu}"
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {gpu}, "
+            f"commit {commit()}")
 
 
 def main() -> None:

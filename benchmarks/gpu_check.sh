@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GPU check and figures, for the device machine (see README "GPU"). Writes logs under ${OUT:-/tmp/esper-gpu}.
+# GPU check and figures, for the device machine (see docs/gpu.md). Writes logs under ${OUT:-/tmp/esper-gpu}.
 #   bash benchmarks/gpu_check.sh
 set -uo pipefail
 out="${OUT:-/tmp/esper-gpu}"; mkdir -p "$out"
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+# The card and the commit go into every file that holds figures (benchmarks/README.md, "Results").
+card="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no git here)')"
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+"
+echo "commit $commit" | tee -a "$out/gpu.txt"
 # 1. The env's tests with device=auto, i.e. on CUDA here (streams, device-resident shards, GPU augmentation,
 #    captured train steps, the text task and its transformer seeds, flex_attention included, and a flex_attention
 #    seed trained through BLENDING with cuda_graphs on, the captured validation pass against the eager one, and the
@@ -16,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 OMP_NUM_THREADS=2 python3 -m pytest -n 6 -v --durations=20 -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
   tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py \
   tests/test_morpho_forward.py tests/test_fused_block.py tests/test_graph_memory.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
-grep -E "FAILED|ERROR|passed|failed" "$out/pytest_cuda_log.txt" | tail -20 | tee "$out/pytest_cuda.txt"
+{ echo "# $card, commit $commit"; grep -E "FAILED|ERROR|passed|failed" "$out/pytest_cuda_log.txt" | tail -20; } | tee "$out/pytest_cuda.txt"
 # 2. Captured CUDA graphs train what the eager loop trains (per-epoch losses within float tolerance), and how fast.
 python3 benchmarks/graph_check.py 2>&1 | tee "$out/graph_check.txt"
 # 3. Seconds per env step by phase, on CUDA.

@@ -20,6 +20,7 @@ import torch
 from esper_ray.contracts.actions import Blueprint, Op, encode_joint
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.baselines import wait_action
+from throughput import commit  # benchmarks/ is on sys.path when this runs as a script
 
 # Graph and eager run the same kernels, but cuDNN's fast backward is not deterministic, so per-epoch losses may
 # drift apart by float noise; the eager-vs-eager difference is printed beside it to show that noise's size.
@@ -62,10 +63,11 @@ def main() -> int:
     spread = float(np.max(np.abs(eager - again) / np.maximum(np.abs(eager), 1e-12)))
     print(f"eager against eager (the same run twice): worst relative difference {spread:.2e}")
     rates = {f"{amp}_{'graph' if g else 'eager'}": round(samples_per_second(g, amp)) for amp in ("off", "bf16") for g in (False, True)}
-    print(f"card {torch.cuda.get_device_name(0)}; worst relative difference of per-epoch losses, graph vs eager: {worst:.2e}")
+    print(f"card {torch.cuda.get_device_name(0)}, commit {commit()}; worst relative difference of per-epoch losses, "
+          f"graph vs eager: {worst:.2e}")
     for name, rate in rates.items():
         print(f"  one env, train phase, {name:>10}: {rate:>9,} samples/s")
-    print(json.dumps({"card": torch.cuda.get_device_name(0), "max_relative_loss_difference": worst,
+    print(json.dumps({"card": torch.cuda.get_device_name(0), "commit": commit(), "max_relative_loss_difference": worst,
                       "eager_rerun_difference": spread, "samples_per_s": rates,
                       "within_tolerance": worst <= TOLERANCE}))
     return 0 if worst <= TOLERANCE else 1

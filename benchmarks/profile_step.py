@@ -33,6 +33,7 @@ from esper_ray.cli import parse_env_overrides
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.morpho import fused_block
 from esper_ray.policy.baselines import RandomController
+from throughput import commit  # benchmarks/ is on sys.path when this runs as a script
 
 PHASES = ("train_epoch", "validation")
 
@@ -111,7 +112,7 @@ def main() -> None:
         sync()
     wall = (time.perf_counter() - start) / args.steps
     card = torch.cuda.get_device_name(0) if cuda else "no GPU"
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {card}")
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {card}, commit {commit()}")
     print(f"settings: {config}")
     print(f"wall per step {wall * 1e3:.1f} ms ({len(env.shard) / wall:,.0f} train samples/s, one process)")
     print("env phases (wall ms/step): " + ", ".join(f"{k} {1e3 * v / args.steps:.1f}" for k, v in phases.items())
@@ -130,7 +131,7 @@ def main() -> None:
           f"{kernels['validation']:.2f} ms ({val_us:.3f} us a validation sample), other {kernels['other']:.2f} ms; "
           f"validation {100 * share:.1f} % of {total:.2f} ms (GPU busy {100 * total / 1e3 / wall:.0f} % of wall)")
     print(events.table(sort_by="self_device_time_total", row_limit=args.top, max_name_column_width=70))
-    print(json.dumps({"card": card, "torch": torch.__version__, "settings": config, "fused_eval": not args.no_fused_eval, "fused_train": not args.no_fused_train,
+    print(json.dumps({"card": card, "commit": commit(), "torch": torch.__version__, "settings": config, "fused_eval": not args.no_fused_eval, "fused_train": not args.no_fused_train,
                       "wall_ms_per_step": round(1e3 * wall, 2), "kernel_ms_per_step": {k: round(v, 3) for k, v in kernels.items()},
                       "train_us_per_sample": round(train_us, 4), "validation_us_per_sample": round(val_us, 4),
                       "validation_share": round(share, 4)}))
