@@ -1,11 +1,13 @@
 """benchmarks/throughput.py in its CPU mode, once, as a smoke test: it runs and prints its JSON (no timing is
 asserted; speed figures belong to the benchmark's own output, on a named machine). benchmarks/roofline.py on the
-CPU against a hand count of the cifar10 host's layers and the published H200 peaks."""
+CPU against a hand count of the cifar10 host's layers and the published H200 peaks. And benchmarks/ as a user reads
+it: each script named in its folder's README, each results file naming its card and commit."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +101,69 @@ def test_roofline_reads_the_precision_a_results_file_resolved_and_fp32_from_olde
     results.write_text(json.dumps(record) + "\n" + json.dumps(older) + "\n")
     assert list(roofline("--from", str(results), "--line", "1")["precisions"]) == ["bf16"]
     assert list(roofline("--from", str(results), "--line", "2")["precisions"]) == ["fp32"]
+
+
+# ------------------------------------------------------------------------------- benchmarks/ and its results files
+# Issue 33: benchmarks/ holds what a user runs, each script named in its folder's README; every results file names
+# its card in its name and its commit inside (benchmarks/README.md, "Results").
+BENCHMARKS = REPO / "benchmarks"
+CARDS = {"h100": "H100", "h200": "H200", "a100": "A100", "b200": "B200", "cpu": "no GPU"}  # add a new card here
+NAME_CARD = re.compile(r"(?:^|_)(" + "|".join(CARDS) + r")(?:x\d+)?(?=_|$)")
+SHA = re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{7,40}(?![0-9A-Za-z])")
+
+
+def result_files() -> list[Path]:
+    return sorted(p for p in (BENCHMARKS / "results").iterdir() if p.is_file())
+
+
+def json_lines(path: Path) -> list[dict] | None:
+    """The file's lines as JSON objects, or None for a text file."""
+    if path.suffix not in (".json", ".jsonl"):
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def names_a_commit(record: dict) -> bool:
+    machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+    if machine.get("commit") or record.get("commit") or record.get("commit_recorded_after_the_fact"):
+        return True
+    return any(SHA.search(str(record.get(key) or "")) for key in ("code", "note", "label"))
+
+
+def test_every_script_in_benchmarks_and_its_probes_is_named_in_that_folders_readme():
+    for folder in (BENCHMARKS, BENCHMARKS / "probes"):
+        readme = (folder / "README.md").read_text()
+        scripts = sorted(p.name for p in folder.iterdir() if p.suffix in (".py", ".sh"))
+        assert scripts, folder
+        assert [s for s in scripts if f"`{s}`" not in readme] == [], folder
+
+
+def test_every_results_file_names_its_card_in_its_name_and_the_card_is_in_its_content():
+    files = result_files()
+    assert files
+    for path in files:
+        cards = NAME_CARD.findall(path.stem)
+        assert cards, f"{path.name}: no card in the name ({', '.join(CARDS)}, e.g. throughput_h200x2_DATE.jsonl)"
+        text = path.read_text()
+        for card in cards:
+            assert CARDS[card].lower() in text.lower(), f"{path.name} names {card}, its content does not"
+
+
+def test_every_json_line_of_the_results_names_its_commit_and_a_card_of_its_files_name():
+    for path in result_files():
+        records = json_lines(path)
+        if records is None:
+            continue
+        cards = {CARDS[c] for c in NAME_CARD.findall(path.stem)}
+        for number, record in enumerate(records, 1):
+            assert names_a_commit(record), f"{path.name} line {number}: no commit (machine.commit, or a note saying it)"
+            machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+            card = str(record.get("card") or machine.get("card") or "")
+            assert any(c.lower() in card.lower() for c in cards), f"{path.name} line {number}: card {card!r}"
+
+
+def test_every_text_file_of_the_results_names_its_commit_in_its_first_lines():
+    for path in result_files():
+        if json_lines(path) is None:
+            head = path.read_text().splitlines()[:3]
+            assert any(SHA.search(line) for line in head), f"{path.name}: no commit in its first three lines"
