@@ -16,7 +16,7 @@ from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import SLOT_FEATURES, slot_offset
 from esper_ray.morpho.counterfactual import build_plan
-from esper_ray.morpho.transformer_blueprints import LoRASeed
+from esper_ray.morpho.transformer_blueprints import AttentionSeed
 from esper_ray.policy.baselines import wait_action
 from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
 from esper_ray.train.episodes import run_episode
@@ -60,7 +60,7 @@ def test_a_heuristic_episode_on_text_germinates_a_transformer_seed():
                                      topology="transformer")
     summary = run_episode(env, controller, 0)
     assert summary.germinated >= 1 and summary.params_added + summary.params_on_probation > 0
-    assert isinstance(env.model.slot("r0c0").seed, LoRASeed)  # the transformer rotation starts with lora
+    assert isinstance(env.model.slot("r0c0").seed, AttentionSeed)  # the transformer rotation starts with attention
 
 
 def test_pair_interactions_reach_the_observation():
