@@ -16,7 +16,7 @@ import yaml
 
 from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import topology_blueprints
-from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
@@ -27,9 +27,10 @@ from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
-    host = build_host(args.task)
+    preset = EnvConfig(task=args.task, host_preset=args.host_preset).effective_host_preset  # the env's own rule
+    host = build_host(preset)
     blueprints = topology_blueprints(host.topology.value)
-    print(f"host {args.task} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
+    print(f"host {preset} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
     print(f"{'slot':<6}{'features':>14}" + "".join(f"{b.key:>15}" for b in blueprints))
     for slot in host.slot_ids:
         shape = " x ".join(str(d) for d in host.slot_shape(slot))
@@ -233,10 +234,11 @@ def experiment_source(path: Path, cwd: Path | None = None) -> str:
 
 def _print_report(run_dir: Path) -> None:
     from esper_ray.experiments.report import FIGURES
+    from esper_ray.train.viewer_hints import tensorboard_command
 
     print((run_dir / "report.md").read_text())
     print(f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
-          + ", ".join(str(run_dir / f) for f in FIGURES) + f"; TensorBoard: tensorboard --logdir {run_dir / 'tune'}")
+          + ", ".join(str(run_dir / f) for f in FIGURES) + f"; TensorBoard: {tensorboard_command(run_dir / 'tune')}")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -262,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
                           help="show a task's host network: its slots and each blueprint's parameter count")
-    host.add_argument("--task", default="digits", choices=HOST_PRESET_NAMES, help="host preset: a task, or text-gpu or text-starved (default: digits)")
+    # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
+    host.add_argument("--task", default=DEFAULT_TASK, choices=TASKS, help=f"the task whose host to show (default: {DEFAULT_TASK})")
+    host.add_argument("--host-preset", default=None, choices=sorted(set(HOST_PRESET_NAMES) - set(TASKS)),
+                      help="another host the task may use: text-gpu or text-starved for task text (default: the task's own)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+from pathlib import Path
 
 import pytest
 
 from esper_ray.cli import VERBOSE_ENV, build_parser, main
-from esper_ray.contracts.env_config import TASKS
+from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.viewer_hints import tensorboard_command
 
 
-@pytest.mark.parametrize("command", ["train", "heuristic"])
+@pytest.mark.parametrize("command", ["train", "heuristic", "host"])
 def test_help_of_commands_that_take_a_task_lists_every_task(command, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: argparse would otherwise break digits-impaired at its hyphen
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
     assert exit_info.value.code == 0
-    task_help = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--task TASK"))
+    task_help = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--task "))
     missing = [t for t in TASKS if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", task_help)]
     assert not missing, f"--task help of {command} leaves out {missing}: {task_help}"
 
@@ -34,3 +38,25 @@ def test_verbose_after_the_command_reaches_ray_startup(monkeypatch, capsys):
     monkeypatch.delenv(VERBOSE_ENV, raising=False)
     assert main(["host", "--task", "digits", "--verbose"]) == 0
     assert os.environ[VERBOSE_ENV] == "1"
+
+
+def test_commands_that_take_a_task_default_to_the_same_one():
+    # `heuristic` builds an EnvConfig from the flags given, `train` a TrainConfig, `host` reads its own flag
+    assert build_parser().parse_args(["host"]).task == EnvConfig().task == TrainConfig().task == DEFAULT_TASK
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_tensorboard_line_says_how_to_install_tensorboard_where_it_is_missing(installed, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args):
+        if name == "tensorboard":
+            return object() if installed else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    line = tensorboard_command("esper_runs/train/tensorboard")
+    assert line.startswith("tensorboard --logdir esper_runs/train/tensorboard")
+    assert ("pip install -e '.[dashboard]'" in line) is not installed
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^dashboard = \[.*"tensorboard".*\]', pyproject, re.MULTILINE)  # the extra installs it

@@ -14,16 +14,17 @@ from ray.rllib.core.columns import Columns
 import esper_ray
 from esper_ray.cli import main
 from esper_ray.contracts import metrics as m
-from esper_ray.contracts.actions import Blueprint, Op
+from esper_ray.contracts.actions import Blueprint, Op, encode_joint
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import decode_action
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
-from esper_ray.train.checkpoints import resolve_checkpoint
+from esper_ray.train.checkpoints import checkpoint_dir, partial_checkpoint_dir, record_checkpoint, resolve_checkpoint
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.algorithm_host import AlgorithmDriver
 from esper_ray.train.evaluate import feature_filter_of, load_policy
 from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
 from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.rounds import train_round
 from esper_ray.train.runner import run_training
 
 pytestmark = pytest.mark.expensive
@@ -52,6 +53,9 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
     algo = build_ppo_config(small(tmp_path)).build_algo()
     try:
         assert algo.learner_group.is_remote and algo.env_runner_group.num_remote_env_runners() == 2
+        # Ray's dashboard lists each actor by its class: ours, named for what they are (not `..._WrappedExecutable`)
+        alive = [a["ActorClassName"] for a in ray_local._private.state.actors().values() if a["State"] == "ALIVE"]
+        assert alive.count("MorphoPPOLearner") == 1 and alive.count("CpuPolicyEnvRunner") == 2, alive
         # RLlib's seeding turns cuDNN's deterministic (3x slower) algorithms on in each runner; the env's setting rules
         assert algo.env_runner_group.foreach_env_runner(_cudnn_deterministic, local_env_runner=False) == [False, False]
         for _ in range(2):
@@ -68,7 +72,7 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
             assert math.isfinite(float(runners[key])), key
         assert runners[m.FINAL_ACCURACY_MIN] <= runners[m.FINAL_ACCURACY] <= runners[m.FINAL_ACCURACY_MAX]
         assert runners[m.EPISODES] == 2 and runners[m.ENV_STEPS_SAMPLED] == 12
-        assert sum(runners[m.OP_COUNT_PREFIX + op.name.lower()] for op in Op) == 12
+        assert sum(runners[m.OP_COUNT_PREFIX + op.name.lower()] for op in Op) == 6  # decisions per episode of 6 steps
         assert runners[m.PHASE_TIME_PREFIX + "train"] > 0
         assert float(runners.get(m.ENV_STEP_FAILURES, 0)) == 0  # a masked action would fail the env step
         for key in ["entropy_op_slot", "entropy_blueprint", "approx_kl", "value_explained_variance", "policy_loss", "vf_loss",
@@ -239,6 +243,52 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert exit_info.value.code == 2 and "--rounds is the total number of rounds" in capsys.readouterr().err
     assert main(["train", "--resume", str(moved), "--rounds", "2"]) == 0  # continues in place
     assert [json.loads(line)["round"] for line in (moved / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+GERMINATE_LOGIT = 1.5
+"""Added to the op head's GERMINATE-in-r0c1 entry: at the first step, where WAIT and GERMINATE in each of 3 slots
+are legal (an untrained head puts ~0 on each), the sampled policy germinates there with e^1.5 / (e^1.5 + 3) = 0.6,
+and that entry is the most likely one."""
+NO_GERMINATION_LOGIT = -20.0
+"""Added to every GERMINATE entry for the second checkpoint: its sampled policy never germinates."""
+
+
+def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_only_there(ray_local, tmp_path, capsys):
+    """What training samples is what `eval` runs: a checkpoint whose sampled policy germinates (seen in its own
+    training round) germinates in every greedy evaluation episode, through the same checkpoint files, observation
+    filter and RLModule that `esper-ray eval` loads. The next round's checkpoint, whose sampled policy never
+    germinates, never does under eval either: eval follows the checkpoint (an untrained policy's greedy action is
+    a GERMINATE too, 3 of the 4 legal op/slot entries at the first step)."""
+    cfg = small(tmp_path, rounds=2, envs=1, learners=0, max_epochs=4, episodes_per_env=2)
+    out = Path(cfg.output)
+    germinate = [encode_joint(Op.GERMINATE, i, len(cfg.slots)) for i in range(len(cfg.slots))]
+
+    def add_to_op_logits(module, entries: list[int], logit: float) -> None:
+        with torch.no_grad():
+            module.policy_heads[0][2].bias[entries] += logit
+
+    sampled = []
+    algo = build_ppo_config(cfg).build_algo()
+    try:
+        for entries, logit in (([germinate[cfg.slots.index("r0c1")]], GERMINATE_LOGIT), (germinate, NO_GERMINATION_LOGIT)):
+            # The same change to the learner's module (what a checkpoint saves) and to each env runner's (what
+            # samples): RLlib's weight sync skips weights of an update number a runner already has.
+            algo.learner_group.foreach_learner(lambda learner: add_to_op_logits(learner.module[m.DEFAULT_MODULE], entries, logit))
+            algo.env_runner_group.foreach_env_runner(lambda runner: add_to_op_logits(runner.module, entries, logit),
+                                                     local_env_runner=False)
+            sampled.append(train_round(algo)[m.ENV_RUNNERS])  # episodes with sampled actions, as in every round
+            partial = partial_checkpoint_dir(out, algo.iteration)
+            algo.save_to_path(str(partial))
+            record_checkpoint(out, cfg, partial, algo.iteration)
+    finally:
+        algo.stop()
+    assert [r[m.EPISODES] for r in sampled] == [2, 2]
+    assert sampled[0][m.SEEDS_GERMINATED] >= 1 and sampled[1][m.SEEDS_GERMINATED] == 0, sampled  # per episode
+    germinated = []
+    for checkpoint in (checkpoint_dir(out, 1), checkpoint_dir(out, 2)):
+        assert main(["eval", "--checkpoint", str(checkpoint), "--episodes", "3", "--json"]) == 0
+        germinated.append([row["germinated"] for row in json.loads(capsys.readouterr().out)])
+    assert germinated == [[1, 1, 1], [0, 0, 0]]
 
 
 def test_a_used_output_folder_is_never_written_into(ray_local, tmp_path, capsys, monkeypatch):

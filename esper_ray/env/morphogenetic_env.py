@@ -465,7 +465,6 @@ class MorphogeneticEnv(gym.Env):
             "episode_seed": self._episode_seed,
             "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
             "committed_accuracy": self.committed_accuracy,
-            "val_perplexity": math.exp(min(self.val.loss(), 50.0)),
             "val_correct": self.val.correct[0], "val_total": self.val.samples,
             "host_params": self.model.host_params, "seed_params": self.model.seed_params,
             "committed_seed_params": self.model.committed_seed_params,
@@ -478,6 +477,8 @@ class MorphogeneticEnv(gym.Env):
             **self.flops.as_info(),
             **{f"time/{k}": v for k, v in timings.items()},
         }
+        if self.data.tokens:  # per-token perplexity; a classifier's exp(loss) would read as one and mean nothing
+            info["val_perplexity"] = math.exp(min(self.val.loss(), 50.0))
         if train is not None:
             info.update(train_accuracy=train.accuracy, train_loss=train.loss, train_correct=train.correct,
                         train_total=train.samples, train_batches=train.batches)

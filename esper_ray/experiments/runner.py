@@ -38,6 +38,7 @@ from esper_ray.train.resources import connect_ray
 from esper_ray.train.step_failures import FAILURES_LOG
 from esper_ray.train.termination import received as sigterm_received
 from esper_ray.train.termination import sigterm_acts_as_ctrl_c
+from esper_ray.train.viewer_hints import tensorboard_command
 
 TUNE_MANIFEST = "tune_files.json"
 """Size and SHA-256 of every file under tune/, written whenever the command stops; --resume checks it first."""
@@ -258,7 +259,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                     ordered = plan(spec, output, source, save_networks)
                 tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds))
                 print(concurrency_line(spec), flush=True)
-            print(f"TensorBoard: tensorboard --logdir {output / TUNE_DIR}", flush=True)
+            print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
                 tuner.fit()
     finally:  # also on Ctrl-C before fit: the folder is left as --resume can check it

@@ -1,7 +1,8 @@
-"""Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's MetricsLogger (so they reach Tune and
-TensorBoard): final accuracy of the committed model (mean/min/max) and with the seeds on probation, parameters kept
-and on probation, seeds per outcome, op counts, per-phase
-seconds summed over all epochs of the episode, and each env's GradScaler scale (min/max across envs)."""
+"""Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's
+MetricsLogger (so they reach Tune and TensorBoard): final accuracy of the committed model (mean/min/max) and with the
+seeds on probation, perplexity on text, the network's size at the start and end, parameters kept and on probation,
+seeds per outcome, op counts, per-phase seconds summed over all epochs of the episode (each a mean over the round's
+episodes), rollbacks (a sum over the round), and each env's GradScaler scale (min/max across envs)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ class MorphoMetrics(RLlibCallback):
         log(m.FINAL_ACCURACY_MAX, final["committed_accuracy"], reduce="max")
         log(m.FINAL_ACCURACY_WITH_PROBATION, final["val_accuracy"], reduce="mean")
         log(m.INITIAL_ACCURACY, first["val_accuracy"], reduce="mean")
-        log(m.FINAL_PERPLEXITY, final["val_perplexity"], reduce="mean")
+        if "val_perplexity" in final:  # only a token task has a perplexity, and only its env info carries one
+            log(m.FINAL_PERPLEXITY, final["val_perplexity"], reduce="mean")
         log(m.PARAMS_ADDED, final["committed_seed_params"], reduce="mean")
         log(m.PARAMS_ON_PROBATION, final["seed_params"] - final["committed_seed_params"], reduce="mean")
         log(m.HOST_PARAMS, final["host_params"], reduce="mean")
+        log(m.FINAL_PARAMS, final["host_params"] + final["committed_seed_params"], reduce="mean")
+        log(m.FINAL_PARAMS_WITH_PROBATION, final["host_params"] + final["seed_params"], reduce="mean")
         log(m.SEEDS_GERMINATED, final["count/germinated"], reduce="mean")
         log(m.SEEDS_FOSSILIZED, final["count/fossilized"], reduce="mean")
         log(m.SEEDS_PRUNED, final["count/pruned"], reduce="mean")
@@ -51,7 +55,7 @@ class MorphoMetrics(RLlibCallback):
         log(m.EPISODE_RETURN, sum(chunk.get_return() for chunk in chunks), reduce="mean")
         ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
         for op in Op:
-            log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="sum")
+            log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="mean")  # per episode, like the seed counts
         phases: Counter[str] = Counter()
         for info in infos[1:]:
             phases.update({k.removeprefix("time/"): v for k, v in info.items() if k.startswith("time/")})

@@ -1,7 +1,9 @@
 """Held-out evaluation: fixed episodes run by a controller, scored on the test split no reward ever reads.
 
 Used three ways: `esper-ray eval` (a checkpoint's greedy policy), the end of every A/B trial (the trained
-policy on its own env runners, or a baseline controller in the trial's process), and tests.
+policy on its own env runners, or a baseline controller in the trial's process), and tests. Greedy, not sampled:
+a checkpoint then gives one host run per seed, and it keeps at least what the sampled policy does (measured, and
+its trap: docs/design.md, "Which policy is evaluated").
 
 The episodes depend only on the run's settings and seed (`evaluation_episodes`): episode i trains on data
 shard i % envs, as env runner i % envs + 1 did in training, from a reset seed that no training episode uses.

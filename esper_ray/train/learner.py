@@ -1,5 +1,5 @@
 """RLlib's PPO torch learner with three additions: full-batch epochs, the reward normaliser, and per-head entropy
-and approximate KL.
+and approximate KL; and a name of its own in Ray's dashboard.
 
 Reward normaliser: see reward_normalizer.py; on when `learner_config_dict["reward_normalization"]` is true
 (TrainConfig.reward_normalization), inserted just before GAE, its statistics saved with the learner's state.
@@ -8,6 +8,12 @@ Full-batch epochs: each of `num_epochs` passes is one gradient step on the whole
 zero-padded, whole-episode sequences. RLlib 2.60's minibatch iterator sizes minibatches in unpadded steps
 but slices padded sequences (its own TODO in minibatch_utils.py), which for short batches yields empty
 minibatches or minibatches holding only a masked bootstrap step (a 0/0 loss).
+
+Its name: RLlib starts remote learners through Ray Train's WorkerGroup, which wraps a learner class that is not a
+RayTrainWorker in a subclass made inside a function (`create_executable_class`), and Ray's dashboard lists that
+actor as `create_executable_class.<locals>._WrappedExecutable`. A learner that is a RayTrainWorker already is used
+as it is, so the dashboard lists `MorphoPPOLearner`. RayTrainWorker adds one method (running a function in the
+actor) and no state; the wrapper would have added the same base in the same place of the MRO.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from ray.rllib.connectors.learner.general_advantage_estimation import GeneralAdv
 from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.annotations import override
+from ray.train._internal.worker_group import RayTrainWorker
 
 from esper_ray.policy.distribution import CausalFactoredDistribution
 from esper_ray.train.reward_normalizer import RewardStdNormalizer
@@ -33,7 +40,7 @@ REWARD_STD_KEY = "reward_std"
 REWARD_NORMALIZER_STATE = "reward_normalizer"
 
 
-class MorphoPPOLearner(PPOTorchLearner):
+class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the actor's name (module docstring)
     @override(PPOTorchLearner)
     def build(self) -> None:
         super().build()

@@ -35,6 +35,7 @@ from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round
 from esper_ray.train.tensorboard_log import log_config, log_round
 from esper_ray.train.termination import received as sigterm_received
 from esper_ray.train.termination import sigterm_raises_terminated
+from esper_ray.train.viewer_hints import tensorboard_command
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     # purge_step: TensorBoard drops the events of earlier files at steps >= it, so each round is drawn once
     writer = SummaryWriter(str(output / "tensorboard"), purge_step=algo.iteration() + 1 if resume is not None else None)
     log_config(writer, cfg, algo.iteration())
-    log(f"TensorBoard: tensorboard --logdir {output / 'tensorboard'}")
+    log(f"TensorBoard: {tensorboard_command(output / 'tensorboard')}")
     summaries: list[RoundSummary] = []
     interrupted = False
     # The round this run's folder holds a checkpoint of, from this run: None until one is saved, unless the run
@@ -185,5 +186,5 @@ def format_outcome(outcome: TrainingOutcome) -> str:
         lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {outcome.output} --rounds N)")
     else:
         lines.append("  no round finished: nothing was saved")
-    lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: tensorboard --logdir {outcome.output / 'tensorboard'}")
+    lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}")
     return "\n".join(lines)

@@ -1,16 +1,22 @@
-"""What `esper-ray train` writes to TensorBoard: the figures a user came for first, under four named groups, then
+"""What `esper-ray train` writes to TensorBoard: the figures a user came for first, under five named groups, then
 RLlib's own figures in one group after them, and the run's settings once, as text.
 
-    host/     the grown host: final accuracy (mean, min, max), accuracy at the start, perplexity, size, rollbacks
-    ppo/      the controller: episode return, entropy of each action head, approximate KL, explained variance,
-              losses, learning rate, entropy coefficient
-    seeds/    what the controller did: seeds germinated, fossilized and pruned, parameters they added, op counts
-    speed/    env steps per second, seconds per round, where an env step's time goes
-    z_rllib/  everything else RLlib reports (about 100 figures), by its own names
+    host/         the grown network at the end of each episode: accuracy of what the run keeps (mean, min, max, and
+                  with the seeds on probation), its size in parameters (`final_params`, against `initial_params`,
+                  the host alone), perplexity (text tasks only), accuracy at the start, rollbacks per round
+    ppo/          the controller: episode return, losses, entropy, approximate KL, explained variance, learning rate,
+                  entropy coefficient, reward std
+    ppo_entropy/  the entropy of each action head
+    seeds/        what the controller did, per episode: seeds germinated, fossilized and pruned, parameters they
+                  added and left on probation, decisions by op
+    speed/        env steps per second, seconds per round, and per episode in each phase of the env step
+    z_rllib/      everything else RLlib reports (about 100 figures), by its own names
 
-TensorBoard orders groups by name, hence `z_rllib`. RLlib's result also carries its whole config, about 100
-constants that charted as flat lines, one per round; those are left out, and the esper-ray settings that made
-the run are logged once as text (`config`).
+Every name says its unit where it is a count or a time: `_per_episode` (a mean over the round's episodes),
+`_per_round`, `seconds_per_`. TensorBoard orders groups by name, hence `z_rllib`, and tags within a group by name,
+showing 12 a page (its default page size): each user group holds at most 12, so the PPO losses are on the first
+screen. RLlib's result also carries its whole config, about 100 constants that charted as flat lines, one per
+round; those are left out, and the esper-ray settings that made the run are logged once as text (`config`).
 """
 
 from __future__ import annotations
@@ -36,33 +42,38 @@ NAMED: dict[str, str] = {
     _RUNNERS + m.FINAL_ACCURACY_MIN: "host/final_accuracy_min",
     _RUNNERS + m.FINAL_ACCURACY_MAX: "host/final_accuracy_max",
     _RUNNERS + m.FINAL_ACCURACY_WITH_PROBATION: "host/final_accuracy_with_probation",
-    _RUNNERS + m.INITIAL_ACCURACY: "host/initial_accuracy",
+    _RUNNERS + m.FINAL_PARAMS: "host/final_params",
+    _RUNNERS + m.FINAL_PARAMS_WITH_PROBATION: "host/final_params_with_probation",
     _RUNNERS + m.FINAL_PERPLEXITY: "host/final_perplexity",
-    _RUNNERS + m.HOST_PARAMS: "host/params",
-    _RUNNERS + m.ROLLBACKS: "host/rollbacks",
+    _RUNNERS + m.INITIAL_ACCURACY: "host/initial_accuracy",
+    _RUNNERS + m.HOST_PARAMS: "host/initial_params",
+    _RUNNERS + m.ROLLBACKS: "host/rollbacks_per_round",
     _RUNNERS + m.EPISODE_RETURN: "ppo/episode_return",
     _LEARNER + APPROX_KL_KEY: "ppo/approx_kl",
     _LEARNER + EXPLAINED_VARIANCE_KEY: "ppo/explained_variance",
     _LEARNER + "entropy": "ppo/entropy",
-    _LEARNER + "policy_loss": "ppo/policy_loss",
-    _LEARNER + "vf_loss": "ppo/value_loss",
-    _LEARNER + "total_loss": "ppo/total_loss",
+    _LEARNER + "policy_loss": "ppo/loss_policy",
+    _LEARNER + "vf_loss": "ppo/loss_value",
+    _LEARNER + "total_loss": "ppo/loss_total",
     _LEARNER + "curr_entropy_coeff": "ppo/entropy_coeff",
     _LEARNER + "default_optimizer_learning_rate": "ppo/learning_rate",
     _LEARNER + REWARD_STD_KEY: "ppo/reward_std",
-    _RUNNERS + m.SEEDS_GERMINATED: "seeds/germinated",
-    _RUNNERS + m.SEEDS_FOSSILIZED: "seeds/fossilized",
-    _RUNNERS + m.SEEDS_PRUNED: "seeds/pruned",
-    _RUNNERS + m.PARAMS_ADDED: "seeds/params_added",
-    _RUNNERS + m.PARAMS_ON_PROBATION: "seeds/params_on_probation",
+    _RUNNERS + m.SEEDS_GERMINATED: "seeds/germinated_per_episode",
+    _RUNNERS + m.SEEDS_FOSSILIZED: "seeds/fossilized_per_episode",
+    _RUNNERS + m.SEEDS_PRUNED: "seeds/pruned_per_episode",
+    _RUNNERS + m.PARAMS_ADDED: "seeds/params_added_per_episode",
+    _RUNNERS + m.PARAMS_ON_PROBATION: "seeds/params_on_probation_per_episode",
     "time_this_iter_s": "speed/seconds_per_round",
 }
 """Result path -> tag, for the figures with fixed names."""
-NAMED_PREFIXES: dict[str, str] = {
-    _LEARNER + ENTROPY_PREFIX: "ppo/entropy_",        # one per action head
-    _RUNNERS + m.OP_COUNT_PREFIX: "seeds/op_",        # decisions per episode, by op
-    _RUNNERS + m.PHASE_TIME_PREFIX: "speed/time_",    # seconds per env step, by phase
+NAMED_PREFIXES: dict[str, tuple[str, str]] = {
+    _LEARNER + ENTROPY_PREFIX: ("ppo_entropy/", ""),                # one per action head
+    _RUNNERS + m.OP_COUNT_PREFIX: ("seeds/op_", "_per_episode"),     # decisions per episode, by op
+    _RUNNERS + m.PHASE_TIME_PREFIX: ("speed/seconds_per_episode_", ""),  # by phase of the env step
 }
+"""Result path prefix -> (tag prefix, tag suffix), for the figures of one kind: the rest of the path goes between."""
+PAGE_SIZE = 12
+"""Charts TensorBoard shows on a group's first page (its default `pageSize` setting)."""
 STEPS_PER_SECOND_TAG = "speed/env_steps_per_second"
 
 
@@ -73,9 +84,9 @@ class ScalarWriter(Protocol):
 
 
 def tensorboard_scalars(result: dict[str, Any]) -> dict[str, float]:
-    """{tag: value} for one round's RLlib result: named figures under host/, ppo/, seeds/ and speed/, every other
-    numeric figure under z_rllib/ by its own path, RLlib's config left out, and nothing that is not finite
-    (a mean over no episodes this round, say)."""
+    """{tag: value} for one round's RLlib result: named figures under host/, ppo/, ppo_entropy/, seeds/ and speed/,
+    every other numeric figure under z_rllib/ by its own path, RLlib's config left out, and nothing that is not
+    finite (a mean over no episodes this round, say)."""
     out: dict[str, float] = {}
     for path, value in flatten_numbers({k: v for k, v in result.items() if k not in LEFT_OUT}).items():
         if not math.isfinite(value):
@@ -91,9 +102,9 @@ def tensorboard_scalars(result: dict[str, Any]) -> dict[str, float]:
 def _tag_of(path: str) -> str:
     if path in NAMED:
         return NAMED[path]
-    for prefix, group in NAMED_PREFIXES.items():
+    for prefix, (before, after) in NAMED_PREFIXES.items():
         if path.startswith(prefix):
-            return group + path[len(prefix):]
+            return before + path[len(prefix):] + after
     return f"{DETAIL_GROUP}/{path}"
 
 
