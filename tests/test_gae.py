@@ -6,6 +6,8 @@ rollback (terminated) with 0.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,16 @@ def test_reward_normaliser_divides_by_the_running_std_before_gae_and_keeps_its_s
     assert targets[1, :T].tolist() == pytest.approx(hand_gae(values, bootstrap=False, rewards=scaled), abs=1e-5)
     saved = learner.get_state()["reward_normalizer"]
     assert saved["count"] == 10 and saved["mean"] == pytest.approx(np.mean(REWARDS))
+
+
+def test_forfeiting_rewards_sets_each_as_an_array_of_the_reward_space_s_shape():
+    """RLlib checks every reward it sets against its Box of shape (); a numpy scalar there made gymnasium warn
+    "Casting input x to numpy array" (in ANSI colours) in every rollback."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, batch, _ = value_targets(normalize=False, clawback=True, rollback=True)
+    assert [str(w.message) for w in caught if "Casting" in str(w.message)] == []
+    assert batch["default_policy"][Columns.REWARDS][1, :T - 1].tolist() == [0.0] * (T - 1)
 
 
 def test_running_std_merges_batches_like_one_pass():

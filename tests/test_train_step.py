@@ -182,7 +182,6 @@ def test_a_step_in_which_an_eager_only_seed_runs_is_never_captured(monkeypatch, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_a_flex_attention_seed_trains_through_blending_on_cuda_with_graphs_on():
     """Captured, the seed's step raised "Cannot copy between CPU and CUDA tensors during CUDA graph capture" in
     flex_attention and every such episode was lost; it now runs eagerly while the rest of the episode is captured."""

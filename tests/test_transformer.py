@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -22,8 +24,6 @@ from esper_ray.morpho.transformer_blueprints import (
 SMALL = TransformerHostConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=4, n_layers=3)
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where the learning tests run
 FLEX_OK, FLEX_REASON = flex_attention_available(DEVICE)
-# Eager FlexAttention warns once that it is unfused (slow); the seed's docstring says so already.
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
 def small_host(seed: int = 0) -> TransformerHost:
@@ -215,6 +215,20 @@ def test_flex_attention_seed_computes_the_attention_seed():
         flex.load_state_dict(sdpa.state_dict())
         x = torch.randn(2, 12, 32)
         assert torch.allclose(flex(x), sdpa(x), atol=1e-5)
+
+
+def test_the_flex_attention_seed_runs_eagerly_without_torch_s_unfused_notice(monkeypatch):
+    """Eager is the seed's design (its docstring), so torch's "called without torch.compile" notice is not shown,
+    whichever caller is first in the process (a loaded network's forward, say)."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_WARNINGS_SHOWN", set())  # torch notices once per process: as if this were the first
+    seed = FlexAttentionSeed(32)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():  # no CPU backward (flex_attention_available)
+        warnings.simplefilter("always")
+        seed(torch.randn(2, 12, 32))
+    assert [str(w.message) for w in caught] == []
+    assert "flex_attention_performance" in flex_module._WARNINGS_SHOWN  # the notice was raised, and filtered
 
 
 def test_attention_seeds_use_four_heads_or_fewer_that_divide_the_width():

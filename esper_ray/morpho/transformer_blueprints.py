@@ -113,6 +113,21 @@ def _causal(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch
     return q_idx >= kv_idx
 
 
+EAGER_NOTICE = "flex_attention called without torch.compile"
+"""The start of torch's once-per-process notice that uncompiled flex_attention is unfused: here by choice."""
+
+
+def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: object) -> torch.Tensor:
+    """flex_attention run eagerly, as FlexAttentionSeed does by design (no torch.compile: correct, not fast), without
+    torch's notice that it is then unfused: the notice is about that choice, not a fault. torch shows it once per
+    process, so without this the first caller (a test, a loaded network) would print it, at random."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=EAGER_NOTICE)
+        return flex_attention(q, k, v, block_mask=block_mask)  # type: ignore[arg-type, return-value]
+
+
 class FlexAttentionSeed(AttentionSeed):
     """The attention seed computed by FlexAttention with a causal block mask (same parameters and math).
 
@@ -126,13 +141,13 @@ class FlexAttentionSeed(AttentionSeed):
         self._masks: dict[tuple[int, str], object] = {}
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
 
         T = q.size(2)
         key = (T, str(q.device))
         if key not in self._masks:
             self._masks[key] = create_block_mask(_causal, None, None, T, T, device=q.device)
-        return flex_attention(q, k, v, block_mask=self._masks[key])  # type: ignore[return-value]  # (B, nh, T, hs)
+        return eager_flex_attention(q, k, v, self._masks[key])  # (B, nh, T, hs)
 
 
 EAGER_STEP_BLUEPRINTS: frozenset[Blueprint] = frozenset({Blueprint.FLEX_ATTENTION})
@@ -148,15 +163,13 @@ is not fused anyway, so a graph would save little."""
 @functools.lru_cache(maxsize=None)
 def _probe_flex_attention(device: str) -> tuple[bool, str]:
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask
     except ImportError as err:
         return False, f"flex_attention needs torch >= 2.5; this is torch {torch.__version__} ({err})"
     try:
-        with warnings.catch_warnings():  # the once-per-process "unfused without torch.compile" notice; see FlexAttentionSeed
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            q = torch.randn(1, 1, 8, 8, device=device, requires_grad=True)
-            mask = create_block_mask(_causal, None, None, 8, 8, device=device)
-            flex_attention(q, q, q, block_mask=mask).sum().backward()  # type: ignore[union-attr]
+        q = torch.randn(1, 1, 8, 8, device=device, requires_grad=True)
+        mask = create_block_mask(_causal, None, None, 8, 8, device=device)
+        eager_flex_attention(q, q, q, mask).sum().backward()
     except (NotImplementedError, RuntimeError, AssertionError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return False, f"flex_attention cannot train on {device!r} with torch {torch.__version__}: {first_line}"

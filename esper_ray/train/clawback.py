@@ -24,6 +24,10 @@ def rolled_back(episode: Any) -> bool:
 # RLlib's AddOneTsToEpisodesAndTruncate (first in PPO's pipeline) appends a bootstrap step to every episode and
 # says so in shared_data under this key.
 BOOTSTRAP_STEP_ADDED = "_added_loss_mask_for_valid_episode_ts"
+FORFEITED = np.zeros((), dtype=np.float32)
+"""A forfeited reward, as a 0-d array: RLlib checks each reward it sets against its reward space (a Box of shape
+()), and an element of a 1-d array there is a numpy scalar, which gymnasium's Box.contains casts with a warning
+("Casting input x to numpy array"); set index by index, each reward is an array of the space's shape."""
 
 
 class RollbackClawback(ConnectorV2):
@@ -34,7 +38,7 @@ class RollbackClawback(ConnectorV2):
         for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             steps = len(episode) - extra  # the real steps; the last one carries the rollback penalty
             if rolled_back(episode) and steps > 1:
-                episode.set_rewards(new_data=np.zeros(steps - 1, dtype=np.float32), at_indices=slice(0, steps - 1))
+                episode.set_rewards(new_data=[FORFEITED] * (steps - 1), at_indices=list(range(steps - 1)))
         return batch
 
 
