@@ -50,6 +50,7 @@ VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts o
 VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
+JSON_HELP = "print the summaries as one JSON document on stdout (the progress lines go to stderr, as always)"
 SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
              "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only")
 
@@ -59,7 +60,7 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
     folder = check_save_folder(args.save, args.episodes) if args.save else None
-    summaries = run_heuristic(given(args, args.env_fields), args.episodes, progress=not args.json, measure_test=folder is not None,
+    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=folder is not None,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
@@ -166,7 +167,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
-                               progress=not args.json,
                                on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
                                if folder else None)
     _print_summaries(summaries, args.json)
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
-    heuristic.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    heuristic.add_argument("--json", action="store_true", help=JSON_HELP)
     heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=None, help=f"episodes to run (default: {EVAL_EPISODES}, or 1 with --save)")
     evaluate.add_argument("--seed", type=int, default=None, help="env seed (default: the training seed)")
     evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
-    evaluate.add_argument("--json", action="store_true", help="print the summaries as JSON (no progress bar)")
+    evaluate.add_argument("--json", action="store_true", help=JSON_HELP)
     evaluate.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     evaluate.set_defaults(func=_cmd_eval)
 

@@ -1,13 +1,25 @@
-"""The progress counter behind `esper-ray train`'s bar: env runners batch their step reports (a remote call per
-step cost the default run on 2 cores speed: train/progress.py) and a finished sample is always counted whole."""
+"""Progress: the counter behind `esper-ray train`'s bar (env runners batch their step reports: a remote call per
+step cost the default run on 2 cores speed, train/progress.py, and a finished sample is always counted whole);
+the plain lines with a time-left estimate of `heuristic` and `eval` (train/progress_lines.py), as a command run
+with its output redirected to a log file writes them; the estimate on `esper-ray ab`'s trial lines."""
 
 from __future__ import annotations
 
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from esper_ray.train import progress
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
+from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, duration
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeCounter:
@@ -56,3 +68,96 @@ def test_without_a_counter_the_reporter_sends_nothing(monkeypatch):
 def test_no_counter_is_started_where_no_bar_can_be_drawn(monkeypatch):
     monkeypatch.setattr(progress.sys, "stderr", SimpleNamespace(isatty=lambda: False))
     assert start_step_counter() == (None, None)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42.9, "42s"), (185, "3m05s"), (3720, "1h02m")])
+def test_durations_read_short(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_slow_epochs_get_a_line_each_and_every_episode_one_with_the_time_left():
+    """2 episodes of 4 epochs, 10 s an epoch: after 3 epochs, 30 s for 3 of 8 -> 50 s left."""
+    clock, out = FakeClock(), io.StringIO()
+    lines = EpisodeProgress("heuristic", 2, 4, out=out, clock=clock)
+    for episode in range(2):
+        for epoch in range(1, 5):
+            clock.now += 10
+            lines.epoch(epoch, {"val_accuracy": 0.25})
+        lines.episode_end(0.5, 1234, 40.0)
+    printed = out.getvalue().splitlines()
+    assert printed[0] == "[  0m00s] heuristic: 2 episodes of up to 4 epochs (results at the end)"
+    assert printed[1] == "[  0m10s] heuristic: episode 0 (1 of 2), epoch 1/4: val acc 25.0%; about 1m10s left"
+    assert printed[3] == "[  0m30s] heuristic: episode 0 (1 of 2), epoch 3/4: val acc 25.0%; about 50s left"
+    assert printed[4] == "[  0m40s] heuristic: episode 0 (1 of 2) done in 40s: final acc 50.0%, params kept 1,234; about 40s left"
+    assert printed[-1] == "[  1m20s] heuristic: episode 1 (2 of 2) done in 40s: final acc 50.0%, params kept 1,234"
+    assert len(printed) == 1 + 2 * (3 + 1)  # the last epoch of an episode has the episode's line, not its own
+
+
+def test_fast_epochs_get_no_line_of_their_own_and_the_estimate_counts_an_early_end_as_whole():
+    clock, out = FakeClock(), io.StringIO()
+    lines = EpisodeProgress("eval", 3, 25, out=out, clock=clock)
+    for epoch in range(1, 11):  # a governor rollback ends the episode at epoch 10
+        clock.now += EPOCH_LINE_SECONDS / 20
+        lines.epoch(epoch, {"val_accuracy": 0.5})
+    lines.episode_end(0.1, 0, 2.5)  # counted as 25 of 75 epochs in 2.5 s
+    printed = out.getvalue().splitlines()
+    assert len(printed) == 2 and printed[1].endswith("episode 0 (1 of 3) done in 2s: final acc 10.0%, params kept 0; about 5s left")
+
+
+def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_lines_and_clean_json(tmp_path):
+    """As a job writes it, stdout and stderr redirected to files: the summaries on stdout (one JSON document),
+    a line per episode on stderr with the time left, and nothing else there: no Ray warning, no ANSI code."""
+    stdout, stderr = tmp_path / "out.json", tmp_path / "err.log"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        run = subprocess.run([sys.executable, "-m", "esper_ray.cli", "heuristic", "--task", "digits", "--max-epochs", "2",
+                              "--episodes", "2", "--json"], cwd=REPO, stdout=out, stderr=err, timeout=300)
+    log = stderr.read_text()
+    assert run.returncode == 0, log
+    assert [row["episode"] for row in json.loads(stdout.read_text())] == [0, 1]
+    lines = log.splitlines()
+    assert lines[0].endswith("heuristic: 2 episodes of up to 2 epochs (results at the end)")
+    assert "heuristic: episode 0 (1 of 2) done in " in lines[-2] and lines[-2].endswith(" left") and "; about " in lines[-2]
+    assert "heuristic: episode 1 (2 of 2) done in " in lines[-1]
+    assert all(line.startswith("[") for line in lines), log  # progress lines only
+    assert "Warning" not in log and "\x1b[" not in log
+
+
+def fake_trial(arm: str, seed: int, status: str, last_result: dict | None = None) -> Any:
+    from esper_ray.experiments.trial_keys import TRIAL_KEY
+
+    return SimpleNamespace(config={TRIAL_KEY: {"arm": arm, "seed": seed}}, trial_id=f"{arm}{seed}", status=status,
+                           last_result=last_result or {})
+
+
+def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_command_started(monkeypatch):
+    """A PPO trial of 2 rounds x 2 episodes + 2 evaluation episodes (6) and a baseline trial of 2 (8 in all);
+    Tune has created only the first trial when it reports round 1 after 20 s: 2 of 8 done -> 60 s left."""
+    from esper_ray.experiments import runner
+    from esper_ray.experiments.runner import TrialEvents, TrialWork
+    from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
+
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "time", lambda: clock[0])
+    printed: list[str] = []
+    events = TrialEvents(2, 2, {("ppo", 0): TrialWork(2, 2), ("none", 0): TrialWork(0, 2)},
+                         print_fn=lambda text, flush: printed.append(text))
+    ppo = fake_trial("ppo", 0, "RUNNING")
+    events.on_trial_start(0, [ppo], ppo)
+    assert printed[-1] == "[  0m00s] started  ppo/seed0 (1 running, 0/2 done)"  # nothing done yet: no estimate
+    clock[0] += 20
+    result = {SUMMARY_PREFIX + "round": 1, SUMMARY_PREFIX + "final_accuracy": 0.5, SUMMARY_PREFIX + "failed_env_steps": 0}
+    events.on_trial_result(1, [ppo], ppo, result)
+    assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; about 1m00s left"
+    ppo.last_result = result  # as Tune keeps it
+    none = fake_trial("none", 0, "TERMINATED")
+    clock[0] += 10
+    events.on_trial_complete(2, [ppo, none], none)  # 2 + 2 of 8 after 30 s
+    assert printed[-1] == "[  0m30s] finished none/seed0 (1/2 done; about 30s left)"

@@ -34,6 +34,7 @@ from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
+from esper_ray.train.progress_lines import clock_stamp, time_left
 from esper_ray.train.resources import connect_ray
 from esper_ray.train.step_failures import FAILURES_LOG
 from esper_ray.train.termination import received as sigterm_received
@@ -56,31 +57,77 @@ def _trial_name(trial: Any) -> str:
     return f"{spec['arm']}_seed{spec['seed']}_{trial.trial_id}"
 
 
-class TrialEvents(tune.Callback):
-    """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables.
+@dataclass(frozen=True)
+class TrialWork:
+    """What a trial runs, in episodes: the estimate of the time left counts these."""
 
-    Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called at the start
-    of every fit, restarts the clock, and the count of done trials is read from the trials' statuses.
+    per_round: int
+    """Episodes of one PPO round (every env runner's); 0 for a baseline, which does not train."""
+    evaluation: int
+
+    @classmethod
+    def of(cls, trial: TrialSpec, eval_episodes: int) -> TrialWork:
+        cfg = TrainConfig.from_mapping(trial.train)
+        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, eval_episodes)
+
+    def total(self, rounds: int) -> int:
+        return rounds * self.per_round + self.evaluation
+
+
+class TrialEvents(tune.Callback):
+    """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables,
+    with an estimate of the time left once this command has done some work.
+
+    Work is counted in episodes (TrialWork, by (arm, seed)): the estimate assumes the episodes left take as long,
+    on average, as those done since this command started. A trial's rounds and its evaluation count as they
+    report. Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called
+    at the start of every fit, restarts the clock, and the count of done trials is read from the trials'
+    statuses. (A run started before `work` existed restores without it: its lines carry no estimate.)
     """
 
-    def __init__(self, total: int, rounds: int, print_fn: Any = print) -> None:
-        self.total, self.rounds, self.print = total, rounds, print_fn
+    work: dict[tuple[str, int], TrialWork] = {}
+
+    def __init__(self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork], print_fn: Any = print) -> None:
+        self.total, self.rounds, self.work, self.print = total, rounds, work, print_fn
         self.setup()
 
     def setup(self, **info: Any) -> None:
         self.start = time.time()
         self.ended: set[str] = set()
+        self.work_at_start: int | None = None  # episodes done before this command (a resume), read at its first event
 
     def _done(self, trials: list[Any]) -> int:
         return len(self.ended | {t.trial_id for t in trials if t.status in TERMINAL})
 
+    def _work_done(self, trial: Any, result: dict[str, Any] | None) -> int:
+        """Episodes `trial` has run, from `result` (its newest, if given) or its last result: all once it has
+        ended or reported its evaluation, else its rounds'."""
+        spec = trial.config[TRIAL_KEY]
+        work = self.work[(spec["arm"], spec["seed"])]
+        newest = result if result is not None else (trial.last_result or {})
+        if trial.trial_id in self.ended or trial.status in TERMINAL or EVAL_PREFIX + "test_accuracy" in newest:
+            return work.total(self.rounds)
+        return min(int(newest.get(SUMMARY_PREFIX + "round", 0)), self.rounds) * work.per_round
+
+    def _left(self, trials: list[Any], trial: Any, result: dict[str, Any] | None = None) -> str:
+        """`; about 3m05s left`, or nothing before this command has done any work. Tune creates trials as it
+        goes, so the total comes from the experiment, and trials it has not created yet have done nothing."""
+        if not self.work:
+            return ""
+        done = sum(self._work_done(t, result if t is trial else None) for t in trials)
+        total = sum(w.total(self.rounds) for w in self.work.values())
+        if self.work_at_start is None:
+            self.work_at_start = done
+        left = time_left(time.time() - self.start, done - self.work_at_start, total - self.work_at_start)
+        return f"; {left}" if left else ""
+
     def _line(self, text: str) -> None:
-        elapsed = time.time() - self.start
-        self.print(f"[{int(elapsed // 60):3d}m{int(elapsed % 60):02d}s] {text}", flush=True)
+        self.print(f"{clock_stamp(time.time() - self.start)} {text}", flush=True)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         running = len({t.trial_id for t in trials if t.status == "RUNNING"} | {trial.trial_id})
-        self._line(f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done)")
+        self._line(f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done"
+                   f"{self._left(trials, trial)})")
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
         parts = []
@@ -94,11 +141,11 @@ class TrialEvents(tune.Callback):
             parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
                          f"{int(result[EVAL_PREFIX + 'episodes'])} episodes, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
         if parts:
-            self._line(f"         {_trial_label(trial)} " + "; ".join(parts))
+            self._line(f"         {_trial_label(trial)} " + "; ".join(parts) + self._left(trials, trial, result))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.ended.add(trial.trial_id)
-        self._line(f"finished {_trial_label(trial)} ({self._done(trials)}/{self.total} done)")
+        self._line(f"finished {_trial_label(trial)} ({self._done(trials)}/{self.total} done{self._left(trials, trial)})")
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(f"retrying {_trial_label(trial)} from its last checkpoint after an error")
@@ -106,7 +153,7 @@ class TrialEvents(tune.Callback):
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.ended.add(trial.trial_id)
         self._line(f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics "
-                   f"({self._done(trials)}/{self.total} done)")
+                   f"({self._done(trials)}/{self.total} done{self._left(trials, trial)})")
 
 
 def trial_resources(spec: ExperimentSpec, arm: str) -> dict[str, float]:
@@ -257,7 +304,8 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 else:
                     output.mkdir(parents=True, exist_ok=True)
                     ordered = plan(spec, output, source, save_networks)
-                tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds))
+                work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
+                tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds, work))
                 print(concurrency_line(spec), flush=True)
             print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node

@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from esper_ray.contracts.stages import LIVE_STAGES, Stage
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.train.progress_lines import EpisodeProgress
 
 
 class Controller(Protocol):
@@ -159,31 +159,24 @@ def run_episode(
 
 
 def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool,
-                 measure_test: bool = False, on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
-    """`episodes` episodes in a row, with a progress bar of their epochs on stderr (tqdm; off when not a terminal);
-    `on_episode_end` sees each one's env, summary and history before the next episode resets the env."""
+                 measure_test: bool = False, on_episode_end: EpisodeEnd | None = None,
+                 label: str = "episodes") -> list[EpisodeSummary]:
+    """`episodes` episodes in a row; with `progress`, lines on stderr that begin with `label`, one per episode and
+    one per slow epoch, each with the time left (progress_lines.py). `on_episode_end` sees each one's env,
+    summary and history before the next episode resets the env."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
+    lines = EpisodeProgress(label, episodes, env.cfg.max_epochs) if progress else None
     summaries: list[EpisodeSummary] = []
-    with tqdm(total=episodes * env.cfg.max_epochs, unit="epoch", disable=None if progress else True, leave=False) as bar:
-
-        def on_step(step: int, info: dict[str, Any]) -> None:
-            bar.set_description(f"episode {len(summaries) + 1}/{episodes}", refresh=False)
-            bar.set_postfix_str(f"val acc {100 * info['val_accuracy']:.1f}%", refresh=False)
-            bar.update(1)
-
-        for episode in range(episodes):
-            history = EpisodeHistory()
-            summaries.append(run_episode(env, controller, episode, on_step=on_step, measure_test=measure_test, history=history))
-            if on_episode_end is not None:
-                on_episode_end(env, summaries[-1], history)
-            bar.update(episode_end_steps(bar, episode + 1, env.cfg.max_epochs))
+    for episode in range(episodes):
+        history = EpisodeHistory()
+        summaries.append(run_episode(env, controller, episode, on_step=lines.epoch if lines else None,
+                                     measure_test=measure_test, history=history))
+        if on_episode_end is not None:
+            on_episode_end(env, summaries[-1], history)
+        if lines is not None:
+            lines.episode_end(summaries[-1].final_accuracy, summaries[-1].params_added, summaries[-1].seconds)
     return summaries
-
-
-def episode_end_steps(bar: tqdm, episodes_done: int, max_epochs: int) -> int:
-    """Steps to add so the bar reaches the end of an episode that a rollback ended early."""
-    return max(0, episodes_done * max_epochs - bar.n)
 
 
 def format_summary(s: EpisodeSummary) -> str:

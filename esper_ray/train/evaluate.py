@@ -191,4 +191,4 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
     env = MorphogeneticEnv(env_config)
     module, feature_filter = load_policy(checkpoint)
     return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True,
-                        on_episode_end=on_episode_end)
+                        on_episode_end=on_episode_end, label="eval")

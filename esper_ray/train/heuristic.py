@@ -16,4 +16,5 @@ def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool =
                   on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
     env = MorphogeneticEnv(env_config)
     controller = HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value)
-    return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end)
+    return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end,
+                        label="heuristic")

@@ -29,6 +29,7 @@ from esper_ray.train.manifest import write_atomically
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
+from esper_ray.train.progress_lines import time_left
 from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
 from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
@@ -110,6 +111,7 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     # resumed from the folder's newest. Not latest.json's round alone: resumed in place from an earlier
     # checkpoint, latest.json names a later round of the old run, which the new run's rounds must replace.
     saved = algo.iteration() if latest_round(output) == algo.iteration() else None
+    first_round, started = algo.iteration(), time.perf_counter()  # the estimate of the time left counts this run's rounds
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -128,7 +130,8 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                     report = textwrap.indent(traceback_report(summary.round, failures), "    ")  # Markdown: preformatted
                     writer.add_text("env_step_failures", report, summary.round)
                 # printed once recorded: a Ctrl-C at the sight of a round's line loses none of that round
-                log(progress_line(summary, cfg.rounds))
+                left = time_left(time.perf_counter() - started, summary.round - first_round, cfg.rounds - first_round)
+                log(progress_line(summary, cfg.rounds) + (f" | {left}" if left else ""))
                 if failures:
                     log(f"  tracebacks: {failures_log}")
                 if cfg.checkpoint_every and summary.round % cfg.checkpoint_every == 0:
