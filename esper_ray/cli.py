@@ -162,7 +162,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from esper_ray.train.checkpoints import resolve_checkpoint
     from esper_ray.train.evaluate import run_evaluation
     from esper_ray.train.grow import check_save_folder, saver
+    from esper_ray.train.resources import quiet_ray_logs
 
+    quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)

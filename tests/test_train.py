@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from esper_ray.train.rounds import train_round
 from esper_ray.train.runner import run_training
 
 pytestmark = pytest.mark.expensive
+REPO = Path(__file__).resolve().parents[1]
 SMALL_ENV = {"batch_size": 512}
 
 
@@ -237,6 +240,14 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert saved["test_accuracy"] == rows[0]["test_accuracy"] == architecture["run"]["test_accuracy"]
     assert architecture["run"]["controller"].startswith("the greedy PPO policy of checkpoint")
     assert not esper_ray.load_grown(tmp_path / "grown").training
+    # in a process of its own (Ray logs each notice once per process): Ray's deprecation notices only with --verbose,
+    # the progress lines on stderr either way
+    for verbose in ([], ["--verbose"]):
+        run = subprocess.run([sys.executable, "-m", "esper_ray.cli", *verbose, "eval", "--checkpoint", str(moved),
+                              "--episodes", "1", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and len(json.loads(run.stdout)) == 1, run.stderr
+        assert "eval: episode 0 (1 of 1) done in" in run.stderr
+        assert ("DeprecationWarning: `RLModule(config=[RLModuleConfig object])`" in run.stderr) == bool(verbose), run.stderr
     # --rounds is the total: 1 round is done, so --rounds 1 has nothing to do and says so
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", str(moved), "--rounds", "1"])

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -66,8 +67,7 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
     if env_vars:
         quiet["runtime_env"] = {"env_vars": dict(env_vars)}
     if not verbose:
-        for name in ("ray", "ray.rllib", "ray.tune", "ray.train"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+        quiet_ray_logs()
         # The core worker writes error-level lines straight to stderr (e.g. that RLlib's restartable env runners
         # keep their constructor arguments in the object store); they stay in Ray's log files.
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
@@ -87,6 +87,26 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         raise ValueError(f"--address {address}: no Ray cluster answered ({first}); start one with `ray start --head`, "
                          f"or leave --address out to start a local Ray") from None
     log(dashboard_line(context.dashboard_url, token_auth_enabled()))
+
+
+RAY_LOGGERS = ("ray", "ray.rllib", "ray.tune", "ray.train")
+"""Ray's loggers that set their own level when Ray is imported (ray.rllib at WARNING); the others inherit "ray"'s."""
+
+
+def quiet_ray_logs() -> None:
+    """Ray's own warnings off this process's console, unless ESPER_RAY_VERBOSE is set (`esper-ray --verbose`):
+    its loggers at ERROR and the Python warnings its modules raise ignored. esper-ray's own warnings stay.
+
+    Ray configures its loggers when imported, so call this after `import ray` (this module imports it). RLlib's
+    deprecation notices are log lines, not Python warnings: every `eval` printed "DeprecationWarning:
+    `RLModule(config=[RLModuleConfig object])` has been deprecated", from Ray's own RLModule constructor.
+    Worker processes need nothing here: without --verbose their output is not forwarded (`log_to_driver`).
+    """
+    if os.environ.get(VERBOSE_ENV) == "1":
+        return
+    for name in RAY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"ray(\.|$)")
 
 
 @contextlib.contextmanager
