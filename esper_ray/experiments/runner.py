@@ -87,8 +87,10 @@ class TrialEvents(tune.Callback):
 
     work: dict[tuple[str, int], TrialWork] = {}
 
-    def __init__(self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork], print_fn: Any = print) -> None:
-        self.total, self.rounds, self.work, self.print = total, rounds, work, print_fn
+    def __init__(self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork] | None = None,
+                 print_fn: Any = print) -> None:
+        """`work`: every trial's, by (arm, seed); without it the lines carry no estimate."""
+        self.total, self.rounds, self.work, self.print = total, rounds, work or {}, print_fn
         self.setup()
 
     def setup(self, **info: Any) -> None:
