@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from esper_ray.experiments.concurrency import describe, fits_at_once
-from esper_ray.experiments.runner import trial_resources
+from esper_ray.experiments.concurrency import describe, fits_at_once, requests_by_kind
+from esper_ray.experiments.runner import arm_resources
 from esper_ray.experiments.spec import ExperimentSpec
 
 
@@ -26,14 +26,16 @@ def test_the_text_experiment_fills_one_two_four_or_eight_gpus_unchanged(cpus, gp
     spec = ExperimentSpec.from_yaml("tune_configs/text.yaml")
     assert spec.max_concurrent_trials is None  # the file does not size itself for a machine
     have = {"CPU": float(cpus), "GPU": float(gpus)}
-    assert fits_at_once(trial_resources(spec, "ppo"), have) == ppo_at_once
-    assert fits_at_once(trial_resources(spec, "none"), have) >= ppo_at_once  # a baseline trial asks for less
+    needs = arm_resources(spec)
+    assert fits_at_once(needs["ppo"], have) == ppo_at_once
+    assert fits_at_once(needs["none"], have) >= ppo_at_once  # a baseline trial asks for less
 
 
 def test_the_cnn_experiment_on_two_cores_runs_one_ppo_trial_beside_a_baseline():
     spec = ExperimentSpec.from_yaml("tune_configs/controllers.yaml")
     have = {"CPU": 2.0}
-    ppo, baseline = trial_resources(spec, "ppo"), trial_resources(spec, "none")
+    needs = arm_resources(spec)
+    ppo, baseline = needs["ppo"], needs["none"]
     assert fits_at_once(ppo, have) == 1 and ppo["CPU"] + baseline["CPU"] <= 2.0
     assert fits_at_once(ppo, {"CPU": 32.0}) == 21
 
@@ -44,3 +46,11 @@ def test_the_line_names_each_kind_of_trial_and_the_cap():
     assert line == ("trials at once on 64 CPU, 4 GPU: 16 ppo trials at once (2.5 CPU, 0.25 GPU each); "
                     "64 baseline trials at once (0.5 CPU, 0.0625 GPU each); no cap (max_concurrent_trials not set)")
     assert describe({"ppo": {"CPU": 1.5}}, {"CPU": 2.0}, cap=1).endswith("capped at 1 by max_concurrent_trials")
+
+
+def test_arms_of_one_kind_that_ask_differently_are_listed_apart():
+    kinds = {"ppo": "ppo", "ppo_big": "ppo", "ppo_same": "ppo", "none": "baseline"}
+    small, big = {"CPU": 1.5}, {"CPU": 4.5}
+    requests = requests_by_kind(kinds, {"ppo": small, "ppo_big": big, "ppo_same": small, "none": {"CPU": 0.5}})
+    assert requests == {"ppo (ppo, ppo_same)": small, "ppo (ppo_big)": big, "baseline": {"CPU": 0.5}}
+    assert requests_by_kind({"a": "ppo", "b": "ppo"}, {"a": small, "b": small}) == {"ppo": small}

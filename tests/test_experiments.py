@@ -349,6 +349,19 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
 
 # ------------------------------------------------------------------------------- on a local Ray
 @pytest.mark.expensive
+def test_a_trial_larger_than_the_local_cluster_is_refused_before_tune_starts(ray_local, tmp_path, capsys):
+    smoke = (REPO / "tune_configs" / "smoke.yaml").read_text()
+    big = tmp_path / "big.yaml"
+    big.write_text(smoke.replace("  cpus_per_env: 0.5\n", "  cpus_per_env: 3\n"))
+    assert "cpus_per_env: 3" in big.read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", str(big), "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "arms.ppo: one trial asks for 3.5 CPU (there are 2)" in err, err  # 3 for its env, 0.5 its driver
+    assert not (tmp_path / "run" / "tune").exists()
+
+
+@pytest.mark.expensive
 def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(ray_local, tmp_path, capsys):
     out = tmp_path / "smoke"
     assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--save"]) == 0

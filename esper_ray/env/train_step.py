@@ -100,6 +100,9 @@ class TrainStep:
         self._key = (per_slot, host_optimizer, precision.dtype, max_grad_norm)
         # False while a seed that cannot run in a CUDA graph runs in the forward pass (a prune's ramp-down included).
         self.capturable = not any(s.blueprint in EAGER_STEP_BLUEPRINTS for s in model.seed_slots() if s.is_active)
+        # Which parameters get gradients is fixed with the structure, so new momentum buffers can only be needed at
+        # this step's first call (start_momentum_of_new_grads), never on the hot path after it.
+        self.momentum_started = False
 
     def key(self) -> tuple[Any, ...]:
         """Everything a captured graph depends on besides tensor values (objects compare by identity)."""
@@ -126,8 +129,11 @@ class TrainStep:
         torch.nn.utils.clip_grad_norm_(self.host_params, self.max_grad_norm)
         for s in self.slots:
             torch.nn.utils.clip_grad_norm_(s.seed_parameters(), self.max_grad_norm)
+        if not self.momentum_started:
+            for opt in optimizers:
+                start_momentum_of_new_grads(opt)  # type: ignore[arg-type]
+            self.momentum_started = True
         for opt in optimizers:
-            start_momentum_of_new_grads(opt)  # type: ignore[arg-type]
             if scaler is not None:
                 scaler.step(opt)  # type: ignore[arg-type]
             else:
@@ -144,7 +150,8 @@ def start_momentum_of_new_grads(optimizer: torch.optim.Optimizer) -> None:
     blend, after the seed's own parameters have stepped; the fused SGD kernel (CUDA) takes a group's buffers as
     all new or all there and raised TypeError on the mix, losing the env step. A zero buffer gives what a first
     step gives (buffer = gradient, SGD's dampening being 0), so the foreach path (CPU) computes the same as before.
-    This runs in the eager step before a structure is captured, so a captured step finds every buffer there."""
+    TrainStep runs this at its first call, an eager step before its structure is captured, so a captured step
+    finds every buffer there."""
     for group in optimizer.param_groups:
         if group.get("momentum", 0) == 0:
             continue

@@ -22,6 +22,17 @@ def fits_at_once(need: Mapping[str, float], have: Mapping[str, float]) -> int:
     return min(math.floor(have.get(k, 0.0) / v + 1e-9) for k, v in asked.items())
 
 
+def requests_by_kind(kinds: Mapping[str, str], needs: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Each arm's request (`needs`, by arm) under its kind of trial (`kinds`, by arm: "ppo", "baseline"); arms of
+    one kind that ask for different resources are listed apart, named: "ppo (big, small)"."""
+    groups: dict[tuple[str, tuple[tuple[str, float], ...]], list[str]] = {}
+    for arm, need in needs.items():
+        groups.setdefault((kinds[arm], tuple(sorted(need.items()))), []).append(arm)
+    kind_counts = [kind for kind, _ in groups]
+    return {kind if kind_counts.count(kind) == 1 else f"{kind} ({', '.join(arms)})": dict(need)
+            for (kind, need), arms in groups.items()}
+
+
 def describe(requests: Mapping[str, Mapping[str, float]], have: Mapping[str, float], cap: int | None) -> str:
     """One line: per kind of trial (e.g. "ppo", "baseline") what it asks and how many fit at once, and the cap."""
     def amounts(resources: Mapping[str, float]) -> str:

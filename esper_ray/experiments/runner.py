@@ -24,7 +24,7 @@ from ray import tune
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.experiments.concurrency import describe
+from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import EXPERIMENT_FILE, TRIAL_DIR_RE, TUNE_DIR, collect_trials, read_experiment_file
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
@@ -158,21 +158,28 @@ class TrialEvents(tune.Callback):
                    f"({self._done(trials)}/{self.total} done{self._left(trials, trial)})")
 
 
-def trial_resources(spec: ExperimentSpec, arm: str) -> dict[str, float]:
-    """What one trial of `arm` asks Tune for, summed over its bundles (resource -> amount)."""
-    trial = next(t for t in spec.trials() if t.arm == arm)
-    config = {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}
-    return dict(MorphoTrial.default_resource_request(config).required_resources)
+def first_trials(spec: ExperimentSpec) -> dict[str, TrialSpec]:
+    """One trial of each arm (an arm's trials differ only in their seed)."""
+    first: dict[str, TrialSpec] = {}
+    for trial in spec.trials():
+        first.setdefault(trial.arm, trial)
+    return first
 
 
-def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
+def arm_resources(spec: ExperimentSpec) -> dict[str, dict[str, float]]:
+    """What one trial of each arm asks Tune for, summed over its bundles (resource -> amount)."""
+    return {arm: dict(MorphoTrial.default_resource_request(
+                {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}).required_resources)
+            for arm, trial in first_trials(spec).items()}
+
+
+def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], local: bool) -> None:
     """Every arm's env settings work (built once here), and each trial fits the machine: a trial larger than the
-    whole cluster would wait in Tune's queue for ever."""
+    whole cluster would wait in Tune's queue for ever. `needs`: arm_resources(spec)."""
     have = ray.cluster_resources()
-    for arm in spec.arms:
-        trial = next(t for t in spec.trials() if t.arm == arm)
+    for arm, trial in first_trials(spec).items():
         check_env_config(TrainConfig.from_mapping(trial.train), log=lambda _: None)
-        need = trial_resources(spec, arm)
+        need = needs[arm]
         short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
         if short:
             what = ", ".join(f"{v:g} {k} (there are {h:g})" for k, (v, h) in short.items())
@@ -182,12 +189,11 @@ def check_trials_fit(spec: ExperimentSpec, local: bool) -> None:
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
 
 
-def concurrency_line(spec: ExperimentSpec) -> str:
-    """What the cluster fits at once, per kind of trial (a PPO trial asks for more than a baseline one)."""
-    requests: dict[str, dict[str, float]] = {}
-    for arm in spec.arms:
-        requests.setdefault("ppo" if spec.controller(arm) is ControllerKind.PPO else "baseline", trial_resources(spec, arm))
-    return describe(requests, ray.cluster_resources(), spec.max_concurrent_trials)
+def concurrency_line(spec: ExperimentSpec, needs: dict[str, dict[str, float]]) -> str:
+    """What the cluster fits at once, per kind of trial (a PPO trial asks for more than a baseline one).
+    `needs`: arm_resources(spec)."""
+    kinds = {arm: "ppo" if spec.controller(arm) is ControllerKind.PPO else "baseline" for arm in needs}
+    return describe(requests_by_kind(kinds, needs), ray.cluster_resources(), spec.max_concurrent_trials)
 
 
 def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False) -> list[TrialSpec]:
@@ -299,7 +305,8 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
             if continuing:
                 tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
             else:
-                check_trials_fit(spec, local=address is None)
+                needs = arm_resources(spec)
+                check_trials_fit(spec, needs, local=address is None)
                 if resume:  # stopped before Tune recorded a trial: start the recorded plan afresh
                     shutil.rmtree(tune_path, ignore_errors=True)
                     ordered = recorded_order(spec, output)
@@ -308,7 +315,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                     ordered = plan(spec, output, source, save_networks)
                 work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
                 tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds, work))
-                print(concurrency_line(spec), flush=True)
+                print(concurrency_line(spec, needs), flush=True)
             print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
                 tuner.fit()
