@@ -1,0 +1,193 @@
+"""What each seed is worth at the end of a host run, and how much of that a single episode shows: the committed
+model's final accuracy and the `committed` reward's return for every blueprint planted at epoch 0 and fossilized
+at the first legal epoch (and for the best one planted later, or left on probation), paired with the bare host
+on the same episodes (same host initialisation and data order).
+
+Issue 30 asked whether the optimum on text is findable at all at its signal-to-noise ratio. The script prints,
+per configuration, the mean gain over the bare host and its spread across episodes, next to the spread of the
+bare host's own accuracy across episodes (which host an episode draws), the noise a controller's return carries.
+
+    python measurements/blueprint_returns.py --task text --host-preset text-starved --text-max-bytes 120000 \
+        --device cuda --episodes 24 --workers 16 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from esper_ray.contracts.actions import parse_blueprint, topology_blueprints  # noqa: E402
+from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
+from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
+from esper_ray.policy.baselines import wait_action  # noqa: E402
+from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One configuration: `blueprint` in `slot` germinated at `epoch`, fossilized asap unless `probation`."""
+
+    blueprint: str | None = None
+    slot: str = "r0c0"
+    epoch: int = 0
+    probation: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.blueprint is None:
+            return "none"
+        return f"{self.blueprint}@{self.slot} e{self.epoch}" + (" probation" if self.probation else "")
+
+
+class PlanController(FixedSeedController):
+    """The fixed arm's lifecycle, started at `epoch`; with `probation` it never fossilizes."""
+
+    def __init__(self, plan: Plan, slot_ids, max_epochs: int, seed: FixedSeed) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(slot_ids, max_epochs, seed, min_training_epochs=10)
+        self.plan = plan
+        self.epoch = 0
+
+    def reset(self) -> None:
+        self.epoch = 0
+
+    def act(self, obs):  # type: ignore[no-untyped-def]
+        self.epoch += 1
+        n = len(self.slot_ids)
+        if self.epoch - 1 < self.plan.epoch:
+            return wait_action(n)
+        if self.plan.probation:
+            from esper_ray.contracts.stages import Stage
+
+            block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
+            if decode_stage(block) is Stage.HOLDING:
+                return wait_action(n)
+        return super().act(obs)
+
+
+def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[type-arg]
+    plan, episodes, env_config = job
+    import torch
+
+    from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+
+    torch.set_num_threads(1)
+    env = MorphogeneticEnv(env_config)
+    topology = "transformer" if env_config["task"].startswith("text") else "cnn"
+    if plan.blueprint is None:
+        controller = None
+    else:
+        seed = FixedSeed(parse_blueprint(plan.blueprint, topology_blueprints(topology), topology), plan.slot)
+        controller = PlanController(plan, list(env.slot_ids), env_config["max_epochs"], seed)
+    gamma = env.reward_config.gamma
+    rows = []
+    for episode in episodes:
+        obs, _ = env.reset(seed=episode)
+        if controller is not None:
+            controller.reset()
+        done, t, ret, curve = False, 0, 0.0, []
+        while not done:
+            action = wait_action(len(env.slot_ids)) if controller is None else controller.act(obs)
+            obs, reward, terminated, truncated, info = env.step(action)
+            ret += gamma**t * reward
+            curve.append(info["committed_accuracy"])
+            t += 1
+            done = terminated or truncated
+        test = env.measure_test()
+        rows.append({"plan": plan.label, "episode": episode, "return": ret, "val": info["committed_accuracy"],
+                     "test": test.accuracy, "test_with_probation": test.accuracy_with_probation,
+                     "params": info["committed_seed_params"], "fossilized": info["count/fossilized"], "germinated": info["count/germinated"],
+                     "refused": info["count/refused"], "curve": curve})
+    return rows
+
+
+def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int]) -> list[Plan]:
+    out = [Plan()] + [Plan(b) for b in blueprints]
+    out += [Plan(best, slot=s) for s in slots if s != "r0c0"]
+    out += [Plan(best, epoch=e) for e in epochs if e != 0]
+    out.append(Plan(best, probation=True))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="text")
+    parser.add_argument("--host-preset", default="text-starved")
+    parser.add_argument("--text-max-bytes", type=int, default=120_000)
+    parser.add_argument("--max-epochs", type=int, default=25)
+    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--best", default="attention", help="the blueprint tried in other slots, later, on probation")
+    parser.add_argument("--epochs", type=int, nargs="+", default=[0, 3, 6, 9])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write every episode's figures here")
+    args = parser.parse_args()
+    env_config = {"task": args.task, "max_epochs": args.max_epochs, "seed": 0, "reward_mode": "committed",
+                  "device": args.device}
+    if args.task.startswith("text"):
+        env_config.update(host_preset=args.host_preset, text_max_bytes=args.text_max_bytes)
+    topology = "transformer" if args.task.startswith("text") else "cnn"
+    blueprints = [b.key for b in topology_blueprints(topology)]
+    slots = ["r0c0", "r0c1", "r0c2"]
+    episodes = [1000 + i for i in range(args.episodes)]
+    chunk = max(1, args.episodes // 4)
+    jobs = []
+    for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs)):
+        for start in range(0, len(episodes), chunk):
+            config = dict(env_config)
+            if args.device == "cuda":
+                import torch
+
+                config["device"] = f"cuda:{(i + start) % max(torch.cuda.device_count(), 1)}"
+            jobs.append((plan, episodes[start : start + chunk], config))
+    card = "cpu"
+    if args.device == "cuda":
+        card = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit or os.environ.get("COMMIT", "unknown")
+    print(f"# {args.task} ({args.host_preset if topology == 'transformer' else ''}), {args.episodes} paired episodes "
+          f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
+          f"commit {commit}", flush=True)
+    started = time.time()
+    with mp.get_context("spawn").Pool(args.workers) as pool:
+        rows = [r for part in pool.imap_unordered(run_plan, jobs) for r in part]
+    by_plan: dict[str, dict[int, dict]] = {}  # type: ignore[type-arg]
+    for r in rows:
+        by_plan.setdefault(r["plan"], {})[r["episode"]] = r
+    none = by_plan["none"]
+    print(f"wall {time.time() - started:.0f} s\n")
+    spread = np.std([none[e]["test"] for e in episodes], ddof=1)
+    print(f"bare host over episodes: test {np.mean([none[e]['test'] for e in episodes]):.4f} +- {spread:.4f} (sd), "
+          f"committed return {np.mean([none[e]['return'] for e in episodes]):.2f} "
+          f"+- {np.std([none[e]['return'] for e in episodes], ddof=1):.2f}\n")
+    print("| plan | test gain (pts) | sd of paired gain | gain > 0 | return gain | sd of paired return gain "
+          "| sd of return | params kept | germinated | fossilized | refused |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, per in by_plan.items():
+        common = [e for e in episodes if e in per]
+        gain = np.array([100 * (per[e]["test"] - none[e]["test"]) for e in common])
+        rgain = np.array([per[e]["return"] - none[e]["return"] for e in common])
+        print(f"| {label} | {gain.mean():+.2f} | {gain.std(ddof=1):.2f} | {np.mean(gain > 0):.2f} | {rgain.mean():+.2f} "
+              f"| {rgain.std(ddof=1):.2f} | {np.std([per[e]['return'] for e in common], ddof=1):.2f} "
+              f"| {np.mean([per[e]['params'] for e in common]):,.0f} "
+              f"| {np.mean([per[e]['germinated'] for e in common]):.2f} "
+              f"| {np.mean([per[e]['fossilized'] for e in common]):.2f} "
+              f"| {np.mean([per[e]['refused'] for e in common]):.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"card": card, "commit": commit, "args": vars(args) | {"json": str(args.json)},
+                                         "rows": rows}, indent=0))
+
+
+if __name__ == "__main__":
+    main()
