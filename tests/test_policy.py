@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import gymnasium as gym
@@ -11,11 +12,13 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import action_nvec
 from esper_ray.policy.baselines import lifecycle_action
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+from tests.morpho_helpers import drive_to
 
 NUM_SLOTS = 2
 NVEC = action_nvec(NUM_SLOTS)
@@ -89,6 +92,24 @@ def test_the_prune_prior_makes_an_untrained_policy_prune_e_to_the_prior_times_as
         probs = torch.softmax(logits, -1)
         prune, wait = float(probs[encode_joint(Op.PRUNE, 0, 2)]), float(probs[encode_joint(Op.WAIT, None, 2)])
         assert prune / wait == pytest.approx(math.exp(prior), rel=0.05), prior
+
+
+def test_the_fossilize_prior_makes_an_untrained_policy_commit_a_holding_seed_e_to_the_prior_times_as_often_as_it_waits():
+    """With FOSSILIZE at a logit of +3, a seed in HOLDING is committed e^3 times as often as the policy waits."""
+    for prior in (0.0, 3.0):
+        module, env = _module(fossilize_logit=prior)
+        env.cfg = dataclasses.replace(env.cfg, auto_forward=False)
+        env.reset(seed=0)
+        slot = env.model.slot("r0c0")
+        drive_to(slot, Stage.HOLDING)
+        slot.metrics.record_contribution(0.05)  # G5: a seed that contributes may be fossilized
+        obs = env._observation()
+        assert obs["action_mask"][: NVEC[0]][encode_joint(Op.FOSSILIZE, 0, 2)]
+        with torch.no_grad():
+            logits = module.forward_inference(_batch(obs, module))[Columns.ACTION_DIST_INPUTS][0, 0, : NVEC[0]]
+        probs = torch.softmax(logits, -1)
+        fossilize, wait = float(probs[encode_joint(Op.FOSSILIZE, 0, 2)]), float(probs[encode_joint(Op.WAIT, None, 2)])
+        assert fossilize / wait == pytest.approx(math.exp(prior), rel=0.05), prior
 
 
 def _batch(obs: dict[str, np.ndarray], module: MorphoPolicyModule, batch: int = 1, time: int = 1) -> dict:

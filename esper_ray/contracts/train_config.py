@@ -92,6 +92,10 @@ class TrainConfig:
     prune_logit: float = -3.0
     """Initial bias of the PRUNE entries of the policy's op head (learnable): negative makes an untrained policy prune
     less often, so a seed lives long enough to show what it brings (docs/learning.md, section 8)."""
+    fossilize_logit: float = 0.0
+    """Initial bias of the FOSSILIZE entries of the op head (learnable): positive makes an untrained policy commit a
+    seed that reaches HOLDING within an epoch or two, so what a kept seed is worth is seen from the first rounds
+    instead of the host's collapse when a seed left on probation is dropped (docs/learning.md, section 8)."""
     checkpoint_every: int = 5
     """Save a checkpoint every this many rounds (0: only at the end and on Ctrl-C)."""
     output: str = "esper_runs/train"

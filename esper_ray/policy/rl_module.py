@@ -41,7 +41,7 @@ def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequent
 
 class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
     """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS), and
-    prune_logit (optional): the initial bias of the op head's PRUNE entries."""
+    prune_logit and fossilize_logit (optional): the initial bias of the op head's PRUNE and FOSSILIZE entries."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
@@ -60,9 +60,10 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         )
         self.lstm = nn.LSTM(int(cfg["hidden_size"]), self.cell, batch_first=True)
         self.policy_heads = nn.ModuleList([_mlp_head(self.cell, int(cfg["head_hidden"]), n, 0.01) for n in self.nvec])
-        with torch.no_grad():  # a prior, learnable like any bias: how often an untrained policy prunes
-            prune = [encode_joint(Op.PRUNE, i, self.num_slots) for i in range(self.num_slots)]
-            self.policy_heads[0][2].bias[prune] = float(cfg.get("prune_logit", 0.0))
+        with torch.no_grad():  # priors, learnable like any bias: how often an untrained policy prunes and commits
+            for op, key in ((Op.PRUNE, "prune_logit"), (Op.FOSSILIZE, "fossilize_logit")):
+                entries = [encode_joint(op, i, self.num_slots) for i in range(self.num_slots)]
+                self.policy_heads[0][2].bias[entries] = float(cfg.get(key, 0.0))
         self.value_head = _mlp_head(self.cell, int(cfg["head_hidden"]), 1, 1.0)
         self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(
             input_lens=self.nvec, relevance=relevance_matrix(self.num_slots, self.nvec[0])

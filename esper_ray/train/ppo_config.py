@@ -46,7 +46,8 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/progress.py)."""
     steps_per_runner = cfg.episodes_per_env * cfg.max_epochs
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
-    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1, prune_logit=cfg.prune_logit)
+    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1, prune_logit=cfg.prune_logit,
+                        fossilize_logit=cfg.fossilize_logit)
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
         .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
