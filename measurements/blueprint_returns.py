@@ -129,12 +129,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--best", default="attention", help="the blueprint tried in other slots, later, on probation")
     parser.add_argument("--epochs", type=int, nargs="+", default=[0, 3, 6, 9])
+    parser.add_argument("--num-shards", type=int, default=1, help="train each host on one shard of this many, as an "
+                        "env of a run with this many envs does (episode i on shard i mod num-shards)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write every episode's figures here")
     args = parser.parse_args()
     env_config = {"task": args.task, "max_epochs": args.max_epochs, "seed": 0, "reward_mode": "committed",
-                  "device": args.device}
+                  "device": args.device, "num_shards": args.num_shards}
     if args.task.startswith("text"):
         env_config.update(host_preset=args.host_preset, text_max_bytes=args.text_max_bytes)
     topology = "transformer" if args.task.startswith("text") else "cnn"
@@ -142,6 +144,7 @@ def main() -> None:
     slots = ["r0c0", "r0c1", "r0c2"]
     episodes = [1000 + i for i in range(args.episodes)]
     chunk = max(1, args.episodes // 4)
+    assert chunk % args.num_shards == 0 or args.num_shards == 1, "--episodes / 4 must be a multiple of --num-shards"
     jobs = []
     for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs)):
         for start in range(0, len(episodes), chunk):
@@ -150,13 +153,15 @@ def main() -> None:
                 import torch
 
                 config["device"] = f"cuda:{(i + start) % max(torch.cuda.device_count(), 1)}"
-            jobs.append((plan, episodes[start : start + chunk], config))
+            for shard in range(args.num_shards):  # episode i on shard i mod num_shards
+                part = [e for e in episodes[start : start + chunk] if (e - 1000) % args.num_shards == shard]
+                jobs.append((plan, part, dict(config, shard=shard)))
     card = "cpu"
     if args.device == "cuda":
         card = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     commit = commit or os.environ.get("COMMIT", "unknown")
-    print(f"# {args.task} ({args.host_preset if topology == 'transformer' else ''}), {args.episodes} paired episodes "
+    print(f"# {args.task} ({args.host_preset if topology == 'transformer' else ''}, shards of {args.num_shards}), {args.episodes} paired episodes "
           f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
           f"commit {commit}", flush=True)
     started = time.time()
