@@ -105,7 +105,7 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
             t += 1
             done = terminated or truncated
         test = env.measure_test()
-        rows.append({"plan": plan.label, "episode": episode, "return": ret, "val": info["committed_accuracy"],
+        rows.append({"plan": plan.label, "episode": episode, "shard": env_config.get("shard", 0), "return": ret, "val": info["committed_accuracy"],
                      "test": test.accuracy, "test_with_probation": test.accuracy_with_probation,
                      "params": info["committed_seed_params"], "fossilized": info["count/fossilized"], "germinated": info["count/germinated"],
                      "refused": info["count/refused"], "curve": curve})
@@ -144,7 +144,7 @@ def main() -> None:
     slots = ["r0c0", "r0c1", "r0c2"]
     episodes = [1000 + i for i in range(args.episodes)]
     chunk = max(1, args.episodes // 4)
-    assert chunk % args.num_shards == 0 or args.num_shards == 1, "--episodes / 4 must be a multiple of --num-shards"
+    chunk = -(-chunk // args.num_shards) * args.num_shards  # whole rounds of shards
     jobs = []
     for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs)):
         for start in range(0, len(episodes), chunk):
@@ -159,8 +159,8 @@ def main() -> None:
     card = "cpu"
     if args.device == "cuda":
         card = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    commit = commit or os.environ.get("COMMIT", "unknown")
+    commit = os.environ.get("COMMIT") or subprocess.run(  # COMMIT: a copy of the code outside its repository
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     print(f"# {args.task} ({args.host_preset if topology == 'transformer' else ''}, shards of {args.num_shards}), {args.episodes} paired episodes "
           f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
           f"commit {commit}", flush=True)
