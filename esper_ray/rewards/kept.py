@@ -9,8 +9,8 @@ blends and takes it back at the run's end unless it was fossilized, so the FOSSI
 only at the end, ten or more steps later, through the critic. Here a seed on probation earns nothing (the
 committed model leaves it out, and loses whatever the host gives up by adapting to it), and the FOSSILIZE that
 commits it is paid at once, the step the committed model gains it: the credit lands on the decision that earned
-it. On text a kept attention seed is worth 7 points and one left on probation costs 4
-(measurements/blueprint_returns.py; docs/learning.md, section 8).
+it. On text-starved with a 108 KB training split, a kept attention seed is worth 7 points and one left on
+probation costs 4 (measurements/blueprint_returns.py; docs/learning.md, section 8).
 
 `stage_shaping` is `committed`'s (weight `committed_stage_weight`, the run's end at 0: it sums to zero).
 """
