@@ -175,7 +175,7 @@ def committed_episode(fossilize_at: int | None, *, host=HOST_CURVE,
     holding. A seed left on probation is dropped at the end: the committed model is the host alone, which has
     lost `gain` from adapting to the seed (committed = host - gain), as digits-impaired's host does."""
     steps, T = [], len(host) - 1
-    stage, in_stage, alpha, prev_committed = Stage.DORMANT, 0, 0.0, host[0]
+    stage, in_stage, alpha = Stage.DORMANT, 0, 0.0
     for t in range(1, T + 1):
         before_stage, before_in_stage, before_alpha = stage, in_stage, alpha
         op, target = Op.WAIT, None
@@ -192,13 +192,12 @@ def committed_episode(fossilize_at: int | None, *, host=HOST_CURVE,
         committed = val if stage is Stage.FOSSILIZED or alpha == 0 else host[t] - gain
         steps.append(signal(
             epoch=t, max_epochs=T, op=op, target_slot=target, val_accuracy=val, prev_val_accuracy=prev,
-            initial_val_accuracy=host[0], committed_accuracy=committed, prev_committed_accuracy=prev_committed,
-            host_params=host_params, slots=(slot(stage_before=before_stage, stage_after=stage, epochs_in_stage_before=before_in_stage,
+            initial_val_accuracy=host[0], committed_accuracy=committed, host_params=host_params,
+            slots=(slot(stage_before=before_stage, stage_after=stage, epochs_in_stage_before=before_in_stage,
                         epochs_in_stage_after=in_stage, alpha_before=before_alpha, alpha_after=alpha,
                         seed_params=seed_params if stage is not Stage.DORMANT else 0,
                         contribution=gain if before_alpha > 0 else None, accuracy_at_germination=host[0]),),
         ))
-        prev_committed = committed
     return steps
 
 
@@ -239,39 +238,6 @@ def test_the_default_reward_pays_at_least_as_much_for_a_fossilized_contributing_
     assert fossilized >= probation + 100 * gain  # at least the seed's contribution, which the end of the run drops
     shaped = RewardConfig(mode="shaped")  # the reward this replaced paid for never committing
     assert discounted_return(committed_episode(4, gain=gain), shaped) < discounted_return(committed_episode(None, gain=gain), shaped)
-
-
-@pytest.mark.parametrize("param_cost_pp", [0.0, 2.0])
-@pytest.mark.parametrize("fossilize_at", [4, 7, None])
-def test_kept_returns_what_committed_returns(param_cost_pp, fossilize_at):
-    """Both modes' Phi at the run's end is the committed model's, so their discounted returns are equal on any run:
-    they rank every policy alike (stage shaping included, it sums to zero in both)."""
-    kept, committed = (RewardConfig(mode=m, gamma=0.99, param_cost_pp=param_cost_pp) for m in ("kept", "committed"))
-    steps = committed_episode(fossilize_at)
-    assert discounted_return(steps, kept) == pytest.approx(discounted_return(steps, committed))
-
-
-def test_kept_pays_a_fossilize_on_its_step_and_nothing_for_a_seed_on_probation():
-    """kept's Phi is the committed model's at every step: the step a contributing seed blends in, the committed model
-    (host alone, adapting to the seed) gains nothing from it; the FOSSILIZE step gains the seed, and the host's
-    adaptation loss back. committed pays the seed as it blends and nothing extra for the FOSSILIZE."""
-    host, gain = HOST_CURVE, 0.10
-    kept = RewardConfig(mode="kept", gamma=0.99, param_cost_pp=0.0, committed_stage_weight=0.0)
-    committed = dataclasses.replace(kept, mode="committed")
-    steps = committed_episode(4, gain=gain, blends_at=3)
-    blend, fossil = steps[2], steps[3]  # steps 3 and 4
-    assert compute_reward(blend, kept).total == pytest.approx(0.99 * 100 * (host[3] - gain) - 100 * host[2])
-    assert compute_reward(fossil, kept).total == pytest.approx(0.99 * 100 * (host[4] + gain) - 100 * (host[3] - gain))
-    assert compute_reward(blend, committed).total == pytest.approx(0.99 * 100 * (host[3] + gain) - 100 * host[2])
-    assert compute_reward(fossil, committed).total == pytest.approx(0.99 * 100 * (host[4] + gain) - 100 * (host[3] + gain))
-
-
-def test_kept_reads_the_accuracy_before_the_step_as_committed_when_no_earlier_figure_is_given():
-    cfg = RewardConfig(mode="kept", param_cost_pp=0.0, committed_stage_weight=0.0)
-    without = signal(prev_val_accuracy=0.69, committed_accuracy=0.67, slots=(slot(stage_before=Stage.TRAINING, stage_after=Stage.TRAINING, alpha_before=0.0, alpha_after=0.0),))
-    assert compute_reward(without, cfg).total == pytest.approx(cfg.gamma * 67 - 69)
-    given = dataclasses.replace(without, prev_committed_accuracy=0.60)
-    assert compute_reward(given, cfg).total == pytest.approx(cfg.gamma * 67 - 60)
 
 
 def test_committed_end_of_run_takes_back_exactly_what_the_seeds_on_probation_add():

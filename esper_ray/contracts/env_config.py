@@ -48,7 +48,7 @@ class EnvConfig:
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
     reward_mode: str = "committed"
-    """committed, kept, shaped, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
+    """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution (counterfactual accuracy) or loss (validation loss; shaped only)."""
     gamma: float = 0.995

@@ -25,8 +25,6 @@ class RewardMode(str, Enum):
     MINIMAL = "minimal"
     COMMITTED = "committed"
     """The committed model's accuracy gain, as a potential difference (rewards/committed.py)."""
-    KEPT = "kept"
-    """The same return, each step paying the gain of the model the run would keep if it ended now (rewards/kept.py)."""
 
 
 class RewardFamily(str, Enum):
@@ -66,9 +64,9 @@ class RewardConfig:
     loss_rent_weight: float = 0.05
     loss_rent_grace_epochs: int = 3
     param_cost_pp: float = 1.0
-    """committed and kept modes: accuracy points charged per doubling of the network by its seeds."""
+    """committed mode: accuracy points charged per doubling of the network by its seeds."""
     committed_stage_weight: float = 1.0
-    """committed and kept modes: weight of the potential-based shaping on the seeds' lifecycle stages (accuracy points)."""
+    """committed mode: weight of the potential-based shaping on the seeds' lifecycle stages (accuracy points)."""
 
     @property
     def ablates_fossils(self) -> bool:
@@ -143,9 +141,6 @@ class StepSignal:
     """Accuracy with every non-fossilized seed off, i.e. only fossils on (equals val_accuracy when there is none)."""
     host_params: int
     slots: tuple[SlotSignal, ...] = field(default_factory=tuple)
-    prev_committed_accuracy: float | None = None
-    """committed_accuracy at the step's start (the last validation before the decision); None reads as
-    prev_val_accuracy, which it equals when no seed was on probation."""
 
     @property
     def is_terminal(self) -> bool:

@@ -29,7 +29,7 @@ class TrainConfig:
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length in host epochs (the original used 150; the CPU default is short)."""
     reward_mode: str = "committed"
-    """committed, kept, shaped, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
+    """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution or loss (loss only with shaped)."""
     envs: int = 2

@@ -245,7 +245,7 @@ class MorphogeneticEnv(gym.Env):
         with _timed(timings, "val"):
             plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
             val = self._validate(plan)
-            prev_val, prev_committed = self.val, self.committed_accuracy
+            prev_val = self.val
             self._record_validation(plan, val)
         with _timed(timings, "lifecycle"):
             self.model.step_epoch()
@@ -256,7 +256,7 @@ class MorphogeneticEnv(gym.Env):
             elif math.isfinite(val.loss()) and (self.epoch % SNAPSHOT_EVERY == 0 or (decision.op is Op.FOSSILIZE and success)):
                 self.governor.snapshot(self.model, self.epoch)
         with _timed(timings, "reward"):
-            signal = self._signal(decision, success, before, plan, val, prev_val, prev_committed)
+            signal = self._signal(decision, success, before, plan, val, prev_val)
             reward = self._reward(signal, rollback)
         with _timed(timings, "observation"):
             self.last_op, self.last_success = decision.op, success
@@ -424,7 +424,7 @@ class MorphogeneticEnv(gym.Env):
 
     def _signal(
         self, decision: FactoredAction, success: bool, before: dict[str, dict[str, Any]],
-        plan: CounterfactualPlan, val: ValStats, prev_val: ValStats, prev_committed: float,
+        plan: CounterfactualPlan, val: ValStats, prev_val: ValStats,
     ) -> StepSignal:
         assert self.model is not None
         slots = []
@@ -445,7 +445,7 @@ class MorphogeneticEnv(gym.Env):
             action_success=success, val_accuracy=val.accuracy(0), prev_val_accuracy=prev_val.accuracy(0),
             initial_val_accuracy=self.initial_accuracy, val_loss=val.loss(0), prev_val_loss=prev_val.loss(0),
             random_guess_loss=self.random_guess_loss, committed_accuracy=val.accuracy(plan.committed_index),
-            host_params=self.model.host_params, slots=tuple(slots), prev_committed_accuracy=prev_committed,
+            host_params=self.model.host_params, slots=tuple(slots),
         )
 
     def _observation(self) -> dict[str, np.ndarray]:

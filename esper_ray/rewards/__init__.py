@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from esper_ray.contracts.rewards import RewardBreakdown, RewardConfig, RewardFamily, RewardMode, StepSignal
-from esper_ray.rewards import basic, basic_plus, committed, escrow, kept, loss, minimal, shaped, simplified, sparse
+from esper_ray.rewards import basic, basic_plus, committed, escrow, loss, minimal, shaped, simplified, sparse
 
 _CONTRIBUTION_MODES: dict[RewardMode, Callable[[StepSignal, RewardConfig], RewardBreakdown]] = {
     RewardMode.SHAPED: shaped.compute,
@@ -16,7 +16,6 @@ _CONTRIBUTION_MODES: dict[RewardMode, Callable[[StepSignal, RewardConfig], Rewar
     RewardMode.ESCROW: escrow.compute,
     RewardMode.MINIMAL: minimal.compute,
     RewardMode.COMMITTED: committed.compute,
-    RewardMode.KEPT: kept.compute,
 }
 
 
