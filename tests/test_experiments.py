@@ -629,6 +629,82 @@ def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local,
     assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
 
 
+def _process_group(process) -> int | None:
+    """`process`'s process group; None once it has ended."""
+    import os
+
+    try:
+        return os.getpgid(process.pid)
+    except ProcessLookupError:
+        return None
+
+
+@pytest.mark.expensive
+def test_sigterm_to_the_command_and_its_process_group_mid_round_stops_cleanly_and_resume_finishes(ray_local, tmp_path):
+    """SIGTERM to every process of the command's process group while its PPO trial trains, as `timeout -s TERM`
+    sends it (to the command, then to its whole group) and as `kill -TERM -PGID` or a shell's `kill %1` do. Ray's
+    GCS and raylet were in that group: they shut down, the trials failed (`OSError: Broken pipe`), and 60 s later
+    the driver's core worker ended the process (exit 1, "Failed to connect to GCS") before its `finally` wrote
+    tune_files.json, so `--resume` refused the run. Now Ray's processes start in sessions of their own: the signal
+    reaches the command alone and stops it as one Ctrl-C does (143, the resume command); the resume finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from esper_ray.experiments.runner import TUNE_MANIFEST
+
+    experiment = tmp_path / "term.yaml"
+    experiment.write_text(json.dumps({
+        "name": "term", "seeds": [0], "rounds": 2, "last_rounds": 2, "eval_episodes": 1, "order_seed": 1,
+        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
+        "training": {"task": "digits-impaired", "max_epochs": 100, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
+                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
+    }))
+    out = tmp_path / "run"
+    command = ["ab", str(experiment), "--output", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "esper_ray.cli", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True)  # its own process group, as `timeout` gives the command
+    lines, ray_processes = [], []
+    try:
+        for line in proc.stdout:  # round 2 (seconds long) has begun once round 1's line is printed
+            lines.append(line)
+            if "ppo/seed0 round 1/2" in line:
+                ray_processes = psutil.Process(proc.pid).children(recursive=True)
+                grouped = [p.cmdline()[:1] for p in ray_processes if _process_group(p) == proc.pid]
+                os.killpg(proc.pid, signal.SIGTERM)
+                sent = time.monotonic()
+                break
+        assert ray_processes, "".join(lines)[-3000:]
+        rest, _ = proc.communicate(timeout=300)
+        stopped_after = time.monotonic() - sent
+        printed = "".join(lines) + rest
+        assert proc.returncode == 143, printed[-3000:]
+        assert re.search(r"esper-ray ab: terminated \(SIGTERM\) with [01] of 2 trials done", printed), printed[-3000:]
+        assert f"--output {out} --resume" in printed and "Traceback" not in printed and "Unhandled error" not in printed
+        assert stopped_after < 45, stopped_after  # the core worker's exit came 60 s after the signal
+        assert (out / TUNE_MANIFEST).is_file()
+        assert grouped == [], grouped  # the group's signal reached the command alone
+        _, alive = psutil.wait_procs(ray_processes, timeout=30)  # its Ray ended with it, out of its group or not
+        assert not alive, [p.name() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for process in ray_processes:  # started by this test's command: never left behind, whatever failed above
+            if process.is_running():
+                process.kill()
+
+    assert main([*command, "--resume"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted((t["arm"], t["status"]) for t in results["trials"]) == [("none", "finished"), ("ppo", "finished")]
+    [ppo] = [t for t in results["trials"] if t["arm"] == "ppo"]
+    assert [r["round"] for r in ppo["history"]] == [1.0, 2.0]  # round 2 trained again from round 1's checkpoint, once
+
+
 @pytest.mark.parametrize("text, expected", [("garbage", "not valid JSON"), ('{"experiment": 3}', "not the record")])
 def test_report_of_a_damaged_experiment_record_is_one_line_naming_it(tmp_path, capsys, text, expected):
     (tmp_path / "experiment.json").write_text(text)

@@ -73,7 +73,7 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     quiet_start = contextlib.nullcontext() if verbose else native_stderr_without(LOG_LEVEL_NOTICE)
     if address is None:
-        with quiet_start:
+        with quiet_start, ray_processes_in_their_own_session():
             context = ray.init(num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
         end_ray_processes_with_this_one()  # the local Ray this command started ends with it, even on kill -9
         log(dashboard_line(context.dashboard_url, token_auth_enabled()))
@@ -87,6 +87,44 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         raise ValueError(f"--address {address}: no Ray cluster answered ({first}); start one with `ray start --head`, "
                          f"or leave --address out to start a local Ray") from None
     log(dashboard_line(context.dashboard_url, token_auth_enabled()))
+
+
+@contextlib.contextmanager
+def ray_processes_in_their_own_session() -> Iterator[None]:
+    """Within (while ray.init starts a local Ray): the processes Ray starts (GCS, raylet, dashboard, monitors; the
+    raylet's agents and workers under it) start in a session of their own, not in this command's process group.
+    A signal sent to the command's group then reaches the command alone, as a signal to its pid does.
+
+    On Linux Ray ties these processes to the driver through the kernel (a parent-death signal) and leaves them in
+    the driver's process group. `timeout -s TERM` sends its SIGTERM to the command and then to its whole group
+    (so do `kill -TERM -PGID` and a shell's `kill %1`): the GCS and the raylet shut down while Tune was stopping;
+    the trials failed (`OSError: Broken pipe` to the raylet) and 60 s later the driver's core worker ended the
+    process ("Failed to connect to GCS within 60 seconds") before Python's `finally` ran, so `esper-ray ab` left
+    no tune_files.json and `--resume` refused the run. (Ray blocks SIGINT in these processes: Ctrl-C, which a
+    terminal sends to the whole foreground group, always reached the driver alone.) They still end with this
+    process: the parent-death signal does not depend on groups or sessions, and reaper.py ends its descendants.
+
+    Elsewhere Ray makes the driver a process group leader itself and its reaper ends that group when the driver
+    dies, so its processes stay in it. Ray's launcher is private API: ray is pinned (pyproject.toml), and
+    tests/test_experiments.py checks that none of the command's Ray processes is left in its process group.
+    """
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    from ray._private import services
+
+    launcher = services.ConsolePopen
+
+    class OwnSession(launcher):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs["start_new_session"] = True  # setsid() in the child, before Ray's own preexec_fn
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = launcher
 
 
 RAY_LOGGERS = ("ray", "ray.rllib", "ray.tune", "ray.train")
