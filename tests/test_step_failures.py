@@ -80,6 +80,16 @@ def test_a_round_without_failures_says_nothing_of_them():
     assert "FAILED" not in progress_line(summary, 5)
 
 
+def test_a_round_whose_runners_all_died_reports_no_steps_and_no_episodes():
+    """A SIGTERM or crash mid-round can leave RLlib's step and episode counts NaN (seen when Ray's processes were
+    stopped under the trials); the summary counts them as none instead of raising on int(NaN)."""
+    result = _round_result([[], []], lifetime=0)
+    result[m.ENV_RUNNERS].update({m.ENV_STEPS_SAMPLED: float("nan"), m.EPISODES: float("nan")})
+    summary = summarize_round(result)
+    assert summary.env_steps == 0 and summary.episodes == 0
+    assert "round 3/5" in progress_line(summary, 5)
+
+
 def test_an_ab_trials_round_event_names_its_failed_steps():
     from types import SimpleNamespace
 

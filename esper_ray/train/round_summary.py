@@ -59,12 +59,12 @@ def _count(group: dict[str, Any], key: str) -> int:
 def summarize_round(result: dict[str, Any]) -> RoundSummary:
     runners = result[m.ENV_RUNNERS] if m.ENV_RUNNERS in result else {}
     seconds = float(result["time_this_iter_s"])
-    steps = int(_number(runners, m.ENV_STEPS_SAMPLED, 0))
+    steps = _count(runners, m.ENV_STEPS_SAMPLED)
     return RoundSummary(
         round=int(result["training_iteration"]),
         env_steps=steps,
         env_steps_lifetime=int(result["num_env_steps_sampled_lifetime"]),
-        episodes=int(_number(runners, m.EPISODES, 0)),
+        episodes=_count(runners, m.EPISODES),
         episode_return=_number(runners, m.EPISODE_RETURN),
         final_accuracy=_number(runners, m.FINAL_ACCURACY),
         final_accuracy_min=_number(runners, m.FINAL_ACCURACY_MIN),
