@@ -325,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
     ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
-    ab.add_argument("--address", metavar="auto|HOST:PORT", help="join a running Ray cluster instead of starting a local one")
+    ab.add_argument("--address", metavar="auto|HOST:PORT",
+                    help="join a running Ray cluster instead of starting a local one (without it, a local one starts "
+                         "even where `ray start` or RAY_ADDRESS names another)")
     ab.add_argument("--max-concurrent-trials", type=int, metavar="N",
                     help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
                     "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed")

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from esper_ray.contracts.actions import parse_blueprint, topology_blueprints  # noqa: E402
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
+from esper_ray.contracts.stages import Stage  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.policy.baselines import wait_action  # noqa: E402
 from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
@@ -57,19 +58,17 @@ class PlanController(FixedSeedController):
     def __init__(self, plan: Plan, slot_ids, max_epochs: int, seed: FixedSeed) -> None:  # type: ignore[no-untyped-def]
         super().__init__(slot_ids, max_epochs, seed, min_training_epochs=10)
         self.plan = plan
-        self.epoch = 0
+        self.epochs_done = 0  # the epoch this decision starts
 
     def reset(self) -> None:
-        self.epoch = 0
+        self.epochs_done = 0
 
     def act(self, obs):  # type: ignore[no-untyped-def]
-        self.epoch += 1
+        epoch, self.epochs_done = self.epochs_done, self.epochs_done + 1
         n = len(self.slot_ids)
-        if self.epoch - 1 < self.plan.epoch:
+        if epoch < self.plan.epoch:
             return wait_action(n)
         if self.plan.probation:
-            from esper_ray.contracts.stages import Stage
-
             block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
             if decode_stage(block) is Stage.HOLDING:
                 return wait_action(n)

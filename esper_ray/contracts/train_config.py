@@ -101,7 +101,8 @@ class TrainConfig:
     output: str = "esper_runs/train"
     """Folder for checkpoints, metrics and TensorBoard logs."""
     address: str | None = None
-    """Ray cluster to join: auto or HOST:PORT; None starts a local Ray."""
+    """Ray cluster to join: auto or HOST:PORT; None starts a local Ray, even where another runs (ray start,
+    RAY_ADDRESS): joining one takes this setting."""
     env: Mapping[str, Any] = field(default_factory=dict)
     """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`)."""
 

@@ -73,8 +73,12 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     quiet_start = contextlib.nullcontext() if verbose else native_stderr_without(LOG_LEVEL_NOTICE)
     if address is None:
+        # "local": a new local Ray even where `ray start` recorded a cluster (/tmp/ray/ray_current_cluster, also
+        # written while a ray.cluster_utils.Cluster runs) or RAY_ADDRESS names one; with None, ray.init would join
+        # it and refuse num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided").
+        # Joining a cluster is what --address is for.
         with quiet_start, ray_processes_in_their_own_session():
-            context = ray.init(num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
+            context = ray.init(address="local", num_cpus=os.cpu_count() or 1, **quiet)  # type: ignore[arg-type]
         end_ray_processes_with_this_one()  # the local Ray this command started ends with it, even on kill -9
         log(dashboard_line(context.dashboard_url, token_auth_enabled()))
         return
