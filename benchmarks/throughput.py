@@ -244,7 +244,7 @@ def local_ray(mps: bool):  # type: ignore[no-untyped-def]
     from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 
     env = mps_environment(new_run_id()) if mps else None
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env} if env else None)
     try:
         with mps_daemons(env) if env else contextlib.nullcontext():

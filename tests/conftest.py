@@ -17,6 +17,6 @@ def ray_local():
     """One local Ray per test module, sized like CI (2 CPUs)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a recorded cluster
     yield ray
     ray.shutdown()

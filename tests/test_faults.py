@@ -35,7 +35,7 @@ def ray_with_faults():
     os.environ[FAIL_TRIAL] = "broken/1"
     os.environ[NAN_AT_EPOCH] = f"4:seed={NAN_SEED}"
     os.environ[RAISE_AT_EPOCH] = f"2:seed={RAISE_SEED}"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a recorded cluster
     yield ray
     ray.shutdown()
     del os.environ[FAIL_TRIAL], os.environ[NAN_AT_EPOCH], os.environ[RAISE_AT_EPOCH]
