@@ -569,6 +569,16 @@ def test_an_experiment_or_arm_name_that_is_a_path_fails_before_ray_starts(tmp_pa
     assert list((tmp_path / "here").iterdir()) == []
 
 
+def write_stop_experiment(path: Path, name: str, rounds: int, max_epochs: int) -> None:
+    """The smallest run worth stopping: one seed of a PPO arm (one env, one episode a round) beside no growth."""
+    path.write_text(json.dumps({
+        "name": name, "seeds": [0], "rounds": rounds, "last_rounds": rounds, "eval_episodes": 1, "order_seed": 1,
+        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
+        "training": {"task": "digits-impaired", "max_epochs": max_epochs, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
+                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
+    }))
+
+
 @pytest.mark.expensive
 def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local, tmp_path, capsys, monkeypatch):
     """Early: stopped before Tune recorded a trial (exit 130; its --resume died with KeyError: 'trial' before).
@@ -582,12 +592,7 @@ def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local,
     from esper_ray.experiments.runner import TrialEvents
 
     experiment = tmp_path / "stop.yaml"
-    experiment.write_text(json.dumps({
-        "name": "stop", "seeds": [0], "rounds": 3, "last_rounds": 3, "eval_episodes": 1, "order_seed": 1,
-        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
-        "training": {"task": "digits-impaired", "max_epochs": 2, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
-                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
-    }))
+    write_stop_experiment(experiment, "stop", rounds=3, max_epochs=2)
     out = tmp_path / "run"
     command = ["ab", str(experiment), "--output", str(out)]
 
@@ -658,12 +663,7 @@ def test_sigterm_to_the_command_and_its_process_group_mid_round_stops_cleanly_an
     from esper_ray.experiments.runner import TUNE_MANIFEST
 
     experiment = tmp_path / "term.yaml"
-    experiment.write_text(json.dumps({
-        "name": "term", "seeds": [0], "rounds": 2, "last_rounds": 2, "eval_episodes": 1, "order_seed": 1,
-        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
-        "training": {"task": "digits-impaired", "max_epochs": 100, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
-                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
-    }))
+    write_stop_experiment(experiment, "term", rounds=2, max_epochs=100)
     out = tmp_path / "run"
     command = ["ab", str(experiment), "--output", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "esper_ray.cli", *command], stdout=subprocess.PIPE,
