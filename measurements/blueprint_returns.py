@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,6 +33,7 @@ from esper_ray.contracts.actions import parse_blueprint, topology_blueprints  # 
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
 from esper_ray.contracts.stages import Stage  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
+from esper_ray.morpho.hosts import topology_of  # noqa: E402
 from esper_ray.policy.baselines import wait_action  # noqa: E402
 from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
 
@@ -77,13 +79,11 @@ class PlanController(FixedSeedController):
 
 def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[type-arg]
     plan, episodes, env_config = job
-    import torch
-
     from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
     torch.set_num_threads(1)
     env = MorphogeneticEnv(env_config)
-    topology = "transformer" if env_config["task"].startswith("text") else "cnn"
+    topology = topology_of(env_config["task"])
     if plan.blueprint is None:
         controller = None
     else:
@@ -136,22 +136,21 @@ def main() -> None:
     args = parser.parse_args()
     env_config = {"task": args.task, "max_epochs": args.max_epochs, "seed": 0, "reward_mode": "committed",
                   "device": args.device, "num_shards": args.num_shards}
-    if args.task.startswith("text"):
+    topology = topology_of(args.task)
+    if topology == "transformer":
         env_config.update(host_preset=args.host_preset, text_max_bytes=args.text_max_bytes)
-    topology = "transformer" if args.task.startswith("text") else "cnn"
     blueprints = [b.key for b in topology_blueprints(topology)]
     slots = ["r0c0", "r0c1", "r0c2"]
     episodes = [1000 + i for i in range(args.episodes)]
     chunk = max(1, args.episodes // 4)
     chunk = -(-chunk // args.num_shards) * args.num_shards  # whole rounds of shards
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     jobs = []
     for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs)):
         for start in range(0, len(episodes), chunk):
             config = dict(env_config)
-            if args.device == "cuda":
-                import torch
-
-                config["device"] = f"cuda:{(i + start) % max(torch.cuda.device_count(), 1)}"
+            if gpus:  # spread the jobs over the GPUs
+                config["device"] = f"cuda:{(i + start) % gpus}"
             for shard in range(args.num_shards):  # episode i on shard i mod num_shards
                 part = [e for e in episodes[start : start + chunk] if (e - 1000) % args.num_shards == shard]
                 jobs.append((plan, part, dict(config, shard=shard)))

@@ -30,6 +30,7 @@ from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
 from esper_ray.contracts.rewards import RewardMode  # noqa: E402
 from esper_ray.contracts.stages import Stage  # noqa: E402
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
+from esper_ray.morpho.hosts import topology_of  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.policy.baselines import wait_action  # noqa: E402
 from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
@@ -85,7 +86,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    topology = "transformer" if args.task.startswith("text") else "cnn"
+    topology = topology_of(args.task)
     seed = FixedSeed(parse_blueprint(args.blueprint, topology_blueprints(topology), topology), args.slot)
     lifecycle_min_training = 10
     controllers = {
