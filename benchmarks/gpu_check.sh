@@ -30,3 +30,7 @@ for args in "--task digits" "--task synthetic --batch-size 512" "--task syntheti
 done
 # 4. Bare envs against `esper-ray train` on this GPU, with and without MPS (the README's table).
 python3 benchmarks/throughput.py --gpu --mps 2> "$out/throughput_log.txt" | tee "$out/throughput.json"
+# 5. On a machine of 2+ GPUs: where env processes asking 1/16 of a GPU run, with Ray's pick and spread (docs/gpu.md).
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  python3 benchmarks/placement_check.py 2> "$out/placement_log.txt" | tee "$out/placement.json"
+fi

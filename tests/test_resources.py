@@ -1,51 +1,13 @@
-"""The warning for GPU shares that Ray would split unevenly over GPUs, against a simulation of its filling; what
-Ray startup prints (the dashboard line, no log-level notice)."""
+"""What Ray startup prints (the dashboard line, no log-level notice)."""
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import sys
 
 import pytest
 
-from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.resources import LOG_LEVEL_NOTICE, dashboard_line, native_stderr_without, uneven_gpu_split
-
-
-def filled(envs: int, share: float) -> list[int]:
-    """Envs per GPU when each env goes to the first GPU with room for its share (how Ray packs fractional GPUs)."""
-    free: list[float] = []
-    counts: list[int] = []
-    for _ in range(envs):
-        gpu = next((i for i, room in enumerate(free) if room >= share - 1e-9), None)
-        if gpu is None:
-            free.append(1.0)
-            counts.append(0)
-            gpu = len(free) - 1
-        free[gpu] -= share
-        counts[gpu] += 1
-    return counts
-
-
-@pytest.mark.parametrize("envs", [2, 3, 4, 5, 6, 8, 12, 16])
-@pytest.mark.parametrize("share", [0.1, 0.125, 0.2, 0.225, 0.25, 0.3, 0.5])
-def test_warns_exactly_when_the_fullest_gpu_holds_more_than_an_even_split_and_its_suggestion_is_even(envs, share):
-    counts = filled(envs, share)
-    fullest_if_even = math.ceil(envs / len(counts))
-    message = uneven_gpu_split(TrainConfig(envs=envs, gpus_per_env=share))
-    assert (message is not None) == (max(counts) > fullest_if_even), counts
-    if message is not None:
-        assert f"gpus_per_env={share:g}" in message and f"{max(counts)} envs per GPU" in message
-        low, high = (float(x) for x in re.search(r"a share in \(([\d.]+), ([\d.]+)\]", message).groups())
-        for suggested in (filled(envs, high), filled(envs, (low + high) / 2)):
-            assert len(suggested) == len(counts) and max(suggested) == fullest_if_even  # as many GPUs, even
-
-
-def test_no_warning_without_gpu_shares_or_on_one_gpu():
-    assert uneven_gpu_split(TrainConfig(envs=8, gpus_per_env=0.0)) is None
-    assert uneven_gpu_split(TrainConfig(envs=4, gpus_per_env=0.2)) is None  # 4 of 5 places on one GPU
+from esper_ray.train.resources import LOG_LEVEL_NOTICE, dashboard_line, native_stderr_without
 
 
 def test_dashboard_line_says_how_to_sign_in_when_the_cluster_asks_for_a_token():

@@ -31,6 +31,7 @@ from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
+from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import summarize_round
@@ -125,6 +126,8 @@ class MorphoTrial(tune.Trainable):
         self.fixed = fixed_seed_of(config)
         self.save_networks = bool(config[TRIAL_KEY].get("save_networks", False))  # absent in runs started before --save
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
+        if self.controller is not ControllerKind.PPO:
+            spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
         self.evaluated = False
 

@@ -1,7 +1,8 @@
 """RLlib's env runner with the policy on the CPU, whatever GPU share the runner has, cuDNN left fast, and every
 failed env step recorded.
 
-The env trains its host on the runner's GPU share. The policy is a small LSTM that acts once per host epoch:
+The env trains its host on the runner's GPU share, on the node's least-loaded GPU (gpu_spread.py: Ray would stack
+every fractional share on the first GPU with room). The policy is a small LSTM that acts once per host epoch:
 on a GPU shared by several env processes, each of its forward passes is a few tiny kernels queued behind the
 other processes' time slices, plus a sync to bring the action back (RLlib's own timers on an H200 shared by
 4 envs: 40-110 ms per step for inference and action sampling); on the CPU it is about a millisecond, and it
@@ -20,26 +21,25 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
 
+from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
-
-CPU = torch.device("cpu")
 
 
 class CpuPolicyEnvRunner(SingleAgentEnvRunner):
     @override(SingleAgentEnvRunner)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, config: AlgorithmConfig, **kwargs: Any) -> None:
+        spread_gpu()  # before anything starts CUDA in this process
+        # RLlib would build the policy and its connectors on the runner's GPU: told it has none, it keeps them on the
+        # CPU (and never maps Ray's GPU id to a device, which spread_gpu may have moved); the env still takes the
+        # runner's GPU share through its own `device` setting.
+        cpu_policy = config.copy(copy_frozen=False)
+        cpu_policy.num_gpus_per_env_runner = 0
+        super().__init__(*args, config=cpu_policy, **kwargs)
         torch.backends.cudnn.deterministic = bool(self.config.env_config.get("cudnn_deterministic", False))
-        if torch.device(self._device) != CPU:
-            self._device = CPU
-            if self.module is not None:
-                self.module.to(CPU)
-            # The env-to-module pipeline builds its tensors on the device it was made for: make it anew for the CPU
-            # (nothing is lost: no observation has passed through it yet).
-            self._env_to_module = self.config.build_env_to_module_connector(env=self.env, spaces=self.spaces, device=CPU)
 
     @override(SingleAgentEnvRunner)
     def make_env(self) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import ray
 
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.gpu_spread import NODE_GPUS_ENV
 from esper_ray.train.reaper import end_ray_processes_with_this_one
 
 GB = 1024**3
@@ -64,8 +65,11 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
         return
     verbose = os.environ.get(VERBOSE_ENV) == "1"
     quiet: dict[str, object] = {} if verbose else {"log_to_driver": False, "logging_level": logging.ERROR}
+    env_vars = dict(env_vars or {})
+    if address is None and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        env_vars[NODE_GPUS_ENV] = os.environ["CUDA_VISIBLE_DEVICES"]  # the local Ray's GPU ids (gpu_spread.py)
     if env_vars:
-        quiet["runtime_env"] = {"env_vars": dict(env_vars)}
+        quiet["runtime_env"] = {"env_vars": env_vars}
     if not verbose:
         quiet_ray_logs()
         # The core worker writes error-level lines straight to stderr (e.g. that RLlib's restartable env runners
@@ -234,34 +238,9 @@ def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print
         problems.append(
             f"{want.actors} actors ({cfg.envs} env runners, {cfg.learners} learner(s)) need about {want.memory_gb:.1f} GB "
             f"({ACTOR_MEMORY_GB} GB each) and Ray has {have_memory_gb:.1f} GB for them: at most {fits} envs fit")
-    uneven = uneven_gpu_split(cfg)
-    if uneven:
-        log("warning: " + uneven)
     if not problems:
         return
     if local:
         raise ValueError("this run does not fit this machine: " + "; ".join(problems))
     log("warning: the cluster has too little for this run right now; it waits for the autoscaler to add nodes: "
         + "; ".join(problems))
-
-
-def uneven_gpu_split(cfg: TrainConfig) -> str | None:
-    """Why the envs' GPU shares would split unevenly over GPUs, or None.
-
-    Ray fills a GPU before it starts the next, so with room for 5 envs per GPU, 8 envs land 5 + 3 on two GPUs
-    and every round waits for the fuller one (measured with --overlap and MPS: 8 envs x 0.2 on 2 H100s ran at 0.80
-    of the same envs stepping bare; 8 x 0.225, 4 to a GPU, on 2 H200s at 0.95).
-    """
-    share = cfg.gpus_per_env
-    if share <= 0 or share >= 1 or cfg.placement != "PACK":  # SPREAD splits by node, not by this arithmetic
-        return None
-    room = math.floor(1 / share + 1e-9)  # envs per GPU
-    gpus = math.ceil(cfg.envs / room)
-    even = math.ceil(cfg.envs / gpus)  # the fullest GPU of the most even split over as many GPUs
-    if gpus < 2 or room <= even:
-        return None
-    last = cfg.envs - room * (gpus - 1)
-    return (f"gpus_per_env={share:g} leaves room for {room} envs per GPU, so Ray puts {cfg.envs} envs {room} to a GPU "
-            f"and {last} on the last of {gpus}, and each round waits for the fullest GPU; a share in "
-            f"({1 / (even + 1):.3f}, {math.floor(1000 / even) / 1000:.3f}] puts at most {even} on each "
-            f"(learners' shares count too)")
