@@ -1,0 +1,135 @@
+"""What a trained PPO policy would do along a scripted seed lifecycle: at every step of an episode in which a
+chosen blueprint is planted at epoch 0 and carried to FOSSILIZE (the fixed arm's lifecycle), the policy's own
+probabilities of WAIT, PRUNE, ADVANCE and FOSSILIZE on that slot, its critic's value, and at the first step which
+blueprint it would germinate. Nothing is trained; the policy only watches.
+
+Issue 30 asked why PPO on text learns to plant and prune even where one seed is worth far more than the episode
+noise: this shows whether the policy tells the seed worth keeping from the others while they train (TRAINING
+shows no contribution yet: the seed is not blended in), and whether its critic values the planted seed.
+
+    python measurements/policy_probe.py --trial RUN/tune/ppo_seed4_... --blueprints attention norm mlp --steps 16
+
+`--trial` is an A/B trial's folder (its params.json and checkpoint_*); the latest checkpoint unless
+`--checkpoint`. The env is the trial's own (task, host, data shard 0), on `--device`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from blueprint_returns import Plan, PlanController  # noqa: E402
+from ray.rllib.core.columns import Columns  # noqa: E402
+
+from esper_ray.contracts.actions import Blueprint, Op, encode_joint, parse_blueprint, topology_blueprints  # noqa: E402
+from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
+from esper_ray.env.masks import head_offsets  # noqa: E402
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
+from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
+from esper_ray.experiments.trainable import train_config_of  # noqa: E402
+from esper_ray.morpho.hosts import topology_of  # noqa: E402
+from esper_ray.policy.feature_filter import FEATURES  # noqa: E402
+from esper_ray.train.evaluate import EVAL_SEED_STRIDE, load_policy  # noqa: E402
+
+OPS = (Op.WAIT, Op.PRUNE, Op.ADVANCE, Op.FOSSILIZE)
+
+
+def latest_checkpoint(trial: Path) -> Path:
+    found = sorted(trial.glob("checkpoint_*"))
+    if not found:
+        raise SystemExit(f"--trial {trial}: no checkpoint_* folder in it")
+    return found[-1]
+
+
+class Watcher:
+    """The policy and its critic on each observation, the LSTM state carried as in an episode."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.module, self.filter = load_policy(checkpoint)
+        self.state = {k: torch.as_tensor(v)[None] for k, v in self.module.get_initial_state().items()}
+
+    def look(self, obs: dict) -> tuple[np.ndarray, float]:  # type: ignore[type-arg]
+        def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.as_tensor(x, dtype=dtype)[None, None]
+
+        batch = {Columns.OBS: {FEATURES: tensor(self.filter.normalize(obs[FEATURES], update=False), torch.float32),
+                               "blueprint_ids": tensor(obs["blueprint_ids"]), "action_mask": tensor(obs["action_mask"])},
+                 Columns.STATE_IN: self.state}
+        with torch.no_grad():
+            out = self.module.forward_train(batch)
+            value = float(self.module.compute_values(batch, out[Columns.EMBEDDINGS]).reshape(-1)[0])
+        self.state = out[Columns.STATE_OUT]
+        return out[Columns.ACTION_DIST_INPUTS][0, 0].numpy(), value
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, device: str) -> dict:  # type: ignore[type-arg]
+    cfg = train_config_of(json.loads((trial / "params.json").read_text()))
+    env_config = {**cfg.env_config(shard=0, num_shards=cfg.envs), "device": device}
+    env = MorphogeneticEnv(env_config)
+    topology = topology_of(cfg.task)
+    seed = FixedSeed(parse_blueprint(blueprint, topology_blueprints(topology), topology), slot)
+    controller = PlanController(Plan(blueprint, slot=slot), list(env.slot_ids), cfg.max_epochs, seed)
+    watcher = Watcher(checkpoint)
+    n = len(env.slot_ids)
+    index = list(env.slot_ids).index(slot)
+    offsets = head_offsets(n)
+    obs, _ = env.reset(seed=EVAL_SEED_STRIDE * (cfg.seed + 1))
+    rows, first_choice = [], {}
+    for t in range(steps):
+        logits, value = watcher.look(obs)
+        joint = softmax(logits[offsets["op_slot"]])
+        if t == 0:
+            germinate = sum(joint[encode_joint(Op.GERMINATE, i, n)] for i in range(n))
+            bp = softmax(logits[offsets["blueprint"]])
+            first_choice = {"germinate": float(germinate),
+                            "blueprint": {Blueprint(i).key: round(float(p), 3) for i, p in enumerate(bp) if p > 1e-3}}
+        block = obs["features"][slot_offset(index): slot_offset(index) + SLOT_FEATURES]
+        row = {"step": t, "stage": decode_stage(block).name, "value": round(value, 3)}
+        for op in OPS:
+            row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index, n)]), 3)
+        rows.append(row)
+        obs, _, terminated, truncated, _ = env.step(controller.act(obs))
+        if terminated or truncated:
+            break
+    return {"blueprint": blueprint, "slot": slot, "first_step": first_choice, "steps": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trial", type=Path, required=True)
+    parser.add_argument("--checkpoint", type=Path, help="default: the trial's latest checkpoint_*")
+    parser.add_argument("--blueprints", nargs="+", default=["attention", "norm"])
+    parser.add_argument("--slot", default="r0c0")
+    parser.add_argument("--steps", type=int, default=16, help="steps to watch (the fixed lifecycle fossilizes at 14-15)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    checkpoint = args.checkpoint or latest_checkpoint(args.trial)
+    results = []
+    for blueprint in args.blueprints:
+        result = probe(args.trial, checkpoint, blueprint, args.slot, args.steps, args.device)
+        results.append(result)
+        print(f"{blueprint}@{args.slot}; step 0: P(germinate) {result['first_step']['germinate']:.3f}, "
+              f"blueprint if germinating {result['first_step']['blueprint']}")
+        print("  step stage       value   wait  prune advance fossilize")
+        for r in result["steps"]:
+            print(f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} {r['fossilize']:9.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
