@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blueprint_returns import Plan, PlanController  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
 
-from esper_ray.contracts.actions import Blueprint, Op, encode_joint, parse_blueprint, topology_blueprints  # noqa: E402
+from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint, parse_blueprint, topology_blueprints  # noqa: E402
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
 from esper_ray.env.masks import head_offsets  # noqa: E402
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
@@ -100,6 +100,9 @@ def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, 
         row = {"step": t, "stage": decode_stage(block).name, "value": round(value, 3)}
         for op in OPS:
             row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index, n)]), 3)
+        others = [(float(joint[j]), j) for j in range(len(joint)) if j != 0 and decode_joint(j, n)[1] != index]
+        row["other_slots"] = {f"{decode_joint(j, n)[0].name.lower()}@{env.slot_ids[decode_joint(j, n)[1]]}": round(p, 3)
+                              for p, j in sorted(others, reverse=True)[:2] if p >= 0.01}
         rows.append(row)
         obs, _, terminated, truncated, _ = env.step(controller.act(obs))
         if terminated or truncated:
@@ -124,9 +127,10 @@ def main() -> None:
         results.append(result)
         print(f"{blueprint}@{args.slot}; step 0: P(germinate) {result['first_step']['germinate']:.3f}, "
               f"blueprint if germinating {result['first_step']['blueprint']}")
-        print("  step stage       value   wait  prune advance fossilize")
+        print("  step stage       value   wait  prune advance fossilize  elsewhere")
         for r in result["steps"]:
-            print(f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} {r['fossilize']:9.3f}")
+            print(f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} "
+                  f"{r['fossilize']:9.3f}  {r['other_slots']}")
     if args.json:
         args.json.write_text(json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "results": results}, indent=1))
 

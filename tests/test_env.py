@@ -94,6 +94,19 @@ def test_mask_allows_exactly_the_legal_op_slot_pairs():
     assert obs["features"].shape == (feature_size(3),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT), 13]
 
 
+@pytest.mark.parametrize("min_prune_age", [5, 8])
+def test_prune_is_masked_until_the_seed_reaches_min_prune_age(min_prune_age):
+    env = MorphogeneticEnv({"task": "digits", "max_epochs": 12, "num_shards": 6, "min_prune_age": min_prune_age})
+    obs, _ = env.reset(seed=0)
+    prune = encode_joint(Op.PRUNE, env.slot_ids.index("r0c1"), len(env.slot_ids))
+    obs, *_ = env.step(germinate(env, "r0c1"))
+    prunable = []
+    for age in range(1, 10):  # in TRAINING throughout (10 epochs)
+        prunable.append(bool(obs["action_mask"][head_offsets(3)["op_slot"]][prune]))
+        obs, *_ = env.step(wait())
+    assert prunable.index(True) + 1 == min_prune_age  # ages 1..min_prune_age-1 masked, then legal
+
+
 def test_the_run_ends_terminated_at_max_epochs_and_reports_real_counts():
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 3, "num_shards": 4, "shard": 1})
     env.reset(seed=0)

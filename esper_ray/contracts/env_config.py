@@ -70,6 +70,10 @@ class EnvConfig:
     min_training_epochs: int = 10
     """Epochs a seed spends in TRAINING before it may blend (gate G2). With 10, the fastest lifecycle is
     germinate, 10 epochs of TRAINING, a 3-epoch blend, then FOSSILIZE at epoch 15: an episode needs more epochs."""
+    min_prune_age: int = 5
+    """Epochs since germination before a seed may be pruned (the original's MIN_PRUNE_AGE). At or above
+    min_training_epochs a seed cannot be pruned before it blends, when its contribution is first measured: a
+    prune in TRAINING is a guess from the blueprint alone (measurements/policy_probe.py)."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "auto"
@@ -131,7 +135,7 @@ class EnvConfig:
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
         for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
-                              ("min_training_epochs", 0)):
+                              ("min_training_epochs", 0), ("min_prune_age", 0)):
             check_int(name, getattr(self, name), minimum)
         if self.synthetic_held_out is not None:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
@@ -179,7 +183,8 @@ class EnvConfig:
     @property
     def lifecycle(self) -> LifecycleConfig:
         return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr,  # type: ignore[arg-type]
-                               min_training_epochs=self.min_training_epochs, blended_seed_lr=self.effective_blended_seed_lr)
+                               min_training_epochs=self.min_training_epochs, min_prune_age=self.min_prune_age,
+                               blended_seed_lr=self.effective_blended_seed_lr)
 
     @property
     def effective_blended_seed_lr(self) -> float:

@@ -2,7 +2,7 @@
 
 Ray bin-packs fractional GPU requests: an env asking 1/16 of a GPU goes to the first GPU with 1/16 left, so on a
 4-GPU machine the first 16 such envs all land on GPU 0. An A/B whose trials each ask a little (text.yaml: 4 envs of
-1/16) ran its 8 PPO trials on two cards while two idled, their episodes 3 times as slow as on an uncrowded card
+1/16) ran its 8 PPO trials on two cards while two idled, their episodes up to 4 times as slow as on the least crowded
 (4 x H100: 3.4-14.9 s of training an episode, the same policies' germinations). Ray's accounting is still what
 bounds how many envs a node holds; this module only picks which of the node's GPUs an env process uses: the one
 whose live env processes hold the least, from a ledger file shared by the node's processes.
