@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -402,6 +404,18 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     again = json.loads((out / "results.json").read_text())
     assert [t["evaluation"] for t in again["trials"]] == [t["evaluation"] for t in trials]  # nothing re-ran
 
+    # measurements/policy_probe.py on the PPO trial's checkpoint: the policy watched along the fixed lifecycle
+    trial = next((out / "tune").glob("ppo_seed0_*"))
+    run = subprocess.run([sys.executable, "measurements/policy_probe.py", "--trial", str(trial), "--blueprints", "conv_light",
+                          "--json", str(tmp_path / "probe.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())["results"][0]
+    assert [s["stage"] for s in probe["steps"]] == ["DORMANT", "TRAINING", "TRAINING", "TRAINING"]  # 4 epochs
+    assert all(s["prune"] == 0 and s["wait"] > 0 for s in probe["steps"][1:])  # age < 5: PRUNE masked, no mass on it
+    assert 0 < probe["first_step"]["germinate"] <= 1
+    assert sum(probe["first_step"]["blueprint"].values()) == pytest.approx(1, abs=0.01)
+    assert "conv_light@r0c0; step 0: P(germinate)" in run.stdout
+
 
 @pytest.mark.expensive
 def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_local, tmp_path):
@@ -654,8 +668,6 @@ def test_sigterm_to_the_command_and_its_process_group_mid_round_stops_cleanly_an
     reaches the command alone and stops it as one Ctrl-C does (143, the resume command); the resume finishes."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
 
     import psutil
