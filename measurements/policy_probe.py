@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blueprint_returns import Plan, PlanController  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
+from scipy.special import softmax  # noqa: E402
 
 from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint, parse_blueprint, topology_blueprints  # noqa: E402
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
@@ -36,8 +37,7 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.experiments.trainable import train_config_of  # noqa: E402
 from esper_ray.morpho.hosts import topology_of  # noqa: E402
-from esper_ray.policy.feature_filter import FEATURES  # noqa: E402
-from esper_ray.train.evaluate import EVAL_SEED_STRIDE, load_policy  # noqa: E402
+from esper_ray.train.evaluate import EVAL_SEED_STRIDE, load_policy, policy_batch  # noqa: E402
 
 OPS = (Op.WAIT, Op.PRUNE, Op.ADVANCE, Op.FOSSILIZE)
 
@@ -57,22 +57,12 @@ class Watcher:
         self.state = {k: torch.as_tensor(v)[None] for k, v in self.module.get_initial_state().items()}
 
     def look(self, obs: dict) -> tuple[np.ndarray, float]:  # type: ignore[type-arg]
-        def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
-            return torch.as_tensor(x, dtype=dtype)[None, None]
-
-        batch = {Columns.OBS: {FEATURES: tensor(self.filter.normalize(obs[FEATURES], update=False), torch.float32),
-                               "blueprint_ids": tensor(obs["blueprint_ids"]), "action_mask": tensor(obs["action_mask"])},
-                 Columns.STATE_IN: self.state}
+        batch = policy_batch(self.filter, obs, self.state)
         with torch.no_grad():
             out = self.module.forward_train(batch)
             value = float(self.module.compute_values(batch, out[Columns.EMBEDDINGS]).reshape(-1)[0])
         self.state = out[Columns.STATE_OUT]
         return out[Columns.ACTION_DIST_INPUTS][0, 0].numpy(), value
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
 
 
 def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, device: str) -> dict:  # type: ignore[type-arg]
@@ -100,9 +90,9 @@ def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, 
         row = {"step": t, "stage": decode_stage(block).name, "value": round(value, 3)}
         for op in OPS:
             row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index, n)]), 3)
-        others = [(float(joint[j]), j) for j in range(len(joint)) if j != 0 and decode_joint(j, n)[1] != index]
-        row["other_slots"] = {f"{decode_joint(j, n)[0].name.lower()}@{env.slot_ids[decode_joint(j, n)[1]]}": round(p, 3)
-                              for p, j in sorted(others, reverse=True)[:2] if p >= 0.01}
+        others = sorted(((float(joint[j]), *decode_joint(j, n)) for j in range(1, len(joint))), key=lambda o: -o[0])
+        row["other_slots"] = {f"{op.name.lower()}@{env.slot_ids[i]}": round(p, 3)
+                              for p, op, i in [o for o in others if o[2] != index][:2] if p >= 0.01}
         rows.append(row)
         obs, _, terminated, truncated, _ = env.step(controller.act(obs))
         if terminated or truncated:

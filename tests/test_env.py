@@ -101,7 +101,7 @@ def test_prune_is_masked_until_the_seed_reaches_min_prune_age(min_prune_age):
     prune = encode_joint(Op.PRUNE, env.slot_ids.index("r0c1"), len(env.slot_ids))
     obs, *_ = env.step(germinate(env, "r0c1"))
     prunable = []
-    for age in range(1, 10):  # in TRAINING throughout (10 epochs)
+    for _ in range(1, 10):  # ages 1-9: in TRAINING throughout (10 epochs)
         prunable.append(bool(obs["action_mask"][head_offsets(3)["op_slot"]][prune]))
         obs, *_ = env.step(wait())
     assert prunable.index(True) + 1 == min_prune_age  # ages 1..min_prune_age-1 masked, then legal

@@ -92,24 +92,29 @@ class GreedyPolicyController:
         self.state = {k: torch.as_tensor(v, device=self.device)[None] for k, v in self.module.get_initial_state().items()}
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        normalized = self.filter.normalize(obs[FEATURES], update=False)  # frozen training statistics
-
-        def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
-            return torch.as_tensor(x, dtype=dtype, device=self.device)[None, None]
-
-        batch = {
-            Columns.OBS: {
-                FEATURES: tensor(normalized, torch.float32),
-                "blueprint_ids": tensor(obs["blueprint_ids"]),
-                "action_mask": tensor(obs["action_mask"]),
-            },
-            Columns.STATE_IN: self.state,
-        }
+        batch = policy_batch(self.filter, obs, self.state, self.device)
         with torch.no_grad():
             out = self.module.forward_inference(batch)
         self.state = out[Columns.STATE_OUT]
         dist = self.module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
         return dist.to_deterministic().sample()[0, 0].cpu().numpy()
+
+
+def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndarray], state: dict[str, torch.Tensor],
+                 device: torch.device | str = "cpu") -> dict[str, Any]:
+    """One observation as the module's batch of one step, its features normalised with the frozen training
+    statistics, and the LSTM `state` carried in."""
+    def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=dtype, device=device)[None, None]
+
+    return {
+        Columns.OBS: {
+            FEATURES: tensor(feature_filter.normalize(obs[FEATURES], update=False), torch.float32),
+            "blueprint_ids": tensor(obs["blueprint_ids"]),
+            "action_mask": tensor(obs["action_mask"]),
+        },
+        Columns.STATE_IN: state,
+    }
 
 
 def feature_filter_of(pipeline: ConnectorPipelineV2, where: str) -> FeatureMeanStdFilter:
