@@ -30,6 +30,7 @@ from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
 from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import FINISHED, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
+from esper_ray.experiments.rollout_blocks import block_lines  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
     ArmSummary,
     Interval,
@@ -164,6 +165,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
     lines += loss_lines(record)
     lines += compute_lines(arm_compute)
     lines += training_cost_lines(record)
+    lines += block_lines(record)
     lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
