@@ -9,8 +9,9 @@ shows no contribution yet: the seed is not blended in), and whether its critic v
 
     python measurements/policy_probe.py --trial RUN/tune/ppo_seed4_... --blueprints attention norm mlp --steps 16
 
-`--trial` is an A/B trial's folder (its params.json and checkpoint_*); the latest checkpoint unless
-`--checkpoint`. The env is the trial's own (task, host, data shard 0), on `--device`.
+`--trial` is an A/B trial's folder (its params.json and checkpoint_*) or an `esper-ray train` output folder (its
+checkpoints/); the latest checkpoint unless `--checkpoint`. The env is the run's own (task, host, data shard 0),
+on `--device`. `--steps 1` shows only the first decision (the blueprint it would plant), at the cost of one reset.
 """
 
 from __future__ import annotations
@@ -32,21 +33,31 @@ from scipy.special import softmax  # noqa: E402
 
 from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint, parse_blueprint, topology_blueprints  # noqa: E402
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
+from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.env.masks import head_offsets  # noqa: E402
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.experiments.trainable import train_config_of  # noqa: E402
 from esper_ray.morpho.hosts import topology_of  # noqa: E402
+from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint  # noqa: E402
 from esper_ray.train.evaluate import EVAL_SEED_STRIDE, load_policy, policy_batch  # noqa: E402
 
 OPS = (Op.WAIT, Op.PRUNE, Op.ADVANCE, Op.FOSSILIZE)
 
 
-def latest_checkpoint(trial: Path) -> Path:
-    found = sorted(trial.glob("checkpoint_*"))
-    if not found:
-        raise SystemExit(f"--trial {trial}: no checkpoint_* folder in it")
-    return found[-1]
+def run_of(trial: Path, checkpoint: Path | None) -> tuple[TrainConfig, Path]:
+    """The run's training settings and the checkpoint to load: an A/B trial (params.json, checkpoint_*) or a
+    training output folder (checkpoints/, each checkpoint holding its train_config.json)."""
+    if (trial / "params.json").is_file():
+        found = sorted(trial.glob("checkpoint_*"))
+        if checkpoint is None and not found:
+            raise SystemExit(f"--trial {trial}: no checkpoint_* folder in it")
+        return train_config_of(json.loads((trial / "params.json").read_text())), checkpoint or found[-1]
+    try:
+        chosen = resolve_checkpoint(checkpoint or trial)
+        return load_checkpoint_config(chosen), chosen
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"--trial {trial}: neither an A/B trial's folder (params.json) nor a training run's ({err})") from None
 
 
 class Watcher:
@@ -65,8 +76,7 @@ class Watcher:
         return out[Columns.ACTION_DIST_INPUTS][0, 0].numpy(), value
 
 
-def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, device: str) -> dict:  # type: ignore[type-arg]
-    cfg = train_config_of(json.loads((trial / "params.json").read_text()))
+def probe(cfg: TrainConfig, checkpoint: Path, blueprint: str, slot: str, steps: int, device: str) -> dict:  # type: ignore[type-arg]
     env_config = {**cfg.env_config(shard=0, num_shards=cfg.envs), "device": device}
     env = MorphogeneticEnv(env_config)
     topology = topology_of(cfg.task)
@@ -102,18 +112,18 @@ def probe(trial: Path, checkpoint: Path, blueprint: str, slot: str, steps: int, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trial", type=Path, required=True)
-    parser.add_argument("--checkpoint", type=Path, help="default: the trial's latest checkpoint_*")
+    parser.add_argument("--trial", type=Path, required=True, help="an A/B trial's folder or an `esper-ray train` output folder")
+    parser.add_argument("--checkpoint", type=Path, help="default: the run's latest checkpoint")
     parser.add_argument("--blueprints", nargs="+", default=["attention", "norm"])
     parser.add_argument("--slot", default="r0c0")
     parser.add_argument("--steps", type=int, default=16, help="steps to watch (the fixed lifecycle fossilizes at 14-15)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    checkpoint = args.checkpoint or latest_checkpoint(args.trial)
+    cfg, checkpoint = run_of(args.trial, args.checkpoint)
     results = []
     for blueprint in args.blueprints:
-        result = probe(args.trial, checkpoint, blueprint, args.slot, args.steps, args.device)
+        result = probe(cfg, checkpoint, blueprint, args.slot, args.steps, args.device)
         results.append(result)
         print(f"{blueprint}@{args.slot}; step 0: P(germinate) {result['first_step']['germinate']:.3f}, "
               f"blueprint if germinating {result['first_step']['blueprint']}")
