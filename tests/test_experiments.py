@@ -17,6 +17,7 @@ import torch
 
 import esper_ray
 from esper_ray.cli import main
+from esper_ray.contracts.actions import CNN_BLUEPRINTS
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
@@ -377,6 +378,10 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     for t in trials:
         assert t["status"] == "finished" and 0 <= t["final_metric"] <= 1 and t["evaluation"]["episodes"] == 2
         assert len(t["history"]) == (1 if t["controller"] == "ppo" else 0)
+    # the PPO rounds' seeds by blueprint come back from Tune's records, summing to the seeds germinated per episode
+    for row in (r for t in trials for r in t["history"]):
+        planted = [v for k, v in row.items() if k.startswith("by_blueprint/germinated_")]
+        assert len(planted) == len(CNN_BLUEPRINTS) and sum(planted) == pytest.approx(row["germinated"])
     assert "## Verdict" in (out / "report.md").read_text()
     printed = capsys.readouterr().out
     assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed

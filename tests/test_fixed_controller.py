@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, decode_joint, encode_joint
 from esper_ray.contracts.controllers import FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
@@ -56,6 +56,11 @@ def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_f
     assert steps[-1]["info"]["stages"][SEED.slot] == Stage.FOSSILIZED.name
     assert all(op == (Op.WAIT, None) for op in ops[fossilize_step:])  # then it waits
     assert steps[-1]["info"]["count/fossilized"] == 1 and steps[-1]["info"]["count/refused"] == 0
+    # by blueprint: every usable blueprint counted from 0, the planted and kept one once
+    by_blueprint = {k: v for k, v in steps[-1]["info"].items() if k.startswith(("count/germinated/", "count/fossilized/"))}
+    assert set(by_blueprint) == {f"count/{o}/{b.key}" for o in ("germinated", "fossilized") for b in CNN_BLUEPRINTS}
+    assert {k for k, v in by_blueprint.items() if v} == {"count/germinated/conv_heavy", "count/fossilized/conv_heavy"}
+    assert by_blueprint["count/germinated/conv_heavy"] == by_blueprint["count/fossilized/conv_heavy"] == 1
     assert steps[-1]["info"]["seed_params"] == 18 * 4 * 4 + 4 * 4  # conv_heavy at C=4: 18C^2 + 4C (DOMAIN.md)
 
 

@@ -21,7 +21,7 @@ from esper_ray.train.learner import ENTROPY_PREFIX
 from esper_ray.train.round_summary import flatten_numbers
 from esper_ray.train.tensorboard_log import DETAIL_GROUP, NAMED, PAGE_SIZE, log_config, log_round, tensorboard_scalars
 
-USER_GROUPS = ("host", "ppo", "ppo_entropy", "seeds", "speed")
+USER_GROUPS = ("host", "ppo", "ppo_entropy", "seeds", "seeds_kept", "seeds_planted", "speed")
 
 
 def rllib_result() -> dict:
@@ -34,6 +34,7 @@ def rllib_result() -> dict:
             m.EPISODE_RETURN: 1.5, m.SEEDS_FOSSILIZED: 0.5, m.SEEDS_GERMINATED: 1.0, m.SEEDS_PRUNED: 0.25,
             m.PARAMS_ADDED: 729.0, m.HOST_PARAMS: 6400.0, m.FINAL_PARAMS: 7129.0, m.OP_COUNT_PREFIX + "wait": 20.0,
             m.PHASE_TIME_PREFIX + "train": 0.12, m.FINAL_PERPLEXITY: math.nan, "episode_len_mean": 6.0,
+            m.BLUEPRINT_COUNT_PREFIX + "germinated_conv_heavy": 0.75, m.BLUEPRINT_COUNT_PREFIX + "fossilized_conv_heavy": 0.5,
         },
         m.LEARNERS: {m.DEFAULT_MODULE: {
             "entropy_op_slot": 1.2, "entropy_blueprint": 0.9, "entropy": 2.0, "approx_kl": 0.01,
@@ -50,6 +51,7 @@ def test_named_figures_land_in_their_groups_with_their_values():
     assert scalars["host/final_params"] == 7129.0 and scalars["host/initial_params"] == 6400.0  # grown, and as born
     assert scalars["seeds/fossilized_per_episode"] == 0.5 and scalars["seeds/params_added_per_episode"] == 729.0
     assert scalars["seeds/op_wait_per_episode"] == 20.0
+    assert scalars["seeds_planted/conv_heavy_per_episode"] == 0.75 and scalars["seeds_kept/conv_heavy_per_episode"] == 0.5
     assert scalars["ppo/episode_return"] == 1.5 and scalars["ppo/approx_kl"] == 0.01
     assert scalars["ppo/loss_policy"] == -0.02 and scalars["ppo/loss_value"] == 0.4
     assert scalars["ppo_entropy/op_slot"] == 1.2 and scalars["ppo_entropy/blueprint"] == 0.9 and scalars["ppo/entropy"] == 2.0

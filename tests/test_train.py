@@ -16,7 +16,7 @@ from ray.rllib.core.columns import Columns
 import esper_ray
 from esper_ray.cli import main
 from esper_ray.contracts import metrics as m
-from esper_ray.contracts.actions import Blueprint, Op, encode_joint
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, encode_joint
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import decode_action
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
@@ -26,6 +26,7 @@ from esper_ray.train.algorithm_host import AlgorithmDriver
 from esper_ray.train.evaluate import feature_filter_of, load_policy
 from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
 from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import train_round
 from esper_ray.train.runner import run_training
 
@@ -77,6 +78,12 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
         assert runners[m.EPISODES] == 2 and runners[m.ENV_STEPS_SAMPLED] == 12
         assert sum(runners[m.OP_COUNT_PREFIX + op.name.lower()] for op in Op) == 6  # decisions per episode of 6 steps
         assert runners[m.PHASE_TIME_PREFIX + "train"] > 0
+        # seeds by blueprint: every usable blueprint logged, summing to the seeds per episode; the round's summary has them
+        by_blueprint = summarize_round(result).by_blueprint
+        for outcome, total in (("germinated", m.SEEDS_GERMINATED), ("fossilized", m.SEEDS_FOSSILIZED)):
+            counts = {b.key: runners[f"{m.BLUEPRINT_COUNT_PREFIX}{outcome}_{b.key}"] for b in CNN_BLUEPRINTS}
+            assert sum(counts.values()) == pytest.approx(runners[total])
+            assert {k: by_blueprint[f"{outcome}_{k}"] for k in counts} == pytest.approx(counts)
         assert float(runners.get(m.ENV_STEP_FAILURES, 0)) == 0  # a masked action would fail the env step
         for key in ["entropy_op_slot", "entropy_blueprint", "approx_kl", "value_explained_variance", "policy_loss", "vf_loss",
                     "reward_std"]:

@@ -28,6 +28,11 @@ ROLLBACKS = "esper/rollbacks"
 """Governor rollbacks this round (a sum over its episodes)."""
 OP_COUNT_PREFIX = "esper/op_"
 """Decisions per episode, by op (a mean over the round's episodes)."""
+BLUEPRINT_OUTCOMES = ("germinated", "fossilized")
+"""Seeds counted by blueprint: the env's info carries `count/<outcome>/<blueprint>` for every usable blueprint."""
+BLUEPRINT_COUNT_PREFIX = "esper/by_blueprint_"
+"""Seeds per episode by outcome and blueprint, `esper/by_blueprint_germinated_attention` (a mean over the round's
+episodes): which seed the policy plants and which it keeps, round by round."""
 PHASE_TIME_PREFIX = "esper/time_"
 """Seconds per episode, by phase of the env step (summed over the episode's steps, a mean over the round's episodes)."""
 GRAD_SCALE_MIN = "esper/grad_scale_min"

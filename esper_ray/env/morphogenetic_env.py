@@ -33,6 +33,7 @@ import torch
 
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, topology_blueprints
 from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
+from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.stages import Stage
@@ -224,6 +225,10 @@ class MorphogeneticEnv(gym.Env):
         self.escrow_credits = {s: 0.0 for s in self.slot_ids}
         self.drip_pools = {s: 0.0 for s in self.slot_ids}
         self.counts = {"germinated": 0, "fossilized": 0, "pruned": 0, "rollbacks": 0, "refused": 0}
+        # By blueprint, every usable one from 0, so each episode's info has the same keys (a per-episode mean of a
+        # key that only some episodes carry would count only those): which seed the policy plants, and keeps.
+        for outcome in BLUEPRINT_OUTCOMES:
+            self.counts.update({f"{outcome}/{b.key}": 0 for b in self._usable_blueprints()})
         self.flops = FlopTally()
         self.governor = Governor(self.random_guess_loss)
         plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
@@ -275,6 +280,8 @@ class MorphogeneticEnv(gym.Env):
                 result = slot.germinate(decision.blueprint, decision.style, decision.tempo, decision.alpha_target)
             self._in_layout(slot)  # the new seed and gate
             self.counts["germinated"] += 1
+            if result.passed:
+                self.counts[f"germinated/{slot.blueprint.key}"] += 1  # type: ignore[union-attr]
         elif decision.op is Op.SET_ALPHA_TARGET:
             result = slot.set_alpha_target(decision.alpha_target, decision.alpha_speed, decision.alpha_curve)
         elif decision.op is Op.PRUNE:
@@ -283,6 +290,8 @@ class MorphogeneticEnv(gym.Env):
         elif decision.op is Op.FOSSILIZE:
             result = slot.fossilize()
             self.counts["fossilized"] += int(result.passed)
+            if result.passed:
+                self.counts[f"fossilized/{slot.blueprint.key}"] += 1  # type: ignore[union-attr]
         else:
             result = slot.advance()
         self.counts["refused"] += int(not result.passed)  # a gate or precondition said no; the slot is unchanged

@@ -24,6 +24,8 @@ EXPERIMENT_FILE = "experiment.json"
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germinated", "pruned")
 """Per round, NaN in runs made before they were recorded."""
+BY_BLUEPRINT = "by_blueprint"
+"""History keys `by_blueprint/germinated_attention` (seeds per episode by outcome and blueprint), where recorded."""
 EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
                 "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
 COMPUTE_COLUMNS = ("final_params", "refused", "train_flops", "seed_train_flops", "validation_flops", "counterfactual_flops",
@@ -117,6 +119,9 @@ def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[st
         if SUMMARY_PREFIX + "final_accuracy" in row and math.isfinite(number(row.get(SUMMARY_PREFIX + "round"))):
             entry = {"round": number(row[SUMMARY_PREFIX + "round"])}
             entry.update({c: number(row.get(SUMMARY_PREFIX + c)) for c in HISTORY_COLUMNS + OPTIONAL_HISTORY_COLUMNS})
+            by_blueprint = row.get(SUMMARY_PREFIX + "by_blueprint")  # seeds per episode by outcome and blueprint
+            if isinstance(by_blueprint, dict):
+                entry.update({f"{BY_BLUEPRINT}/{k}": number(v) for k, v in by_blueprint.items()})
             history.append(entry)
         if math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy"))):
             evaluation = {c: number(row.get(EVAL_PREFIX + c))

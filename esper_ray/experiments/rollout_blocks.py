@@ -3,7 +3,8 @@ train to a plateau, and say where the curve flattens).
 
 A block's figure is the mean over the arm's trials that reached the block of each trial's mean over its rounds in
 the block: the committed accuracy of the rollouts' final hosts (sampled actions, validation split), seeds fossilized
-and pruned per episode. Unfinished trials count for the blocks they reached (the table says how many trials each
+and pruned per episode, and (in runs that record them) seeds germinated per episode by blueprint, shown as the
+blueprint planted most and its share of the germinations: the blueprint head's learning curve. Unfinished trials count for the blocks they reached (the table says how many trials each
 block holds).
 
 Level from block b: b is not the last block and every later block's accuracy is within `LEVEL_TOLERANCE` of b's.
@@ -14,17 +15,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind
-from esper_ray.experiments.results import ExperimentRecord, TrialResult
+from esper_ray.experiments.results import BY_BLUEPRINT, ExperimentRecord, TrialResult
 
 LEVEL_TOLERANCE = 0.01
 """One point of accuracy: a reading rule, not a test (a block's mean still moves by a point or two from noise
 where the seeds' curves differ, as on digits-impaired)."""
 COLUMNS = {"accuracy": "final_accuracy", "fossilized": "fossilized", "pruned": "pruned"}
+PLANTED = f"{BY_BLUEPRINT}/germinated_"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,16 @@ class Block:
     accuracy: float
     fossilized: float
     pruned: float
+    planted: dict[str, float] = field(default_factory=dict)
+    """Seeds germinated per episode by blueprint (runs that recorded them): what the policy plants."""
+
+    def most_planted(self) -> tuple[str, float] | None:
+        """The blueprint planted most and its share of the block's germinations; None where none was recorded."""
+        total = sum(self.planted.values())
+        if not self.planted or not total > 0:
+            return None
+        key = max(self.planted, key=lambda k: self.planted[k])
+        return key, self.planted[key] / total
 
 
 def block_size(rounds: int) -> int:
@@ -53,6 +65,7 @@ def rollout_blocks(trials: Sequence[TrialResult], rounds: int, size: int) -> lis
     for first in range(1, rounds + 1, size):
         last = min(first + size - 1, rounds)
         per_trial: dict[str, list[float]] = {name: [] for name in COLUMNS}
+        planted: dict[str, list[float]] = {}
         reached = 0
         for trial in trials:
             rows = [r for r in trial.history if first <= r["round"] <= last]
@@ -61,8 +74,11 @@ def rollout_blocks(trials: Sequence[TrialResult], rounds: int, size: int) -> lis
             reached += 1
             for name, column in COLUMNS.items():
                 per_trial[name].append(_mean([r.get(column, math.nan) for r in rows]))
+            for key in {k for r in rows for k in r if k.startswith(PLANTED)}:
+                planted.setdefault(key.removeprefix(PLANTED), []).append(_mean([r.get(key, math.nan) for r in rows]))
         if reached:
-            out.append(Block(first, last, reached, **{name: _mean(v) for name, v in per_trial.items()}))
+            out.append(Block(first, last, reached, **{name: _mean(v) for name, v in per_trial.items()},
+                             planted={k: _mean(v) for k, v in sorted(planted.items())}))
     return out
 
 
@@ -102,6 +118,9 @@ def block_lines(record: ExperimentRecord) -> list[str]:
             "| pruned per episode | " + " | ".join(f"{b.pruned:.2f}" for b in blocks) + " |",
             "| trials | " + " | ".join(str(b.trials) for b in blocks) + " |",
         ]
+        if any(b.most_planted() for b in blocks):
+            lines.insert(-1, "| most planted (share of germinations) | " + " | ".join(
+                f"{top[0]} {top[1]:.2f}" if (top := b.most_planted()) else "" for b in blocks) + " |")
     if not lines:
         return []
     return ["", "## Training rollouts by block", "",

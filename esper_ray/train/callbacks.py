@@ -1,7 +1,7 @@
 """Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's
 MetricsLogger (so they reach Tune and TensorBoard): final accuracy of the committed model (mean/min/max) and with the
 seeds on probation, perplexity on text, the network's size at the start and end, parameters kept and on probation,
-seeds per outcome, op counts, per-phase seconds summed over all epochs of the episode (each a mean over the round's
+seeds per outcome (and by blueprint), op counts, per-phase seconds summed over all epochs of the episode (each a mean over the round's
 episodes), rollbacks (a sum over the round), and each env's GradScaler scale (min/max across envs)."""
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ class MorphoMetrics(RLlibCallback):
         log(m.ROLLBACKS, final["count/rollbacks"], reduce="sum")
         log(m.EPISODES, 1, reduce="sum")
         log(m.EPISODE_RETURN, sum(chunk.get_return() for chunk in chunks), reduce="mean")
+        for outcome in m.BLUEPRINT_OUTCOMES:
+            prefix = f"count/{outcome}/"
+            for key, count in final.items():
+                if key.startswith(prefix):
+                    log(f"{m.BLUEPRINT_COUNT_PREFIX}{outcome}_{key.removeprefix(prefix)}", count, reduce="mean")
         ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
         for op in Op:
             log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="mean")  # per episode, like the seed counts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,9 @@ class RoundSummary:
     """This round's distinct errors, type and first line, with their counts ("" if none)."""
     steps_per_second: float
     seconds: float
+    by_blueprint: dict[str, float] = field(default_factory=dict)
+    """Seeds per episode by outcome and blueprint, {"germinated_attention": 0.4, "fossilized_attention": 0.1, ...}:
+    what the policy plants and keeps (empty where no episode ended this round)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +84,8 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         env_step_errors=failures_text(round_failures(result)),
         steps_per_second=steps / seconds if seconds > 0 else math.nan,
         seconds=seconds,
+        by_blueprint={key.removeprefix(m.BLUEPRINT_COUNT_PREFIX): float(value) for key, value in sorted(runners.items())
+                      if key.startswith(m.BLUEPRINT_COUNT_PREFIX)},
     )
 
 

@@ -1,4 +1,4 @@
-"""What `esper-ray train` writes to TensorBoard: the figures a user came for first, under five named groups, then
+"""What `esper-ray train` writes to TensorBoard: the figures a user came for first, under seven named groups, then
 RLlib's own figures in one group after them, and the run's settings once, as text.
 
     host/         the grown network at the end of each episode: accuracy of what the run keeps (mean, min, max, and
@@ -9,6 +9,8 @@ RLlib's own figures in one group after them, and the run's settings once, as tex
     ppo_entropy/  the entropy of each action head
     seeds/        what the controller did, per episode: seeds germinated, fossilized and pruned, parameters they
                   added and left on probation, decisions by op
+    seeds_kept/   seeds fossilized per episode, by blueprint (`conv_heavy_per_episode`): which seed the policy keeps
+    seeds_planted/  seeds germinated per episode, by blueprint: which seed the policy plants, round by round
     speed/        env steps per second, seconds per round, and per episode in each phase of the env step
     z_rllib/      everything else RLlib reports (about 100 figures), by its own names
 
@@ -69,6 +71,8 @@ NAMED: dict[str, str] = {
 NAMED_PREFIXES: dict[str, tuple[str, str]] = {
     _LEARNER + ENTROPY_PREFIX: ("ppo_entropy/", ""),                # one per action head
     _RUNNERS + m.OP_COUNT_PREFIX: ("seeds/op_", "_per_episode"),     # decisions per episode, by op
+    _RUNNERS + m.BLUEPRINT_COUNT_PREFIX + "germinated_": ("seeds_planted/", "_per_episode"),  # by blueprint
+    _RUNNERS + m.BLUEPRINT_COUNT_PREFIX + "fossilized_": ("seeds_kept/", "_per_episode"),
     _RUNNERS + m.PHASE_TIME_PREFIX: ("speed/seconds_per_episode_", ""),  # by phase of the env step
 }
 """Result path prefix -> (tag prefix, tag suffix), for the figures of one kind: the rest of the path goes between."""
