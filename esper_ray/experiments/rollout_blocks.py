@@ -4,8 +4,8 @@ train to a plateau, and say where the curve flattens).
 A block's figure is the mean over the arm's trials that reached the block of each trial's mean over its rounds in
 the block: the committed accuracy of the rollouts' final hosts (sampled actions, validation split), seeds fossilized
 and pruned per episode, and (in runs that record them) seeds germinated per episode by blueprint, shown as the
-blueprint planted most and its share of the germinations: the blueprint head's learning curve. Unfinished trials count for the blocks they reached (the table says how many trials each
-block holds).
+blueprint planted most and its share of the germinations: the blueprint head's learning curve. Unfinished trials
+count for the blocks they reached (the table says how many trials each block holds).
 
 Level from block b: b is not the last block and every later block's accuracy is within `LEVEL_TOLERANCE` of b's.
 A rule stated in the report, so that "where the curve flattens" is read off the data the same way every time.
