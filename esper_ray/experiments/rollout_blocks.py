@@ -21,6 +21,7 @@ import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.results import BY_BLUEPRINT, ExperimentRecord, TrialResult
+from esper_ray.train.round_summary import largest_share
 
 LEVEL_TOLERANCE = 0.01
 """One point of accuracy: a reading rule, not a test (a block's mean still moves by a point or two from noise
@@ -42,11 +43,7 @@ class Block:
 
     def most_planted(self) -> tuple[str, float] | None:
         """The blueprint planted most and its share of the block's germinations; None where none was recorded."""
-        total = sum(self.planted.values())
-        if not self.planted or not total > 0:
-            return None
-        key = max(self.planted, key=lambda k: self.planted[k])
-        return key, self.planted[key] / total
+        return largest_share(self.planted)
 
 
 def block_size(rounds: int) -> int:

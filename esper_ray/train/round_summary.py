@@ -89,6 +89,22 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
     )
 
 
+def largest_share(values: dict[str, float]) -> tuple[str, float] | None:
+    """The key with the largest value and its share of the finite total; None where the total is not positive."""
+    finite = {k: v for k, v in values.items() if math.isfinite(v)}
+    total = sum(finite.values())
+    if not total > 0:
+        return None
+    key = max(finite, key=lambda k: finite[k])
+    return key, finite[key] / total
+
+
+def planted_most(s: RoundSummary) -> tuple[str, float] | None:
+    """The blueprint germinated most in the round and its share of the germinations."""
+    prefix = "germinated_"
+    return largest_share({k.removeprefix(prefix): v for k, v in s.by_blueprint.items() if k.startswith(prefix)})
+
+
 def progress_line(s: RoundSummary, total_rounds: int) -> str:
     line = (
         f"round {s.round}/{total_rounds} | env steps {s.env_steps} ({s.episodes} episodes) | "

@@ -31,7 +31,7 @@ from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
 from esper_ray.train.progress_lines import time_left
 from esper_ray.train.resources import check_fits, connect_ray
-from esper_ray.train.round_summary import RoundSummary, progress_line, summarize_round
+from esper_ray.train.round_summary import RoundSummary, planted_most, progress_line, summarize_round
 from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
 from esper_ray.train.tensorboard_log import log_config, log_round
 from esper_ray.train.termination import received as sigterm_received
@@ -182,6 +182,10 @@ def format_outcome(outcome: TrainingOutcome) -> str:
             f"episode return {first.episode_return:.2f} -> {last.episode_return:.2f}"
         )
         lines.append(f"  {steps} env steps, {steps / busy:.1f} steps/s, {busy / len(outcome.rounds):.1f}s per round")
+        top = planted_most(last)
+        if top is not None:
+            lines.append(f"  last round: planted {top[0]} most ({100 * top[1]:.0f} % of germinations), "
+                         f"{last.fossilized:.1f} seeds kept an episode")
         failed = sum(r.failed_env_steps for r in outcome.rounds)
         if failed:
             lines.append(f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}")
