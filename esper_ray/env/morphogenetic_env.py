@@ -228,7 +228,7 @@ class MorphogeneticEnv(gym.Env):
         # By blueprint, every usable one from 0, so each episode's info has the same keys (a per-episode mean of a
         # key that only some episodes carry would count only those): which seed the policy plants, and keeps.
         for outcome in BLUEPRINT_OUTCOMES:
-            self.counts.update({f"{outcome}/{b.key}": 0 for b in self._usable_blueprints()})
+            self.counts.update({f"{outcome}/{b.key}": 0 for b in self.blueprints})
         self.flops = FlopTally()
         self.governor = Governor(self.random_guess_loss)
         plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)

@@ -115,9 +115,10 @@ def block_lines(record: ExperimentRecord) -> list[str]:
             "| pruned per episode | " + " | ".join(f"{b.pruned:.2f}" for b in blocks) + " |",
             "| trials | " + " | ".join(str(b.trials) for b in blocks) + " |",
         ]
-        if any(b.most_planted() for b in blocks):
+        tops = [b.most_planted() for b in blocks]
+        if any(tops):
             lines.insert(-1, "| most planted (share of germinations) | " + " | ".join(
-                f"{top[0]} {top[1]:.2f}" if (top := b.most_planted()) else "" for b in blocks) + " |")
+                f"{top[0]} {top[1]:.2f}" if top else "" for top in tops) + " |")
     if not lines:
         return []
     return ["", "## Training rollouts by block", "",
