@@ -11,13 +11,16 @@ import pytest
 import torch
 from ray.rllib.core.columns import Columns
 
-from esper_ray.contracts.actions import Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.actions import HEAD_NAMES, Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import action_nvec
 from esper_ray.policy.baselines import lifecycle_action
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+from esper_ray.train.learner import BLUEPRINT_ENTROPY_KEY, blueprint_entropy_bonus
+from esper_ray.train.ppo_config import build_ppo_config
 from tests.morpho_helpers import drive_to
 
 NUM_SLOTS = 2
@@ -66,6 +69,42 @@ def test_per_head_entropies_sum_to_the_entropy_and_weight_argument_heads_by_use(
     probs = torch.softmax(dist.heads[0].logits, -1)
     germinate_prob = sum(float(probs[j]) for j in range(NVEC[0]) if decode_joint(j, NUM_SLOTS)[0] is Op.GERMINATE)
     assert float(read[0]) == pytest.approx(germinate_prob)  # blueprint is read only by GERMINATE
+
+
+def test_the_blueprint_bonus_is_the_blueprint_heads_read_weighted_entropy_and_moves_only_that_head():
+    logits = torch.randn(sum(NVEC), generator=torch.Generator().manual_seed(4)).requires_grad_()
+    dist = CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+    blueprint = HEAD_NAMES.index("blueprint")
+    start = sum(NVEC[:blueprint])  # the heads' logits are concatenated in HEAD_NAMES order
+    expected = dist.read_probability()[blueprint - 1] * torch.distributions.Categorical(
+        logits=logits[start:start + NVEC[blueprint]]).entropy()
+    bonus = dist.argument_entropy("blueprint")
+    assert float(bonus.detach()) == pytest.approx(float(expected.detach()))
+    bonus.backward()
+    grad = logits.grad
+    outside = torch.cat([grad[:start], grad[start + NVEC[blueprint]:]])
+    assert torch.count_nonzero(outside) == 0  # P(read) is held constant: the op's choice is not pushed
+    assert torch.count_nonzero(grad[start:start + NVEC[blueprint]]) > 0
+    with pytest.raises(ValueError, match="joint head"):
+        dist.argument_entropy(HEAD_NAMES[0])
+
+
+def test_the_learners_blueprint_bonus_is_the_coefficient_times_the_masked_mean_and_off_at_zero():
+    dist = CausalFactoredDistribution.from_logits(
+        torch.randn(2, 3, sum(NVEC), generator=torch.Generator().manual_seed(5)), input_lens=NVEC,
+        relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+    mask = torch.tensor([[True, True, False], [True, False, False]])  # padded steps never count
+    per_step = dist.argument_entropy("blueprint")
+    expected = 0.3 * (per_step[0, 0] + per_step[0, 1] + per_step[1, 0]) / 3
+    assert float(blueprint_entropy_bonus(dist, mask, 0.3)) == pytest.approx(float(expected))
+    assert float(blueprint_entropy_bonus(dist, mask, 0.0)) == 0.0
+
+
+def test_the_blueprint_bonus_reaches_the_learner_and_a_negative_one_is_refused():
+    assert build_ppo_config(TrainConfig(blueprint_entropy_coeff=0.1)).learner_config_dict[BLUEPRINT_ENTROPY_KEY] == 0.1
+    assert build_ppo_config(TrainConfig()).learner_config_dict[BLUEPRINT_ENTROPY_KEY] == 0.0
+    with pytest.raises(ValueError, match="blueprint_entropy_coeff=-0.1"):
+        TrainConfig(blueprint_entropy_coeff=-0.1)
 
 
 def _module(**config: float) -> tuple[MorphoPolicyModule, MorphogeneticEnv]:

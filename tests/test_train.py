@@ -54,7 +54,7 @@ def _cudnn_deterministic(runner):
 
 def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics(ray_local, tmp_path):
     results = []
-    algo = build_ppo_config(small(tmp_path)).build_algo()
+    algo = build_ppo_config(small(tmp_path, blueprint_entropy_coeff=0.1)).build_algo()  # the blueprint bonus in the loss
     try:
         assert algo.learner_group.is_remote and algo.env_runner_group.num_remote_env_runners() == 2
         # Ray's dashboard lists each actor by its class: ours, named for what they are (not `..._WrappedExecutable`)

@@ -75,6 +75,10 @@ class TrainConfig:
     """PPO ratio clip."""
     entropy_coeff: float = 0.05
     """Entropy bonus coefficient (of the causal entropy: heads the op ignores do not count)."""
+    blueprint_entropy_coeff: float = 0.0
+    """An entropy bonus on the blueprint head alone, beside entropy_coeff (which counts every head): it keeps the one
+    choice an episode that decides the run from settling on a blueprint before the lifecycles' outcomes are known,
+    without making the op decisions more random (docs/learning.md, section 8)."""
     vf_loss_coeff: float = 0.5
     """Value loss coefficient."""
     ppo_epochs: int = 16
@@ -116,7 +120,7 @@ class TrainConfig:
         if self.seed + self.envs >= SEED_LIMIT:  # RLlib seeds env runner k with seed + k, and numpy takes < 2**32
             raise ValueError(f"seed={self.seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds "
                              f"are 32-bit, and env runner k is seeded with seed + k)")
-        for name in ("gpus_per_env", "learner_gpus", "learner_cpus"):
+        for name in ("gpus_per_env", "learner_gpus", "learner_cpus", "entropy_coeff", "blueprint_entropy_coeff"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
         for name in ("cpus_per_env", "driver_cpus", "lr", "clip_param", "grad_clip"):

@@ -77,6 +77,14 @@ class CausalFactoredDistribution(Distribution):
             out[name] = read[..., i] * head.entropy()
         return out
 
+    def argument_entropy(self, name: str) -> torch.Tensor:
+        """P(head read) H(pi_head) of one argument head, P(read) held constant for the gradient as in entropy(): a
+        bonus on it moves that head's own choice only, never how often the op reads it."""
+        i = HEAD_NAMES.index(name) - 1
+        if i < 0:
+            raise ValueError(f"{name!r} is the joint head; argument heads: {list(HEAD_NAMES[1:])}")
+        return self.read_probability().detach()[..., i] * self.heads[i + 1].entropy()
+
     @override(Distribution)
     def entropy(self) -> torch.Tensor:
         """H(pi_J) + sum_h P(h read) H(pi_h), with P(h read) held constant for the gradient (see the module doc)."""

@@ -1,5 +1,9 @@
-"""RLlib's PPO torch learner with three additions: full-batch epochs, the reward normaliser, and per-head entropy
-and approximate KL; and a name of its own in Ray's dashboard.
+"""RLlib's PPO torch learner with four additions: full-batch epochs, the reward normaliser, per-head entropy and
+approximate KL, and an entropy bonus for the blueprint head alone; and a name of its own in Ray's dashboard.
+
+The blueprint head's bonus (`learner_config_dict["blueprint_entropy_coeff"]`, TrainConfig.blueprint_entropy_coeff):
+the loss also subtracts coeff x the masked mean of P(blueprint read) H(pi_blueprint) (P(read) detached), on top of
+RLlib's bonus on the whole causal entropy.
 
 Reward normaliser: see reward_normalizer.py; on when `learner_config_dict["reward_normalization"]` is true
 (TrainConfig.reward_normalization), inserted just before GAE, its statistics saved with the learner's state.
@@ -32,6 +36,7 @@ from esper_ray.policy.distribution import CausalFactoredDistribution
 from esper_ray.train.reward_normalizer import RewardStdNormalizer
 
 ENTROPY_PREFIX = "entropy_"
+BLUEPRINT_ENTROPY_KEY = "blueprint_entropy_coeff"
 APPROX_KL_KEY = "approx_kl"
 # RLlib's own `vf_explained_var` on padded [B, T] sequences is the explained variance of time step 0 only
 # (torch_utils.explained_variance reduces over dim 0 and returns element [0]); this one is over every real step.
@@ -71,14 +76,15 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
     @override(PPOTorchLearner)
     def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict[str, Any], fwd_out: dict[str, Any]) -> torch.Tensor:
         loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        mask = batch[Columns.LOSS_MASK]  # present: the module is stateful, so sequences are padded
+        dist = self.module[module_id].unwrapped().get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        assert isinstance(dist, CausalFactoredDistribution)
+
+        def masked_mean(x: torch.Tensor) -> torch.Tensor:
+            return x[mask].mean()
+
+        loss = loss - blueprint_entropy_bonus(dist, mask, self.config.learner_config_dict.get(BLUEPRINT_ENTROPY_KEY, 0.0))
         with torch.no_grad():
-            mask = batch[Columns.LOSS_MASK]  # present: the module is stateful, so sequences are padded
-            dist = self.module[module_id].unwrapped().get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
-            assert isinstance(dist, CausalFactoredDistribution)
-
-            def masked_mean(x: torch.Tensor) -> torch.Tensor:
-                return x[mask].mean()
-
             log_ratio = dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP]
             # Schulman's unbiased estimator of KL(old || new): E[(r - 1) - log r], http://joschu.net/blog/kl-approx.html
             metrics = {APPROX_KL_KEY: masked_mean(torch.exp(log_ratio) - 1 - log_ratio)}
@@ -93,3 +99,10 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
                 metrics[REWARD_STD_KEY] = torch.tensor(self.reward_normalizer.running.std)
             self.metrics.log_dict(metrics, key=module_id, window=1)
         return loss
+
+
+def blueprint_entropy_bonus(dist: CausalFactoredDistribution, mask: torch.Tensor, coeff: float) -> torch.Tensor:
+    """coeff x the mean over real steps of P(blueprint read) H(pi_blueprint): what the loss subtracts (0 if coeff is 0)."""
+    if not coeff:
+        return torch.zeros((), device=mask.device)
+    return coeff * dist.argument_entropy("blueprint")[mask].mean()

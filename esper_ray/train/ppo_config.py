@@ -32,7 +32,7 @@ from esper_ray.train.callbacks import MorphoMetrics
 from esper_ray.train.clawback import clawback_connector
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.env_runner import CpuPolicyEnvRunner
-from esper_ray.train.learner import MorphoPPOLearner
+from esper_ray.train.learner import BLUEPRINT_ENTROPY_KEY, MorphoPPOLearner
 from esper_ray.train.overlap import OverlappedPPO
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY
 
@@ -67,7 +67,8 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
             num_gpus_per_learner=cfg.learner_gpus,
             num_cpus_per_learner=cfg.effective_learner_cpus,
             learner_class=MorphoPPOLearner,
-            learner_config_dict={"reward_normalization": cfg.reward_normalization, PROGRESS_ACTOR_KEY: progress_actor},
+            learner_config_dict={"reward_normalization": cfg.reward_normalization, PROGRESS_ACTOR_KEY: progress_actor,
+                                 BLUEPRINT_ENTROPY_KEY: cfg.blueprint_entropy_coeff},
             learner_connector=clawback_connector if cfg.rollback_clawback else None,
         )
         .training(
