@@ -236,21 +236,42 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
             "seconds_per_round": seconds / len(steady)}
 
 
+def train_gpu_ids(visible: str | None, gpus: int) -> list[str]:
+    """The GPU ids the train half may use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1), as the bare half
+    uses. Ray would otherwise see every card of the machine, and the env processes spread over all of them
+    (esper_ray/train/gpu_spread.py): `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(gpus)]
+    if len(ids) < gpus:
+        raise ValueError(f"--gpus {gpus}: only {len(ids)} GPU(s) visible (CUDA_VISIBLE_DEVICES={visible!r})")
+    return ids[:gpus]
+
+
 @contextlib.contextmanager
-def local_ray(mps: bool):  # type: ignore[no-untyped-def]
-    """A local Ray for the train half (with the MPS environment when asked); the bare half needs none."""
+def local_ray(mps: bool, gpus: int):  # type: ignore[no-untyped-def]
+    """A local Ray for the train half that sees `gpus` GPUs (with the MPS environment when asked); the bare half
+    needs none."""
     import ray
 
+    from esper_ray.train.gpu_spread import NODE_GPUS_ENV
     from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 
-    env = mps_environment(new_run_id()) if mps else None
+    env = mps_environment(new_run_id()) if mps else {}
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus:
+        ids = ",".join(train_gpu_ids(before, gpus))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids  # Ray counts and hands out only these
+        env = {**env, NODE_GPUS_ENV: ids}
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env} if env else None)
     try:
-        with mps_daemons(env) if env else contextlib.nullcontext():
+        with mps_daemons(env) if mps else contextlib.nullcontext():
             yield
     finally:
         ray.shutdown()
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 @contextlib.contextmanager
@@ -301,7 +322,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
         log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
-        with local_ray(mps):
+        with local_ray(mps, setup.gpus):
             train_rate = train(setup, mps)
         log(f"train: {train_rate}")
         figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),

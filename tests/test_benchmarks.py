@@ -48,6 +48,24 @@ def roofline(*flags: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _throughput_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("throughput_script", REPO / "benchmarks" / "throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():
+    ids = _throughput_module().train_gpu_ids
+    assert ids(None, 1) == ["0"] and ids(None, 2) == ["0", "1"]  # a 4-GPU machine, --gpus 1 / 2: not all four
+    assert ids("2,3,1", 2) == ["2", "3"]  # the first of what the caller made visible
+    with pytest.raises(ValueError, match=r"--gpus 4: only 2 GPU\(s\) visible"):
+        ids("0,1", 4)
+
+
 @pytest.fixture(scope="module")
 def h200_bf16() -> dict:
     return roofline("--card", "H200", "--samples-per-s", "500000", "--precision", "bf16")
