@@ -12,8 +12,8 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from esper_ray.contracts.actions import HEAD_NAMES, Blueprint, Op, decode_joint, encode_joint
-from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.stages import Stage
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import action_nvec
 from esper_ray.policy.baselines import lifecycle_action
