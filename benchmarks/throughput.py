@@ -114,9 +114,7 @@ def commit() -> str | None:
 def _show_one_gpu(setup: Setup, shard: int) -> None:
     """As Ray does for an actor with a GPU share: the process sees only its env's GPU, so it makes no CUDA context
     (nor an MPS client) on the others. Before the process's first CUDA call."""
-    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = ids.split(",") if ids else [str(i) for i in range(setup.gpus)]
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible[shard % setup.gpus]
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), setup.gpus)[shard % setup.gpus]
 
 
 def warmed_up_env(setup: Setup, shard: int) -> tuple[Any, Any, Any]:
@@ -236,10 +234,10 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
             "seconds_per_round": seconds / len(steady)}
 
 
-def train_gpu_ids(visible: str | None, gpus: int) -> list[str]:
-    """The GPU ids the train half may use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1), as the bare half
-    uses. Ray would otherwise see every card of the machine, and the env processes spread over all of them
-    (esper_ray/train/gpu_spread.py): `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
+def gpu_ids(visible: str | None, gpus: int) -> list[str]:
+    """The GPU ids both halves use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1). The train half's Ray
+    must see only these, or its env processes spread over every card of the machine (esper_ray/train/gpu_spread.py):
+    `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
     ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(gpus)]
     if len(ids) < gpus:
         raise ValueError(f"--gpus {gpus}: only {len(ids)} GPU(s) visible (CUDA_VISIBLE_DEVICES={visible!r})")
@@ -258,7 +256,7 @@ def local_ray(mps: bool, gpus: int):  # type: ignore[no-untyped-def]
     env = mps_environment(new_run_id()) if mps else {}
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus:
-        ids = ",".join(train_gpu_ids(before, gpus))
+        ids = ",".join(gpu_ids(before, gpus))
         os.environ["CUDA_VISIBLE_DEVICES"] = ids  # Ray counts and hands out only these
         env = {**env, NODE_GPUS_ENV: ids}
     ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,

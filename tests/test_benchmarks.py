@@ -59,7 +59,7 @@ def _throughput_module():
 
 
 def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():
-    ids = _throughput_module().train_gpu_ids
+    ids = _throughput_module().gpu_ids
     assert ids(None, 1) == ["0"] and ids(None, 2) == ["0", "1"]  # a 4-GPU machine, --gpus 1 / 2: not all four
     assert ids("2,3,1", 2) == ["2", "3"]  # the first of what the caller made visible
     with pytest.raises(ValueError, match=r"--gpus 4: only 2 GPU\(s\) visible"):
