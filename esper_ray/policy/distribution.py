@@ -69,28 +69,30 @@ class CausalFactoredDistribution(Distribution):
         argument_logps = torch.stack([h.logp(a) for h, a in zip(self.heads[1:], actions[1:])], dim=-1)
         return self.joint.logp(actions[0]) + (read * argument_logps).sum(-1)
 
+    def weighted_argument_entropies(self, *, detach_read: bool = True) -> torch.Tensor:
+        """[..., H-1] P(h read) H(pi_h) of each argument head; with `detach_read` P(h read) is held constant for the
+        gradient (see the module doc), so a bonus on these moves each head's own choice, never how often it is read."""
+        read = self.read_probability()
+        if detach_read:
+            read = read.detach()
+        return read * torch.stack([h.entropy() for h in self.heads[1:]], dim=-1)
+
     def head_entropies(self) -> dict[str, torch.Tensor]:
         """Entropy of each head, argument heads weighted by the chance they are read."""
-        read = self.read_probability()
-        out = {HEAD_NAMES[0]: self.joint.entropy()}
-        for i, (name, head) in enumerate(zip(HEAD_NAMES[1:], self.heads[1:])):
-            out[name] = read[..., i] * head.entropy()
-        return out
+        weighted = self.weighted_argument_entropies(detach_read=False)
+        return {HEAD_NAMES[0]: self.joint.entropy(), **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])}}
 
     def argument_entropy(self, name: str) -> torch.Tensor:
-        """P(head read) H(pi_head) of one argument head, P(read) held constant for the gradient as in entropy(): a
-        bonus on it moves that head's own choice only, never how often the op reads it."""
+        """P(head read) H(pi_head) of one argument head, P(read) held constant for the gradient as in entropy()."""
         i = HEAD_NAMES.index(name) - 1
         if i < 0:
             raise ValueError(f"{name!r} is the joint head; argument heads: {list(HEAD_NAMES[1:])}")
-        return self.read_probability().detach()[..., i] * self.heads[i + 1].entropy()
+        return self.weighted_argument_entropies()[..., i]
 
     @override(Distribution)
     def entropy(self) -> torch.Tensor:
         """H(pi_J) + sum_h P(h read) H(pi_h), with P(h read) held constant for the gradient (see the module doc)."""
-        read = self.read_probability().detach()
-        argument_entropies = torch.stack([h.entropy() for h in self.heads[1:]], dim=-1)
-        return self.joint.entropy() + (read * argument_entropies).sum(-1)
+        return self.joint.entropy() + self.weighted_argument_entropies().sum(-1)
 
     @override(Distribution)
     def kl(self, other: Distribution) -> torch.Tensor:
