@@ -11,7 +11,9 @@ controller, started together; `train`: `esper-ray train` with the same N envs an
 (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
 their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
 share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
-splits those steps further). Progress goes to stderr; the last stdout line is one JSON object.
+splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
+and the slowest's) and the share of its wall the others waited for the slowest: a round ends with its slowest
+runner, which bare envs never wait for. Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
 -x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
@@ -231,7 +233,20 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     steps = sum(r.env_steps for r in steady)
     samples_per_step = setup.train_size / setup.envs
     return {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
-            "seconds_per_round": seconds / len(steady)}
+            "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds)}
+
+
+def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
+    """The env runners' sample calls over `results` (the steady rounds, `seconds` of wall): the mean runner's and the
+    slowest runner's seconds a round, and the share of the wall the others stood waiting for the slowest."""
+    from esper_ray.contracts import metrics as m
+    from esper_ray.train.round_summary import flatten_numbers
+
+    rows = [flatten_numbers(r) for r in results]
+    mean = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS}"] for row in rows]
+    slowest = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS_MAX}"] for row in rows]
+    return {"runner_sample_seconds_mean": sum(mean) / len(rows), "runner_sample_seconds_max": sum(slowest) / len(rows),
+            "waiting_for_the_slowest_share": (sum(slowest) - sum(mean)) / seconds}
 
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
@@ -326,7 +341,10 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
         figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
                        train_samples_per_s=round(train_rate["samples_per_s"]),
                        train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
-                       train_seconds_per_round=round(train_rate["seconds_per_round"], 2))
+                       train_seconds_per_round=round(train_rate["seconds_per_round"], 2),
+                       train_runner_sample_seconds_mean=round(train_rate["runner_sample_seconds_mean"], 3),
+                       train_runner_sample_seconds_max=round(train_rate["runner_sample_seconds_max"], 3),
+                       train_waiting_for_the_slowest_share=round(train_rate["waiting_for_the_slowest_share"], 3))
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
     return figures

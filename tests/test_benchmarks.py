@@ -29,6 +29,9 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
         assert figures[key] > 0, key
     assert 0 <= figures["bare_reset_share"] < 1
     assert figures["bare_capturing_steps_share"] == figures["bare_captures_per_episode"] == 0  # no CUDA graphs on a CPU
+    # the train half's rounds wait for their slowest env runner: its share of the wall is what bare envs never pay
+    assert 0 < figures["train_runner_sample_seconds_mean"] <= figures["train_runner_sample_seconds_max"]
+    assert 0 <= figures["train_waiting_for_the_slowest_share"] < 1
 
 
 # ------------------------------------------------------------------------------------------ benchmarks/roofline.py

@@ -78,6 +78,8 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
         assert runners[m.EPISODES] == 2 and runners[m.ENV_STEPS_SAMPLED] == 12
         assert sum(runners[m.OP_COUNT_PREFIX + op.name.lower()] for op in Op) == 6  # decisions per episode of 6 steps
         assert runners[m.PHASE_TIME_PREFIX + "train"] > 0
+        # each runner's sample call timed: the round's mean lies between its fastest and its slowest runner
+        assert 0 < runners[m.RUNNER_SAMPLE_SECONDS_MIN] <= runners[m.RUNNER_SAMPLE_SECONDS] <= runners[m.RUNNER_SAMPLE_SECONDS_MAX]
         # seeds by blueprint: every usable blueprint logged, summing to the seeds per episode; the round's summary has them
         by_blueprint = summarize_round(result).by_blueprint
         for outcome, total in (("germinated", m.SEEDS_GERMINATED), ("fossilized", m.SEEDS_FOSSILIZED)):

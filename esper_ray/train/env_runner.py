@@ -14,10 +14,14 @@ on an H200 shared by 4 envs). The env's own `cudnn_deterministic` setting (off b
 
 An env step that raises costs its episode, and RLlib keeps only a count and a worker log line: the runner
 wraps its env so that each failure's error and traceback reach the driver (step_failures.py).
+
+Each sample call's wall time is logged (min, mean and max over the round's runners): a round ends with its
+slowest runner, so max - mean is what the synchronous round costs the others, which bare envs never pay.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -25,6 +29,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
 
+from esper_ray.contracts import metrics as m
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
 
@@ -46,3 +51,12 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         # RLlib calls this again after a failed step (to recreate the env), so each new env is wrapped too.
         super().make_env()
         self.env = StepFailureRecorder(self.env, lambda exc: record_step_failure(self.metrics, exc))
+
+    @override(SingleAgentEnvRunner)
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        episodes = super().sample(*args, **kwargs)
+        seconds = time.perf_counter() - started
+        for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
+            self.metrics.log_value(key, seconds, reduce=reduce)
+        return episodes
