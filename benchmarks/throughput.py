@@ -13,7 +13,12 @@ their ratio is the RL overhead (1.0 = free). The bare half also says where its w
 share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
 splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
 and the slowest's) and the share of its wall the others waited for the slowest: a round ends with its slowest
-runner, which bare envs never wait for. Progress goes to stderr; the last stdout line is one JSON object.
+runner, which bare envs never wait for. With --overlap it also splits the rest of a round: collecting the episodes
+after the slowest runner is done, and the driver's work after sampling (sending the new weights, RLlib's merge of the
+observation filters and its results). Its samples/s count each round's `algo.train()` call, as they always have;
+`train_wall_samples_per_s` counts the same rounds by the driver's clock, with the work between two calls (the
+metrics file, TensorBoard, the next round's start on every runner), and `train_wall_over_bare` is its ratio.
+Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
 -x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
@@ -220,8 +225,14 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
                       learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, overlap=setup.overlap,
                       checkpoint_every=0, env=env)
     results: list[dict] = []
+    ended: list[float] = []  # when each round's result reached the driver's loop
+
+    def record(result: dict) -> None:
+        results.append(result)
+        ended.append(time.perf_counter())
+
     with tempfile.TemporaryDirectory() as folder:
-        outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=results.append)
+        outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=record)
     from esper_ray.train.round_summary import flatten_numbers
 
     last = flatten_numbers(results[-1])
@@ -232,8 +243,13 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     seconds = sum(r.seconds for r in steady)
     steps = sum(r.env_steps for r in steady)
     samples_per_step = setup.train_size / setup.envs
-    return {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
-            "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds)}
+    figures = {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
+               "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds)}
+    if len(ended) > 1:  # the same rounds by the driver's clock: also the work between two algo.train() calls
+        wall = ended[-1] - ended[0]
+        figures.update(wall_env_steps_per_s=steps / wall, wall_samples_per_s=steps * samples_per_step / wall,
+                       between_rounds_share=(wall - seconds) / wall)
+    return figures
 
 
 def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
@@ -245,8 +261,14 @@ def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
     rows = [flatten_numbers(r) for r in results]
     mean = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS}"] for row in rows]
     slowest = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS_MAX}"] for row in rows]
-    return {"runner_sample_seconds_mean": sum(mean) / len(rows), "runner_sample_seconds_max": sum(slowest) / len(rows),
-            "waiting_for_the_slowest_share": (sum(slowest) - sum(mean)) / seconds}
+    waits = {"runner_sample_seconds_mean": sum(mean) / len(rows), "runner_sample_seconds_max": sum(slowest) / len(rows),
+             "waiting_for_the_slowest_share": (sum(slowest) - sum(mean)) / seconds}
+    if all(m.DRIVER_SAMPLING_SECONDS in row for row in rows):  # timed by the overlapped PPO only
+        sampling = sum(row[m.DRIVER_SAMPLING_SECONDS] for row in rows)
+        waits.update(collecting_episodes_share=(sampling - sum(slowest)) / seconds,
+                     after_sampling_share=(seconds - sampling) / seconds,
+                     weight_send_share=sum(row[m.DRIVER_WEIGHT_SYNC_SECONDS] for row in rows) / seconds)
+    return waits
 
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
@@ -345,8 +367,14 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
                        train_runner_sample_seconds_mean=round(train_rate["runner_sample_seconds_mean"], 3),
                        train_runner_sample_seconds_max=round(train_rate["runner_sample_seconds_max"], 3),
                        train_waiting_for_the_slowest_share=round(train_rate["waiting_for_the_slowest_share"], 3))
+        for key in ("collecting_episodes_share", "after_sampling_share", "weight_send_share", "between_rounds_share",
+                    "wall_samples_per_s"):
+            if key in train_rate:
+                figures[f"train_{key}"] = round(train_rate[key], 3 if key.endswith("share") else None)
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
+        if "wall_env_steps_per_s" in train_rate:
+            figures["train_wall_over_bare"] = round(train_rate["wall_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
     return figures
 
 

@@ -32,6 +32,9 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     # the train half's rounds wait for their slowest env runner: its share of the wall is what bare envs never pay
     assert 0 < figures["train_runner_sample_seconds_mean"] <= figures["train_runner_sample_seconds_max"]
     assert 0 <= figures["train_waiting_for_the_slowest_share"] < 1
+    # by the driver's clock the same rounds take longer: it also counts the work between two algo.train() calls
+    assert 0 < figures["train_wall_samples_per_s"] <= figures["train_samples_per_s"]
+    assert 0 <= figures["train_between_rounds_share"] < 1
 
 
 # ------------------------------------------------------------------------------------------ benchmarks/roofline.py
@@ -59,6 +62,21 @@ def _throughput_module():
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def test_a_rounds_wall_splits_into_the_slowest_runner_collecting_and_the_driver_after_sampling():
+    """runner_waits on two constructed rounds of 5 s each: runners took 4 s on average and 4.5 s at most, the
+    driver held the episodes 4.6 s after the round began and spent 0.1 s sending the weights."""
+    row = {"env_runners": {"esper/runner_sample_seconds": 4.0, "esper/runner_sample_seconds_max": 4.5},
+           "esper/driver_sampling_seconds": 4.6, "esper/driver_weight_sync_seconds": 0.1}
+    waits = _throughput_module().runner_waits([row, row], seconds=10.0)
+    assert waits["runner_sample_seconds_mean"] == 4.0 and waits["runner_sample_seconds_max"] == 4.5
+    assert waits["waiting_for_the_slowest_share"] == pytest.approx(1.0 / 10)  # 0.5 s a round
+    assert waits["collecting_episodes_share"] == pytest.approx(0.2 / 10)  # 4.6 - 4.5
+    assert waits["after_sampling_share"] == pytest.approx(0.8 / 10)  # 5 - 4.6
+    assert waits["weight_send_share"] == pytest.approx(0.2 / 10)
+    del row["esper/driver_sampling_seconds"]  # RLlib's own PPO (no overlap) is not timed by the driver
+    assert "after_sampling_share" not in _throughput_module().runner_waits([row], seconds=5.0)
 
 
 def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():

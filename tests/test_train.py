@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from ray.rllib.core.columns import Columns
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 import esper_ray
 from esper_ray.cli import main
@@ -141,10 +142,11 @@ def test_every_env_runner_holds_the_checkpoints_weights_and_filter_after_a_resum
 
 
 def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_the_run(ray_local, tmp_path):
-    """overlap=True: round k's update learns from round k-1's batch while round k samples; a save learns from the
-    pending batch first, so the round after it has nothing to learn, and a resume from it replays the whole run."""
+    """overlap=True: round k's update learns from round k-1's batch while round k samples, and its weights reach
+    round k+1; a save learns from the pending batch first, so the round after it has nothing to learn, and a resume
+    from it replays the whole run."""
     results: list[dict] = []
-    cfg = small(tmp_path, overlap=True, learners=0, rounds=4, checkpoint_every=2)
+    cfg = small(tmp_path, overlap=True, learners=0, rounds=5, checkpoint_every=3)
     whole = run_training(cfg, Path(cfg.output), log=lambda _: None, on_result=results.append)
 
     def trained(result: dict) -> float:
@@ -156,14 +158,21 @@ def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_th
     one_update = trained(results[1])
     assert trained(results[0]) == 0 and one_update > 0  # round 1 had nothing to learn from
     assert hidden(results[0]) == 0 and hidden(results[1]) > 0  # round 2's update ran while round 2 sampled
-    # The checkpoint after round 2 learned from round 2's batch: round 3 reports that update and has none of its own.
-    assert trained(results[2]) == 2 * one_update and hidden(results[2]) == 0
-    assert trained(results[3]) == 3 * one_update and hidden(results[3]) > 0
+    assert trained(results[2]) == 2 * one_update and hidden(results[2]) > 0
+    # The checkpoint after round 3 learned from round 3's batch: round 4 reports that update and has none of its own.
+    assert trained(results[3]) == 3 * one_update and hidden(results[3]) == 0
+    assert trained(results[4]) == 4 * one_update and hidden(results[4]) > 0
+    # The runners act with the learner's weights as of the round before (its update count): the update hidden in
+    # round 2 reaches round 3; the one hidden in round 3 and the save's after it reach round 4.
+    assert [r[m.ENV_RUNNERS][WEIGHTS_SEQ_NO] for r in results] == [0, 0, 1, 3, 3]
+    for result in results:  # the driver's view of a round's sampling holds every runner's sample call
+        assert result[m.DRIVER_SAMPLING_SECONDS] >= result[m.ENV_RUNNERS][m.RUNNER_SAMPLE_SECONDS_MAX] > 0
+        assert result[m.DRIVER_WEIGHT_SYNC_SECONDS] >= 0
 
-    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00002", log=lambda _: None)
+    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None)
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
-    assert [r.round for r in resumed.rounds] == [3, 4]
-    for replayed, original in zip(resumed.rounds, whole.rounds[2:]):
+    assert [r.round for r in resumed.rounds] == [4, 5]
+    for replayed, original in zip(resumed.rounds, whole.rounds[3:]):
         assert {k: getattr(replayed, k) for k in keys} == {k: getattr(original, k) for k in keys}
 
 

@@ -42,6 +42,11 @@ RUNNER_SAMPLE_SECONDS_MIN = "esper/runner_sample_seconds_min"
 RUNNER_SAMPLE_SECONDS_MAX = "esper/runner_sample_seconds_max"
 """Wall seconds of each env runner's sample call this round (mean, min and max over runners): the round waits for
 the slowest, so max - mean is the time the others stand idle, a cost bare envs never pay."""
+DRIVER_SAMPLING_SECONDS = "esper/driver_sampling_seconds"
+"""Wall seconds from the start of the round's sampling until the driver holds every runner's episodes (overlap only)."""
+DRIVER_WEIGHT_SYNC_SECONDS = "esper/driver_weight_sync_seconds"
+"""Wall seconds the driver spends after sampling to send the new weights to the runners (overlap only): the runners
+stand idle meanwhile."""
 EPISODES = "esper/episodes"
 EPISODE_RETURN = "esper/episode_return"
 """This round's mean episode return (RLlib's episode_return_mean is smoothed over the last 100 episodes)."""

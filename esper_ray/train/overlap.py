@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from ray.rllib.algorithms.ppo import PPO
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
 from ray.rllib.utils.metrics import (
     ALL_MODULES,
@@ -35,7 +37,10 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     NUM_MODULE_STEPS_TRAINED_LIFETIME,
     TIMERS,
+    WEIGHTS_SEQ_NO,
 )
+
+from esper_ray.contracts import metrics as m
 
 UPDATE_HIDDEN_TIMER = "learner_update_hidden_timer"
 """Seconds of this round's learner update that ran while the env runners sampled (0 when nothing was pending)."""
@@ -81,9 +86,10 @@ class OverlappedPPO(PPO):
         started = time.perf_counter()
         sampling = _InBackground(self._sample)  # only this thread talks to the env runners until it is done
         update_seconds = 0.0
-        modules: set[str] = set()
+        weights = None
         if pending:
-            modules = self._update(pending)
+            # the new weights are fetched from the learner while the runners still sample; only the send is left
+            weights = self._learned_weights(self._update(pending))
             update_seconds = time.perf_counter() - started
         episodes, env_runner_results = sampling.result()
         sample_seconds = sampling.finished_at - started
@@ -91,8 +97,11 @@ class OverlappedPPO(PPO):
         self.metrics.log_value((TIMERS, LEARNER_UPDATE_TIMER), update_seconds)
         # this round's, not an average: both started together, so the shorter of the two ran side by side
         self.metrics.log_value((TIMERS, UPDATE_HIDDEN_TIMER), min(update_seconds, sample_seconds), window=1)
-        if modules:
-            self._sync_weights(modules)
+        self.metrics.log_value(m.DRIVER_SAMPLING_SECONDS, sample_seconds, window=1)
+        sent = time.perf_counter()
+        if weights is not None:
+            self._send_weights(weights)
+        self.metrics.log_value(m.DRIVER_WEIGHT_SYNC_SECONDS, time.perf_counter() - sent, window=1)
         if episodes:
             self.metrics.aggregate(env_runner_results, key=ENV_RUNNER_RESULTS)
             self._pending = episodes
@@ -101,7 +110,7 @@ class OverlappedPPO(PPO):
         """Train on the batch the last round sampled, if it is still waiting (before a save or an evaluation)."""
         pending, self._pending = self._pending, []
         if pending:
-            self._sync_weights(self._update(pending))
+            self._send_weights(self._learned_weights(self._update(pending)))
 
     def save_to_path(self, *args: Any, **kwargs: Any) -> str:
         self.learn_pending()
@@ -133,14 +142,27 @@ class OverlappedPPO(PPO):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         return set(learner_results[0].keys()) - {ALL_MODULES}
 
-    def _sync_weights(self, modules: set[str]) -> None:
-        # RLlib sends the weights fire-and-forget and skips a runner whose previous set_state call is unanswered
-        # (one request in flight per runner), which two syncs in a row (a round's, then a save's) would hit.
-        # timeout_seconds=None first waits for the previous call: runners answer it at once, even one still
-        # sampling after a Ctrl-C, since they ran it before that sample.
-        self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, policies=modules,
-                                           inference_only=True, timeout_seconds=None)
+    def _learned_weights(self, modules: set[str]) -> Any:
+        """The learner's inference weights of `modules` (and their sequence number) in the object store: what
+        RLlib's EnvRunnerGroup.sync_weights fetches, taken here apart from the send so that it can run while the
+        runners sample (a round trip to the learner actor the runners would otherwise wait for)."""
+        components = [f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{module}" for module in sorted(modules)]
+        state = self.learner_group.get_state(components=components, inference_only=True)[COMPONENT_LEARNER]
+        return ray.put({k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
 
+    def _send_weights(self, weights: Any) -> None:
+        """Hand `weights` (from _learned_weights) to every remote env runner, as RLlib's sync_weights does.
+
+        RLlib sends them fire-and-forget and skips a runner whose previous set_state call is unanswered (one
+        request in flight per runner), which two sends in a row (a round's, then a save's) would hit.
+        timeout_seconds=None first waits for the previous call: runners answer it at once, even one still
+        sampling after a Ctrl-C, since they ran it before that sample. A runner runs its calls in order, so the
+        weights are in place before its next sample call.
+        """
+        self.env_runner_group.foreach_env_runner_async_fetch_ready(
+            func="set_state", tag="set_state", kwargs={"state": weights}, timeout_seconds=None)
+        if self.env_runner_group.local_env_runner is not None:
+            self.env_runner_group.local_env_runner.set_state(ray.get(weights))
 
 def learn_pending(algo: Any) -> None:
     """Make `algo` hold everything it sampled (a no-op for RLlib's own PPO, which never leaves a batch waiting)."""
