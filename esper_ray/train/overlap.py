@@ -164,6 +164,7 @@ class OverlappedPPO(PPO):
         if self.env_runner_group.local_env_runner is not None:
             self.env_runner_group.local_env_runner.set_state(ray.get(weights))
 
+
 def learn_pending(algo: Any) -> None:
     """Make `algo` hold everything it sampled (a no-op for RLlib's own PPO, which never leaves a batch waiting)."""
     if isinstance(algo, OverlappedPPO):
