@@ -108,6 +108,10 @@ def commit() -> str | None:
 
     folder = Path(__file__).resolve().parent
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        if Path(top).resolve() != folder.parent:
+            return None  # a copy of the tree inside another checkout (`git archive REV | tar -x -C copy`) is not it
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,

@@ -79,6 +79,29 @@ def test_a_rounds_wall_splits_into_the_slowest_runner_collecting_and_the_driver_
     assert "after_sampling_share" not in _throughput_module().runner_waits([row], seconds=5.0)
 
 
+def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_another_checkout(tmp_path):
+    """A copy of the tree made with `git archive | tar -x` inside another checkout (as the side-by-side runs do) has
+    no commit of its own: naming the outer checkout's would put the wrong code's name on its figures."""
+    import shutil
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert _throughput_module().commit().rstrip("+") == head
+    outer = tmp_path / "outer"
+    (outer / "copy" / "benchmarks").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "outer"],
+                   cwd=outer, check=True)
+    copy = outer / "copy" / "benchmarks" / "throughput.py"
+    shutil.copy(REPO / "benchmarks" / "throughput.py", copy)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("throughput_copy", copy)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.commit() is None
+
+
 def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():
     ids = _throughput_module().gpu_ids
     assert ids(None, 1) == ["0"] and ids(None, 2) == ["0", "1"]  # a 4-GPU machine, --gpus 1 / 2: not all four
