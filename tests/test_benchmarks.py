@@ -54,10 +54,10 @@ def roofline(*flags: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def _throughput_module():
+def _throughput_module(path: Path = REPO / "benchmarks" / "throughput.py", name: str = "throughput_script"):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("throughput_script", REPO / "benchmarks" / "throughput.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -93,13 +93,7 @@ def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_ano
                    cwd=outer, check=True)
     copy = outer / "copy" / "benchmarks" / "throughput.py"
     shutil.copy(REPO / "benchmarks" / "throughput.py", copy)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("throughput_copy", copy)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    assert module.commit() is None
+    assert _throughput_module(copy, "throughput_copy").commit() is None
 
 
 def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():
