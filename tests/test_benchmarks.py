@@ -104,6 +104,63 @@ def test_the_train_half_sees_only_the_gpus_asked_for_as_the_bare_half_does():
         ids("0,1", 4)
 
 
+def _ab_wall_module():
+    _throughput_module(name="throughput")  # ab_wall imports its sibling by that name
+    return _throughput_module(REPO / "benchmarks" / "ab_wall.py", "ab_wall_script")
+
+
+def test_ab_wall_cuts_the_rounds_of_a_copy_that_still_reads_as_the_same_experiment(tmp_path):
+    from esper_ray.experiments.spec import ExperimentSpec
+
+    source = REPO / "tune_configs" / "text.yaml"
+    copy = _ab_wall_module().cut_rounds(source, 2, tmp_path)
+    original, cut = ExperimentSpec.from_yaml(source), ExperimentSpec.from_yaml(copy)
+    assert (cut.rounds, cut.last_rounds) == (2, 2) and original.rounds == 60  # last_rounds 3 would refuse 2 rounds
+    assert (cut.arms, cut.seeds, cut.training, cut.compare) == (original.arms, original.seeds, original.training,
+                                                                  original.compare)
+
+
+FAKE_AB = """import json, os, signal, sys, time
+out = sys.argv[sys.argv.index("--output") + 1]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "calls.jsonl"), "a") as calls:
+    calls.write(json.dumps({"argv": sys.argv[3:], "visible": os.environ["CUDA_VISIBLE_DEVICES"]}) + "\\n")
+resume = "--resume" in sys.argv
+print("trials at once on 2 CPU, 0 GPU: 1 ppo trials at once", flush=True)
+trials = [{"status": "finished"}, {"status": "finished" if resume else "incomplete"}]
+with open(os.path.join(out, "results.json"), "w") as results:
+    json.dump({"trials": trials}, results)
+with open(os.path.join(out, "report.md"), "w") as report:
+    report.write("report")
+if not resume:  # the first call runs until it is stopped, and stops as esper-ray ab does on SIGTERM
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    time.sleep(60)
+"""
+
+
+def test_ab_wall_stops_a_run_resumes_it_on_the_first_cards_and_sums_its_walls(tmp_path, monkeypatch):
+    """An `esper-ray ab` double (its command line, exit codes and files): stopped after 1 s by SIGTERM, resumed by
+    the next call with --resume on the same first 2 of the 3 visible cards, walls summed; a third call runs nothing."""
+    ab_wall = _ab_wall_module()
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_AB)  # called as `python -c CODE ab FILE --output DIR`
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0,1")
+    output, experiment = tmp_path / "g2", REPO / "tune_configs" / "smoke.yaml"
+    first = ab_wall.measure(experiment, 2, output, stop_after=1.0, python=str(fake))
+    assert first["exit_codes"] == [143] and first["calls"] == 1 and not first["report"]
+    assert (first["trials_done"], first["trials"]) == (1, 2)
+    assert 1.0 <= first["wall_s"] < 30  # stopped, not left to sleep
+    second = ab_wall.measure(experiment, 2, output, stop_after=30.0, python=str(fake))
+    assert second["exit_codes"] == [143, 0] and second["report"] and second["trials_done"] == 2
+    assert second["wall_s"] == round(sum(second["walls_s"]), 1) and second["concurrency"].startswith("trials at once")
+    assert ab_wall.measure(experiment, 2, output, stop_after=30.0, python=str(fake))["calls"] == 2  # done: no call
+    calls = [json.loads(line) for line in (output / "run" / "calls.jsonl").read_text().splitlines()]
+    assert [c["visible"] for c in calls] == ["2,0", "2,0"]
+    assert calls[0]["argv"] == ["ab", str(experiment), "--output", str(output / "run")]
+    assert calls[1]["argv"] == calls[0]["argv"] + ["--resume"]
+
+
 @pytest.fixture(scope="module")
 def h200_bf16() -> dict:
     return roofline("--card", "H200", "--samples-per-s", "500000", "--precision", "bf16")

@@ -1,0 +1,138 @@
+"""Wall time of `esper-ray ab` from its start to its report, on the first G GPUs of this machine, for each G in turn.
+
+    python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 1 2 4                # as the file says
+    python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 1 2 --rounds 3       # the same trials, 3 PPO rounds
+    python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 4 --stop-after 500   # then the same command again
+
+Each G runs the experiment in its own `esper-ray ab` process that sees only the first G cards (CUDA_VISIBLE_DEVICES),
+into OUTPUT/gG, so concurrency comes from those cards as it would on a G-GPU machine (`--gpus 0`: the CPUs alone).
+`--rounds R` replaces the file's `rounds` (a copy of the file in OUTPUT; everything else unchanged), for a machine
+that holds no full run. `--stop-after S` stops a G's run after S seconds (SIGTERM: Tune keeps every finished trial
+and the rounds done), so a per-call time limit loses nothing: run the same command again and each G that has no
+report yet resumes (`--resume`), the walls of its calls summed (a resume repeats the interrupted rounds, so a split
+run's sum is an upper bound). Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
+the wall seconds to the report over all calls, the calls, trials done of all, whether the report was written, and
+the line in which `esper-ray ab` said how many trials it runs at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import gpu_ids, log, machine  # noqa: E402  (a sibling script, not a package)
+
+import yaml  # noqa: E402
+
+AB = "import sys; from esper_ray.cli import main; sys.exit(main())"
+STATE = "ab_wall.json"
+INTERRUPTED = (130, 128 + signal.SIGTERM, -signal.SIGKILL)
+"""Exit codes of a run stopped part-way (Ctrl-C, SIGTERM, killed after the grace): the next call resumes it. Any
+other code (0, or a run that failed) is final."""
+GRACE_S = 180.0
+"""How long a stopped run may take to save Tune's state and write its partial report before it is killed."""
+
+
+def cut_rounds(source: Path, rounds: int, folder: Path) -> Path:
+    """A copy of the experiment file with `rounds` replaced (and `last_rounds` no larger than it)."""
+    data = yaml.safe_load(source.read_text())
+    data["rounds"] = rounds
+    if data.get("last_rounds") is not None:
+        data["last_rounds"] = min(int(data["last_rounds"]), rounds)
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / f"{source.stem}_rounds{rounds}.yaml"
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def trials_done(output: Path) -> tuple[int, int]:
+    """Finished trials and all planned trials, from the run's results.json (0, 0 before it exists)."""
+    try:
+        trials = json.loads((output / "results.json").read_text())["trials"]
+    except (OSError, ValueError, KeyError):
+        return 0, 0
+    return sum(t["status"] == "finished" for t in trials), len(trials)
+
+
+def concurrency_line(log_file: Path) -> str | None:
+    for line in log_file.read_text(errors="replace").splitlines():
+        if line.startswith("trials at once"):
+            return line
+    return None
+
+
+def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | None, resume: bool,
+           log_file: Path, python: str = sys.executable) -> tuple[float, int]:
+    """One `esper-ray ab` call: its wall seconds and exit code. Stopped with SIGTERM after `stop_after` seconds."""
+    command = [python, "-c", AB, "ab", str(experiment), "--output", str(output)] + (["--resume"] if resume else [])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
+    start = time.monotonic()
+    with log_file.open("a") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            code = process.wait(timeout=stop_after)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+    return time.monotonic() - start, code
+
+
+def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
+            python: str = sys.executable) -> dict[str, Any]:
+    """Run (or resume) the experiment on the first `gpus` cards into `output`; the figures of all its calls."""
+    output.mkdir(parents=True, exist_ok=True)
+    state_file = output / STATE
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {"walls": [], "codes": []}
+    visible = ",".join(gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)) if gpus else ""
+    if not state["codes"] or state["codes"][-1] in INTERRUPTED:
+        log(f"gpus {gpus} ({visible or 'CPU only'}): {'resuming' if state['walls'] else 'starting'} "
+            f"{experiment} into {output} (its progress: {output / 'ab.log'})")
+        wall, code = run_ab(experiment, output / "run", visible, stop_after, resume=bool(state["walls"]),
+                            log_file=output / "ab.log", python=python)
+        state["walls"].append(round(wall, 1))
+        state["codes"].append(code)
+        state_file.write_text(json.dumps(state))
+    done, total = trials_done(output / "run")
+    return {"gpus": gpus, "visible": visible, "wall_s": round(sum(state["walls"]), 1), "walls_s": state["walls"],
+            "calls": len(state["walls"]), "exit_codes": state["codes"], "trials_done": done, "trials": total,
+            "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
+            "concurrency": concurrency_line(output / "ab.log")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", type=Path, help="experiment file, e.g. tune_configs/text.yaml")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1], help="GPU counts to run in turn (0: CPU only)")
+    parser.add_argument("--rounds", type=int, help="replace the file's rounds (a copy of it in OUTPUT)")
+    parser.add_argument("--stop-after", type=float, help="stop each run after this many seconds; run again to resume")
+    parser.add_argument("--output", type=Path, default=Path("/tmp/ab_wall"), help="results folder (default %(default)s)")
+    args = parser.parse_args()
+    if not args.experiment.is_file():
+        parser.error(f"experiment file {args.experiment}: not found")
+    if any(g < 0 for g in args.gpus):
+        parser.error(f"--gpus {args.gpus}: each must be 0 or more")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be 1 or more")
+    experiment = cut_rounds(args.experiment, args.rounds, args.output) if args.rounds else args.experiment
+    command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
+    for gpus in args.gpus:
+        figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)
+        print(json.dumps({"machine": machine(), "setup": {"experiment": str(args.experiment), "rounds": args.rounds,
+                                                          "command": command}, **figures}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
