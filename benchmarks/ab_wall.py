@@ -32,9 +32,12 @@ from throughput import gpu_ids, log, machine  # noqa: E402  (a sibling script, n
 
 import yaml  # noqa: E402
 
+from esper_ray.experiments.results import FINISHED  # noqa: E402
+from esper_ray.train.termination import EXIT_CODE as TERMINATED  # noqa: E402
+
 AB = "import sys; from esper_ray.cli import main; sys.exit(main())"
 STATE = "ab_wall.json"
-INTERRUPTED = (130, 128 + signal.SIGTERM, -signal.SIGKILL)
+INTERRUPTED = (130, TERMINATED, -signal.SIGKILL)
 """Exit codes of a run stopped part-way (Ctrl-C, SIGTERM, killed after the grace): the next call resumes it. Any
 other code (0, or a run that failed) is final."""
 GRACE_S = 180.0
@@ -59,7 +62,7 @@ def trials_done(output: Path) -> tuple[int, int]:
         trials = json.loads((output / "results.json").read_text())["trials"]
     except (OSError, ValueError, KeyError):
         return 0, 0
-    return sum(t["status"] == "finished" for t in trials), len(trials)
+    return sum(t["status"] == FINISHED for t in trials), len(trials)
 
 
 def concurrency_line(log_file: Path) -> str | None:
