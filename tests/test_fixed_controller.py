@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, decode_joint, encode_joint
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, Tempo, decode_joint, encode_joint
 from esper_ray.contracts.controllers import FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
@@ -91,3 +91,58 @@ def test_fixed_seed_settings_name_the_key_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['alpha_target'\]"):
         FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "alpha_target": "half"}, "arms.f.fixed",
                                topology="cnn", slots=slots)
+
+
+class _WaitFirst:
+    """WAIT for the first `wait` steps, then the fixed controller: a seed germinated later than step 1."""
+
+    def __init__(self, inner: FixedSeedController, wait: int) -> None:
+        self.inner, self.wait, self.step = inner, wait, 0
+
+    def reset(self) -> None:
+        self.step = 0
+
+    def act(self, obs):
+        self.step += 1
+        if self.step <= self.wait:
+            action = self.inner.act(obs).copy()
+            action[0] = encode_joint(Op.WAIT, None, 3)
+            return action
+        return self.inner.act(obs)
+
+
+@pytest.mark.parametrize(("auto_forward", "max_epochs"), [(True, 16), (False, 17)])
+def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_fossilized(auto_forward, max_epochs):
+    """With commit_horizon, GERMINATE is legal at step t only if t + fastest_commit_steps <= max_epochs. The env's
+    own gates are the oracle that the bound is tight: a FAST seed germinated at the last legal step (2 here) is
+    fossilized at the very last step, so masking step 3 on refuses only seeds that could never be kept."""
+    fast = FixedSeed(Blueprint.CONV_HEAVY, "r0c1", tempo=Tempo.FAST)
+    lifecycle = LifecycleConfig(auto_forward=auto_forward)
+    last_legal = max_epochs - lifecycle.fastest_commit_steps
+    assert last_legal == 2
+    germinate = [encode_joint(Op.GERMINATE, i, 3) for i in range(3)]
+
+    def episode(commit_horizon: bool, wait: int, steps: int = max_epochs):
+        env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
+                                "auto_forward": auto_forward, "seed": 3, "commit_horizon": commit_horizon})
+        controller = _WaitFirst(FixedSeedController(env.slot_ids, max_epochs, fast, lifecycle.min_training_epochs), wait)
+        obs, _ = env.reset(seed=0)
+        controller.reset()
+        joint = head_offsets(3)["op_slot"]
+        legal, info = [], {}
+        for _ in range(steps):
+            legal.append(bool(obs["action_mask"][joint][germinate].any()))
+            obs, _, terminated, _, info = env.step(controller.act(obs))
+            if terminated:
+                break
+        return legal, info
+
+    # nothing planted: only the horizon can mask GERMINATE
+    legal, _ = episode(commit_horizon=True, wait=max_epochs)
+    assert legal == [step <= last_legal for step in range(1, max_epochs + 1)]
+    legal, _ = episode(commit_horizon=False, wait=max_epochs, steps=last_legal + 2)
+    assert all(legal)  # without it, the same steps allow GERMINATE
+    # planted at the last legal step: fossilized by the run's end, so the run keeps it
+    _, info = episode(commit_horizon=True, wait=last_legal - 1)
+    assert info["count/germinated"] == 1 and info["count/fossilized"] == 1 and info["count/refused"] == 0
+    assert info["stages"]["r0c1"] == Stage.FOSSILIZED.name

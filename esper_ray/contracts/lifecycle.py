@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from esper_ray.contracts.actions import Tempo
 from esper_ray.contracts.fields import check_int
 
 
@@ -45,6 +46,14 @@ class LifecycleConfig:
     blended_seed_lr: float | None = None
     """Learning rate of a seed's optimizer from BLENDING on, when the seed is part of the model's output;
     None keeps `seed_lr`."""
+
+    @property
+    def fastest_commit_steps(self) -> int:
+        """Steps from a GERMINATE to the soonest FOSSILIZE the gates can allow: TRAINING's minimum, the fastest
+        tempo's ramp, one step in HOLDING, and with auto-forward off one more to ADVANCE out of GERMINATED (so a
+        seed germinated at step 1 can be fossilized at step 15 at the soonest with the defaults). A lower bound:
+        gate G2's health test, the strict gates and a slower tempo can only make it later."""
+        return self.min_training_epochs + Tempo.FAST.epochs + 1 + (0 if self.auto_forward else 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))

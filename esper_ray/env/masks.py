@@ -48,10 +48,14 @@ def head_offsets(num_slots: int) -> dict[str, slice]:
     return offsets
 
 
-def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int) -> set[Op]:
+def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
+              time_to_commit: bool = True) -> set[Op]:
+    """`time_to_commit`: whether a seed germinated now could still be fossilized before the run ends (the env's
+    `commit_horizon`); False masks GERMINATE."""
     ops: set[Op] = set()
     live = sum(s.is_live for s in slots)
-    if slot.stage is Stage.DORMANT and live < max_seeds and not any(s.stage in BLOCKS_GERMINATION for s in slots):
+    if (slot.stage is Stage.DORMANT and live < max_seeds and time_to_commit
+            and not any(s.stage in BLOCKS_GERMINATION for s in slots)):
         ops.add(Op.GERMINATE)
     if slot.can_set_alpha_target():
         ops.add(Op.SET_ALPHA_TARGET)
@@ -65,15 +69,16 @@ def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, 
 
 
 def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS) -> np.ndarray:
-    """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device)."""
+                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, time_to_commit: bool = True) -> np.ndarray:
+    """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device);
+    `time_to_commit`: see legal_ops."""
     n = len(slots)
     offsets = head_offsets(n)
     mask = np.zeros(sum(action_nvec(n)), dtype=np.int8)
     joint = np.zeros(joint_size(n), dtype=np.int8)
     joint[encode_joint(Op.WAIT, None, n)] = 1
     for i, slot in enumerate(slots):
-        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds):
+        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds, time_to_commit=time_to_commit):
             joint[encode_joint(op, i, n)] = 1
     mask[offsets["op_slot"]] = joint
     blueprint = np.zeros(len(Blueprint), dtype=np.int8)

@@ -148,6 +148,7 @@ class MorphogeneticEnv(gym.Env):
         self._round: int | None = None  # set by start_round() in RLlib training
         self._episode_in_round = 0
         self.model: MorphogeneticModel | None = None
+        self._commit_steps = self.cfg.lifecycle.fastest_commit_steps
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -418,7 +419,14 @@ class MorphogeneticEnv(gym.Env):
     def _mask(self) -> np.ndarray:
         assert self.model is not None
         return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
-                            blueprints=self.blueprints)
+                            blueprints=self.blueprints, time_to_commit=self._time_to_commit())
+
+    def _time_to_commit(self) -> bool:
+        """With commit_horizon on: whether a seed germinated at this step (epoch + 1) could be fossilized by the
+        last step (max_epochs) on its fastest lifecycle."""
+        if not self.cfg.commit_horizon:
+            return True
+        return self.epoch + 1 + self._commit_steps <= self.cfg.max_epochs
 
     def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None
