@@ -420,6 +420,17 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     assert 0 < probe["first_step"]["germinate"] <= 1
     assert sum(probe["first_step"]["blueprint"].values()) == pytest.approx(1, abs=0.01)
     assert "conv_light@r0c0; step 0: P(germinate)" in run.stdout
+    # measurements/kept_seeds.py on the same checkpoint: every slot's seed in the run's evaluation episodes
+    run = subprocess.run([sys.executable, "measurements/kept_seeds.py", "--trial", str(trial), "--episodes", "2",
+                          "--json", str(tmp_path / "kept.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    episodes = json.loads((tmp_path / "kept.json").read_text())["episodes"]
+    assert [e["episode"] for e in episodes] == [0, 1] and run.stdout.count("test acc") == 2
+    for e in episodes:  # the slots' latest seeds agree with the env's own counts
+        assert sum(s["fossilized"] is not None for s in e["seeds"]) == e["fossilized"]
+        assert (len(e["seeds"]) > 0) == (e["germinated"] > 0) and len(e["seeds"]) <= e["germinated"]
+        assert all(1 <= s["germinated"] <= 4 and (s["stage"] == "FOSSILIZED") == (s["fossilized"] is not None)
+                   for s in e["seeds"])
 
 
 @pytest.mark.expensive

@@ -79,7 +79,7 @@ class EnvConfig:
     lifecycle, LifecycleConfig.fastest_commit_steps, no longer fits in the steps left: with the defaults, after
     step 11 of 25). A run keeps only its fossils, so such a seed can never be kept, and one that blends and is then
     dropped costs the host what it adapted to it: on digits-impaired every greedy policy of step_and_batch.yaml
-    planted the fixed arm's seed at step 1 and then a second one at steps 12-25 (docs/learning.md s. 8)."""
+    planted the fixed arm's seed at step 1 and then a second one at steps 12-25, never kept (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "auto"
