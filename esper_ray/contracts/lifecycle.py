@@ -47,13 +47,17 @@ class LifecycleConfig:
     """Learning rate of a seed's optimizer from BLENDING on, when the seed is part of the model's output;
     None keeps `seed_lr`."""
 
+    def commit_steps(self, tempo: Tempo) -> int:
+        """Steps from a GERMINATE at this tempo to the soonest FOSSILIZE the gates can allow: TRAINING's minimum,
+        the tempo's ramp, one step in HOLDING, and with auto-forward off one more to ADVANCE out of GERMINATED. A
+        lower bound: gate G2's health test and the strict gates can only make it later."""
+        return self.min_training_epochs + tempo.epochs + 1 + (0 if self.auto_forward else 1)
+
     @property
     def fastest_commit_steps(self) -> int:
-        """Steps from a GERMINATE to the soonest FOSSILIZE the gates can allow: TRAINING's minimum, the fastest
-        tempo's ramp, one step in HOLDING, and with auto-forward off one more to ADVANCE out of GERMINATED (so a
-        seed germinated at step 1 can be fossilized at step 15 at the soonest with the defaults). A lower bound:
-        gate G2's health test, the strict gates and a slower tempo can only make it later."""
-        return self.min_training_epochs + Tempo.FAST.epochs + 1 + (0 if self.auto_forward else 1)
+        """commit_steps at the fastest tempo: a seed germinated at step 1 can be fossilized at step 15 at the soonest
+        with the defaults, and none germinated later than max_epochs - this can be fossilized at all."""
+        return self.commit_steps(Tempo.FAST)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))

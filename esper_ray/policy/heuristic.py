@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from esper_ray.contracts.actions import Blueprint, Op, encode_joint, topology_blueprints
+from esper_ray.contracts.actions import Blueprint, Op, Tempo, encode_joint, topology_blueprints
+from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import (
@@ -86,9 +87,10 @@ class HeuristicConfig:
     reference_epochs: int | None = ORIGINAL_RUN_EPOCHS
     """Run length the numbers above are meant for; a run of another length scales them (see the module's
     docstring). None: use them as given."""
-    lifecycle_epochs: int = 16
-    """Epochs from germination to the first epoch a seed can be fossilized (10 in TRAINING, a 5-epoch blend, one
-    in HOLDING); no seed is planted with fewer epochs left. 0: no deadline."""
+    lifecycle_epochs: int = LifecycleConfig().commit_steps(Tempo.STANDARD)
+    """Epochs from germination to the first epoch a seed can be fossilized, at the heuristic's STANDARD tempo (16
+    with the default lifecycle: 10 in TRAINING, a 5-epoch blend, one in HOLDING); no seed is planted with fewer
+    epochs left. 0: no deadline."""
 
     def __post_init__(self) -> None:
         if self.rotation is not None and not self.rotation:
