@@ -98,8 +98,8 @@ def test_heuristic_fossilizes_a_contributing_holding_seed_and_prunes_a_useless_o
 
 def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_finish_its_lifecycle():
     """The original's numbers are for 75-epoch runs; a 25-epoch run has a third of the epochs, so epoch counts shrink
-    by 3 and per-epoch thresholds grow by 3. With 16 epochs from germination to the first legal fossilize, the
-    last epoch it plants at is 25 - 16 = 9."""
+    by 3 and per-epoch thresholds grow by 3. A seed planted on the observation of epoch e is germinated at step
+    e + 1 and can be fossilized 16 steps later at the soonest, so the last epoch it plants at is 25 - 16 - 1 = 8."""
     cfg = HeuristicController(["r0c0", "r0c1"], 25).cfg
     assert (cfg.min_epoch, cfg.stable_epochs, cfg.plateau_epochs, cfg.embargo_epochs, cfg.prune_patience) == (2, 1, 1, 2, 2)
     assert cfg.stable_band == pytest.approx((-0.15, 0.09)) and cfg.plateau_threshold == pytest.approx(0.015)
@@ -107,11 +107,37 @@ def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 25, "num_shards": 6})
     env.reset(seed=0)
     flat = [1.0] * 30, [0.5] * 30  # stabilised and flat from the start: it would plant at any epoch it may
-    for epoch, plants in ((9, True), (10, False), (20, False)):
+    for epoch, plants in ((8, True), (9, False), (20, False)):
         controller = HeuristicController(env.slot_ids, 25)
         ops = [decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]), 3)[0]
                for e in range(epoch - 2, epoch + 1)]
         assert (ops[-1] is Op.GERMINATE) is plants, (epoch, ops)
+
+
+@pytest.mark.parametrize(("max_epochs", "plants"), [(19, True), (18, False)])
+def test_heuristic_plants_at_the_last_step_whose_seed_the_env_can_still_fossilize(max_epochs, plants):
+    """The env's gates are the oracle for the planting deadline. Told to plant as soon as it may (epoch 2, step 3),
+    the heuristic does so in a 19-epoch run, and the env lets that seed be fossilized at step 3 + 16 = 19, the last
+    one; in an 18-epoch run the same seed could not be, so it plants nothing (and no other epoch is later legal)."""
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3})
+    eager = HeuristicConfig(reference_epochs=None, min_epoch=2, plateau_threshold=1.0, plateau_epochs=1, stable_epochs=1,
+                            stable_band=(-1.0, 1.0), fossilize_contribution=-1.0, prune_drop=1.0,
+                            ransomware_contribution=1.0)  # nothing pruned: any seed that reaches HOLDING is kept
+    assert eager.lifecycle_epochs == 16
+    controller = HeuristicController(env.slot_ids, max_epochs, eager)
+    obs, _ = env.reset(seed=0)
+    germinated_at = []
+    for step in range(1, max_epochs + 1):
+        action = controller.act(obs)
+        if decode_joint(int(action[0]), 3)[0] is Op.GERMINATE:
+            germinated_at.append(step)
+        obs, _, terminated, _, info = env.step(action)
+        if terminated:
+            break
+    if plants:
+        assert germinated_at == [3] and info["count/fossilized"] == 1, (germinated_at, info["stages"])
+    else:
+        assert germinated_at == [] and info["count/germinated"] == 0
 
 
 def test_heuristic_completes_the_lifecycle_of_a_contributing_seed_on_digits_impaired():

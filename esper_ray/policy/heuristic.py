@@ -88,9 +88,10 @@ class HeuristicConfig:
     """Run length the numbers above are meant for; a run of another length scales them (see the module's
     docstring). None: use them as given."""
     lifecycle_epochs: int = LifecycleConfig().commit_steps(Tempo.STANDARD)
-    """Epochs from germination to the first epoch a seed can be fossilized, at the heuristic's STANDARD tempo (16
-    with the default lifecycle: 10 in TRAINING, a 5-epoch blend, one in HOLDING); no seed is planted with fewer
-    epochs left. 0: no deadline."""
+    """Steps from germination to the first step a seed can be fossilized, at the heuristic's STANDARD tempo (16
+    with the default lifecycle: 10 in TRAINING, a 5-epoch blend, one in HOLDING); no seed is planted that could not
+    be fossilized by the last step (with the observation's epoch e, the step is e + 1: in a 25-epoch run the last
+    epoch it plants at is 25 - 16 - 1 = 8). 0: no deadline."""
 
     def __post_init__(self) -> None:
         if self.rotation is not None and not self.rotation:
@@ -243,8 +244,10 @@ class HeuristicController:
             return False
         if t.last_prune_epoch is not None and epoch - t.last_prune_epoch < cfg.embargo_epochs:
             return False
-        if cfg.lifecycle_epochs and self.max_epochs - epoch < cfg.lifecycle_epochs:
-            return False  # it would still be on probation when the run ends, and be dropped
+        # planted now (step epoch + 1), it could be fossilized at step epoch + 1 + lifecycle_epochs at the soonest;
+        # past the last step it would still be on probation when the run ends, and be dropped
+        if cfg.lifecycle_epochs and epoch + 1 + cfg.lifecycle_epochs > self.max_epochs:
+            return False
         return t.stabilised and epoch >= cfg.min_epoch and t.plateau_run >= cfg.plateau_epochs
 
     def _next_blueprint(self) -> Blueprint | None:
