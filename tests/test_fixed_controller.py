@@ -111,38 +111,48 @@ class _WaitFirst:
         return self.inner.act(obs)
 
 
-@pytest.mark.parametrize(("auto_forward", "max_epochs"), [(True, 16), (False, 17)])
-def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_fossilized(auto_forward, max_epochs):
-    """With commit_horizon, GERMINATE is legal at step t only if t + fastest_commit_steps <= max_epochs. The env's
-    own gates are the oracle that the bound is tight: a FAST seed germinated at the last legal step (2 here) is
-    fossilized at the very last step, so masking step 3 on refuses only seeds that could never be kept."""
-    fast = FixedSeed(Blueprint.CONV_HEAVY, "r0c1", tempo=Tempo.FAST)
+@pytest.mark.parametrize(("auto_forward", "tempo"), [(True, Tempo.FAST), (False, Tempo.FAST), (True, Tempo.STANDARD)])
+def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_fossilized(auto_forward, tempo):
+    """With commit_horizon, a tempo is legal for GERMINATE at step t only if t + commit_steps(tempo) <= max_epochs,
+    and GERMINATE itself only while the fastest tempo is. The env's own gates are the oracle that the bound is tight:
+    a seed germinated at its tempo's last legal step (2 here) is fossilized at the very last step, so masking later
+    steps refuses only seeds that could never be kept."""
     lifecycle = LifecycleConfig(auto_forward=auto_forward)
-    last_legal = max_epochs - lifecycle.fastest_commit_steps
-    assert last_legal == 2
+    max_epochs = lifecycle.commit_steps(tempo) + 2
+    last_legal = {t: max_epochs - lifecycle.commit_steps(t) for t in Tempo}
+    assert last_legal[tempo] == 2 and last_legal[Tempo.FAST] == max_epochs - lifecycle.fastest_commit_steps
+    seed = FixedSeed(Blueprint.CONV_HEAVY, "r0c1", tempo=tempo)
     germinate = [encode_joint(Op.GERMINATE, i, 3) for i in range(3)]
+    offsets = head_offsets(3)
 
     def episode(commit_horizon: bool, wait: int, steps: int = max_epochs):
         env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
                                 "auto_forward": auto_forward, "seed": 3, "commit_horizon": commit_horizon})
-        controller = _WaitFirst(FixedSeedController(env.slot_ids, max_epochs, fast, lifecycle.min_training_epochs), wait)
+        controller = _WaitFirst(FixedSeedController(env.slot_ids, max_epochs, seed, lifecycle.min_training_epochs), wait)
         obs, _ = env.reset(seed=0)
         controller.reset()
-        joint = head_offsets(3)["op_slot"]
-        legal, info = [], {}
+        legal, tempos, info = [], [], {}
         for _ in range(steps):
-            legal.append(bool(obs["action_mask"][joint][germinate].any()))
+            legal.append(bool(obs["action_mask"][offsets["op_slot"]][germinate].any()))
+            tempos.append({t for t in Tempo if obs["action_mask"][offsets["tempo"]][int(t)]})
             obs, _, terminated, _, info = env.step(controller.act(obs))
             if terminated:
                 break
-        return legal, info
+        return legal, tempos, info
 
-    # nothing planted: only the horizon can mask GERMINATE
-    legal, _ = episode(commit_horizon=True, wait=max_epochs)
-    assert legal == [step <= last_legal for step in range(1, max_epochs + 1)]
-    legal, _ = episode(commit_horizon=False, wait=max_epochs, steps=last_legal + 2)
-    assert all(legal)  # without it, the same steps allow GERMINATE
-    # planted at the last legal step: fossilized by the run's end, so the run keeps it
-    _, info = episode(commit_horizon=True, wait=last_legal - 1)
+    # nothing planted: only the horizon can mask GERMINATE or a tempo
+    legal, tempos, _ = episode(commit_horizon=True, wait=max_epochs)
+    steps = range(1, max_epochs + 1)
+    assert legal == [step <= last_legal[Tempo.FAST] for step in steps]
+    for step, allowed in zip(steps, tempos):
+        if step <= last_legal[Tempo.FAST]:  # where GERMINATE is masked, the tempo head stays open (no head all masked)
+            assert allowed == {t for t in Tempo if step <= last_legal[t]}, step
+    legal, tempos, _ = episode(commit_horizon=False, wait=max_epochs, steps=last_legal[Tempo.FAST] + 2)
+    assert all(legal) and all(allowed == set(Tempo) for allowed in tempos)  # without it, the same steps allow all
+    # planted at its tempo's last legal step: fossilized by the run's end, so the run keeps it
+    _, _, info = episode(commit_horizon=True, wait=last_legal[tempo] - 1)
     assert info["count/germinated"] == 1 and info["count/fossilized"] == 1 and info["count/refused"] == 0
     assert info["stages"]["r0c1"] == Stage.FOSSILIZED.name
+    # a step later the controller is refused that tempo, so it plants nothing (GERMINATE may still be legal at FAST)
+    _, _, info = episode(commit_horizon=True, wait=last_legal[tempo], steps=last_legal[tempo] + 2)
+    assert info["count/germinated"] == 0 and info["count/refused"] == 0

@@ -69,9 +69,12 @@ def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, 
 
 
 def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, time_to_commit: bool = True) -> np.ndarray:
+                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, tempos: Sequence[Tempo] = tuple(Tempo)) -> np.ndarray:
     """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device);
-    `time_to_commit`: see legal_ops."""
+    `tempos`: those a seed germinated now may take (the env's `commit_horizon`: those whose lifecycle still ends
+    before the run does). None left masks GERMINATE (legal_ops' `time_to_commit`); the tempo head, which only
+    GERMINATE reads, then stays open so that no head is all masked."""
+    time_to_commit = bool(tempos)
     n = len(slots)
     offsets = head_offsets(n)
     mask = np.zeros(sum(action_nvec(n)), dtype=np.int8)
@@ -86,7 +89,19 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
     mask[offsets["blueprint"]] = blueprint
     for name in HEAD_NAMES[2:]:
         mask[offsets[name]] = 1
+    if time_to_commit:
+        tempo = np.zeros(len(Tempo), dtype=np.int8)
+        tempo[[int(t) for t in tempos]] = 1
+        mask[offsets["tempo"]] = tempo
     return mask
+
+
+def allows(mask: np.ndarray, op: Op, slot_index: int | None, num_slots: int, tempo: Tempo = Tempo.STANDARD) -> bool:
+    """Whether `mask` allows `op` on the slot; for GERMINATE, at `tempo` too (commit_horizon masks the tempos whose
+    lifecycle would end after the run). What a rule-based controller asks before it acts."""
+    offsets = head_offsets(num_slots)
+    legal = bool(mask[offsets["op_slot"]][encode_joint(op, slot_index, num_slots)])
+    return legal and (op is not Op.GERMINATE or bool(mask[offsets["tempo"]][int(tempo)]))
 
 
 def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[str]) -> FactoredAction:

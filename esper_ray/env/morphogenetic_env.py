@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, topology_blueprints
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, Tempo, topology_blueprints
 from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
 from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
@@ -148,7 +148,7 @@ class MorphogeneticEnv(gym.Env):
         self._round: int | None = None  # set by start_round() in RLlib training
         self._episode_in_round = 0
         self.model: MorphogeneticModel | None = None
-        self._commit_steps = self.cfg.lifecycle.fastest_commit_steps
+        self._commit_steps = {tempo: self.cfg.lifecycle.commit_steps(tempo) for tempo in Tempo}
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -419,14 +419,14 @@ class MorphogeneticEnv(gym.Env):
     def _mask(self) -> np.ndarray:
         assert self.model is not None
         return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
-                            blueprints=self.blueprints, time_to_commit=self._time_to_commit())
+                            blueprints=self.blueprints, tempos=self._commit_tempos())
 
-    def _time_to_commit(self) -> bool:
-        """With commit_horizon on: whether a seed germinated at this step (epoch + 1) could be fossilized by the
-        last step (max_epochs) on its fastest lifecycle."""
+    def _commit_tempos(self) -> tuple[Tempo, ...]:
+        """The tempos a seed germinated at this step (epoch + 1) may take: with commit_horizon on, those whose
+        lifecycle lets it be fossilized by the last step (max_epochs); none once even the fastest does not."""
         if not self.cfg.commit_horizon:
-            return True
-        return self.epoch + 1 + self._commit_steps <= self.cfg.max_epochs
+            return tuple(Tempo)
+        return tuple(t for t, steps in self._commit_steps.items() if self.epoch + 1 + steps <= self.cfg.max_epochs)
 
     def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None

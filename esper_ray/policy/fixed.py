@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from esper_ray.contracts.actions import AlphaTarget, Op, encode_joint
+from esper_ray.contracts.actions import AlphaTarget, Op
 from esper_ray.contracts.controllers import FixedSeed
 from esper_ray.contracts.stages import Stage
-from esper_ray.env.masks import head_offsets
+from esper_ray.env.masks import allows
 from esper_ray.env.observation import SLOT_ALPHA, SLOT_EPOCHS_IN_STAGE, SLOT_FEATURES, decode_stage, slot_offset
 from esper_ray.policy.baselines import lifecycle_action, wait_action
 
@@ -34,7 +34,6 @@ class FixedSeedController:
         self.seed = seed
         self.max_epochs = max_epochs
         self.min_training_epochs = min_training_epochs
-        self.offsets = head_offsets(len(self.slot_ids))
 
     def reset(self) -> None:
         pass  # everything it needs is in the observation
@@ -43,7 +42,7 @@ class FixedSeedController:
         block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
         op = self._wanted(decode_stage(block), block)
         n = len(self.slot_ids)
-        if op is None or not obs["action_mask"][self.offsets["op_slot"]][encode_joint(op, self.index, n)]:
+        if op is None or not allows(obs["action_mask"], op, self.index, n, self.seed.tempo):
             return wait_action(n)
         return lifecycle_action(op, self.index, n, blueprint=self.seed.blueprint, style=self.seed.style,
                                 tempo=self.seed.tempo, alpha_target=AlphaTarget.FULL)

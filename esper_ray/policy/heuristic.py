@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from esper_ray.contracts.actions import Blueprint, Op, Tempo, encode_joint, topology_blueprints
+from esper_ray.contracts.actions import Blueprint, Op, Tempo, topology_blueprints
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
-from esper_ray.env.masks import head_offsets
+from esper_ray.env.masks import allows
 from esper_ray.env.observation import (
     BASE_EPOCH,
     BASE_VAL_ACCURACY,
@@ -41,6 +41,9 @@ from esper_ray.env.observation import (
     slot_offset,
 )
 from esper_ray.policy.baselines import lifecycle_action
+
+TEMPO = Tempo.STANDARD
+"""The ramp every seed the heuristic plants takes (the original's default)."""
 
 DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
 # On a transformer host: the original's rotation less the blueprints a transformer cannot take (attention, norm),
@@ -87,7 +90,7 @@ class HeuristicConfig:
     reference_epochs: int | None = ORIGINAL_RUN_EPOCHS
     """Run length the numbers above are meant for; a run of another length scales them (see the module's
     docstring). None: use them as given."""
-    lifecycle_epochs: int = LifecycleConfig().commit_steps(Tempo.STANDARD)
+    lifecycle_epochs: int = LifecycleConfig().commit_steps(TEMPO)
     """Steps from germination to the first step a seed can be fossilized, at the heuristic's STANDARD tempo (16
     with the default lifecycle: 10 in TRAINING, a 5-epoch blend, one in HOLDING); no seed is planted that could not
     be fossilized by the last step (with the observation's epoch e, the step is e + 1: in a 25-epoch run the last
@@ -158,7 +161,6 @@ class HeuristicController:
             given = dataclasses.replace(given, plateau_threshold=DEFAULT_PLATEAU_THRESHOLDS[topology])
         self.cfg = given.scaled_to(max_epochs)
         self.rotation = self.cfg.rotation_for(topology)
-        self.offsets = head_offsets(len(self.slot_ids))
         self.reset()
 
     def reset(self) -> None:
@@ -198,11 +200,10 @@ class HeuristicController:
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         features, mask = obs["features"], obs["action_mask"]
         epoch, accuracy = self._observe(features, obs["blueprint_ids"])
-        joint_mask = mask[self.offsets["op_slot"]]
         n = len(self.slot_ids)
 
         def legal(op: Op, i: int) -> bool:
-            return bool(joint_mask[encode_joint(op, i, n)])
+            return allows(mask, op, i, n, TEMPO)
 
         for i, track in enumerate(self.t.slots):
             block = features[slot_offset(i) : slot_offset(i) + SLOT_FEATURES]
@@ -260,4 +261,4 @@ class HeuristicController:
         return None
 
     def _action(self, op: Op, slot_index: int | None, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
-        return lifecycle_action(op, slot_index, len(self.slot_ids), blueprint=blueprint)
+        return lifecycle_action(op, slot_index, len(self.slot_ids), blueprint=blueprint, tempo=TEMPO)
