@@ -140,9 +140,9 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
                 break
         return legal, tempos, info
 
-    # nothing planted: only the horizon can mask GERMINATE or a tempo
-    legal, tempos, _ = episode(commit_horizon=True, wait=max_epochs)
-    steps = range(1, max_epochs + 1)
+    # nothing planted: only the horizon can mask GERMINATE or a tempo (two steps past the last legal one suffice)
+    legal, tempos, _ = episode(commit_horizon=True, wait=max_epochs, steps=last_legal[Tempo.FAST] + 2)
+    steps = range(1, last_legal[Tempo.FAST] + 3)
     assert legal == [step <= last_legal[Tempo.FAST] for step in steps]
     for step, allowed in zip(steps, tempos):
         if step <= last_legal[Tempo.FAST]:  # where GERMINATE is masked, the tempo head stays open (no head all masked)
