@@ -75,9 +75,9 @@ class EnvConfig:
     min_training_epochs a seed cannot be pruned before it blends, when its contribution is first measured: a
     prune in TRAINING is a guess from the blueprint alone (measurements/policy_probe.py)."""
     commit_horizon: bool = False
-    """Mask GERMINATE once a seed planted now could no longer be fossilized before the run ends (its fastest
-    lifecycle, LifecycleConfig.fastest_commit_steps, no longer fits in the steps left: with the defaults, after
-    step 11 of 25). A run keeps only its fossils, so such a seed can never be kept, and one that blends and is then
+    """Mask each tempo of GERMINATE once a seed planted now at that tempo could no longer be fossilized before the
+    run ends (LifecycleConfig.commit_steps no longer fits in the steps left), and GERMINATE once even the fast
+    tempo's does not (with the defaults, after step 11 of 25). A run keeps only its fossils, so such a seed can never be kept, and one that blends and is then
     dropped costs the host what it adapted to it: on digits-impaired every greedy policy of step_and_batch.yaml
     planted the fixed arm's seed at step 1 and then a second one at steps 12-25, never kept (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0

@@ -53,11 +53,12 @@ class LifecycleConfig:
         lower bound: gate G2's health test and the strict gates can only make it later."""
         return self.min_training_epochs + tempo.epochs + 1 + (0 if self.auto_forward else 1)
 
-    @property
-    def fastest_commit_steps(self) -> int:
-        """commit_steps at the fastest tempo: a seed germinated at step 1 can be fossilized at step 15 at the soonest
-        with the defaults, and none germinated later than max_epochs - this can be fossilized at all."""
-        return self.commit_steps(Tempo.FAST)
+    @staticmethod
+    def commits_in_time(epoch: int, commit_steps: int, max_epochs: int) -> bool:
+        """Whether a seed germinated on the observation of `epoch` (epochs trained so far, so at step epoch + 1)
+        and needing `commit_steps` can be fossilized by the run's last step, max_epochs. The env's commit_horizon
+        and the heuristic's planting deadline both ask this."""
+        return epoch + 1 + commit_steps <= max_epochs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gate_mode", GateMode(self.gate_mode))

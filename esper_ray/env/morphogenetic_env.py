@@ -426,7 +426,8 @@ class MorphogeneticEnv(gym.Env):
         lifecycle lets it be fossilized by the last step (max_epochs); none once even the fastest does not."""
         if not self.cfg.commit_horizon:
             return tuple(Tempo)
-        return tuple(t for t, steps in self._commit_steps.items() if self.epoch + 1 + steps <= self.cfg.max_epochs)
+        return tuple(t for t, steps in self._commit_steps.items()
+                     if self.cfg.lifecycle.commits_in_time(self.epoch, steps, self.cfg.max_epochs))
 
     def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
         assert self.model is not None

@@ -245,9 +245,8 @@ class HeuristicController:
             return False
         if t.last_prune_epoch is not None and epoch - t.last_prune_epoch < cfg.embargo_epochs:
             return False
-        # planted now (step epoch + 1), it could be fossilized at step epoch + 1 + lifecycle_epochs at the soonest;
-        # past the last step it would still be on probation when the run ends, and be dropped
-        if cfg.lifecycle_epochs and epoch + 1 + cfg.lifecycle_epochs > self.max_epochs:
+        # a seed that could not be fossilized by the last step would still be on probation at the end, and dropped
+        if cfg.lifecycle_epochs and not LifecycleConfig.commits_in_time(epoch, cfg.lifecycle_epochs, self.max_epochs):
             return False
         return t.stabilised and epoch >= cfg.min_epoch and t.plateau_run >= cfg.plateau_epochs
 
