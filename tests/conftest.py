@@ -8,6 +8,11 @@ import tempfile
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["HOME"] = tempfile.mkdtemp(prefix="esper-ray-tests-home-")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# One torch thread per process (before torch is imported; the commands and Ray workers the tests start inherit it):
+# xdist runs two workers on CI's 2 cores, each beside Ray workers and command subprocesses, and torch's default of one
+# thread per core then oversubscribes the cores; two 3-episode heuristic runs side by side took 18 s each with 2
+# threads and 5-6 s with 1, and such a test took 185 s inside the suite.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -691,7 +691,7 @@ def test_sigterm_to_the_command_and_its_process_group_mid_round_stops_cleanly_an
     from esper_ray.experiments.runner import TUNE_MANIFEST
 
     experiment = tmp_path / "term.yaml"
-    write_stop_experiment(experiment, "term", rounds=2, max_epochs=100)
+    write_stop_experiment(experiment, "term", rounds=2, max_epochs=40)
     out = tmp_path / "run"
     command = ["ab", str(experiment), "--output", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "esper_ray.cli", *command], stdout=subprocess.PIPE,

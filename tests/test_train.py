@@ -376,8 +376,9 @@ def test_train_config_file_is_strict(tmp_path, capsys):
 ], ids=["ctrl-c", "ctrl-c-overlap", "sigterm"])
 def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path, stop, overlap, code, said):
     """What is awaited is an event, not a time: the line of round 1 (round 2 has then begun). The stop is measured
-    against round 1's own duration on the same machine under the same load: a round takes 20 s or more on 2 cores,
-    the stop (kill the env runners, learn the waiting batch with --overlap, save round 1) a few seconds."""
+    against round 1's own duration on the same machine under the same load: a round takes about 25 s on 2 cores
+    alone (more beside another test), the stop (kill the env runners, learn the waiting batch with --overlap, save
+    round 1) 3-5 s."""
     import os
     import re
     import signal
@@ -386,10 +387,10 @@ def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finis
     import time
 
     out = tmp_path / "interrupted"
-    # one round is 1 env x 1 episode of 1,000 epochs; the signal comes once round 1's line is printed
+    # one round is 1 env x 1 episode of 500 epochs; the signal comes once round 1's line is printed
     proc = subprocess.Popen(
         [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", "50", "--envs", "1", "--cpus-per-env", "1",
-         "--max-epochs", "1000", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
+         "--max-epochs", "500", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
          "--output", str(out), *overlap],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         # a shell's background job ignores SIGINT, and a child inherits that: give the command Ctrl-C as a terminal would
