@@ -27,8 +27,8 @@ def ray_local():
     ray.shutdown()
 
 
-# The files that take longest (seconds of one worker on 2 cores, 600 tests: test_train 651, test_experiments 371,
-# test_faults 324, test_readme 115 of 2,037 in all) start first, so that xdist's two workers end together; its
+# The files that take longest (seconds of one worker on 2 cores, 600 tests: test_train 605, test_experiments 315,
+# test_faults 237, test_readme 150 of 1,814 in all) start first, so that xdist's two workers end together; its
 # default order, by number of tests, left the few long tests of test_faults and test_readme for the end
 # (pyproject.toml turns that order off with --no-loadscope-reorder).
 LONGEST_FIRST = ("test_train.py", "test_experiments.py", "test_faults.py", "test_readme.py")
