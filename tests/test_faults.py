@@ -77,7 +77,8 @@ def test_a_failed_env_step_is_named_on_its_round_line_counted_and_its_traceback_
 
 
 def test_a_killed_env_runner_is_restarted_and_the_run_goes_on(ray_with_faults):
-    driver = AlgorithmDriver(TrainConfig(max_epochs=75, **SMALL), None)  # rounds of 5 s or more: the kill at 1.5 s lands inside one
+    # rounds of 5 s or more: the kill at 1.5 s lands inside one
+    driver = AlgorithmDriver(TrainConfig(max_epochs=75, **SMALL), None)
     algo = driver.algo
     try:
         driver.train()

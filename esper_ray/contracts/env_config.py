@@ -77,9 +77,10 @@ class EnvConfig:
     commit_horizon: bool = False
     """Mask each tempo of GERMINATE once a seed planted now at that tempo could no longer be fossilized before the
     run ends (LifecycleConfig.commit_steps no longer fits in the steps left), and GERMINATE once even the fast
-    tempo's does not (with the defaults, after step 11 of 25). A run keeps only its fossils, so such a seed can never be kept, and one that blends and is then
-    dropped costs the host what it adapted to it: on digits-impaired every greedy policy of step_and_batch.yaml
-    planted the fixed arm's seed at step 1 and then a second one at steps 12-25, never kept (docs/learning.md s. 8)."""
+    tempo's does not (with the defaults, after step 11 of 25). A run keeps only its fossils, so such a seed can
+    never be kept, and one that blends and is then dropped costs the host what it adapted to it: on digits-impaired
+    every greedy policy of step_and_batch.yaml planted the fixed arm's seed at step 1 and then a second one at steps
+    12-25, never kept (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "auto"
