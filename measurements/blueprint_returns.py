@@ -1,7 +1,9 @@
 """What each seed is worth at the end of a host run, and how much of that a single episode shows: the committed
-model's final accuracy and the `committed` reward's return for every blueprint planted at epoch 0 and fossilized
-at the first legal epoch (and for the best one planted later, or left on probation), paired with the bare host
-on the same episodes (same host initialisation and data order).
+model's final accuracy and the `committed` reward's return for every blueprint planted at epoch 0 in one slot and
+fossilized at the first legal epoch (and for the best one in the other slots, planted later, or left on
+probation), paired with the bare host on the same episodes (same host initialisation and data order). Last, the
+headroom of a controller that adapts to each episode: the best plan for every episode (an oracle) against the
+best plan for all of them, which is what a fixed arm can reach.
 
 Issue 30 asked whether the optimum on text is findable at all at its signal-to-noise ratio. The script prints,
 per configuration, the mean gain over the bare host and its spread across episodes, next to the spread of the
@@ -9,6 +11,8 @@ bare host's own accuracy across episodes (which host an episode draws), the nois
 
     python measurements/blueprint_returns.py --task text --host-preset text-starved --text-max-bytes 120000 \
         --device cuda --episodes 24 --workers 16 --json out.json
+    python measurements/blueprint_returns.py --task digits-impaired --best conv_heavy --slot r0c1 --episodes 32 \
+        --num-shards 2 --json out.json
 """
 
 from __future__ import annotations
@@ -111,11 +115,11 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
     return rows
 
 
-def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int]) -> list[Plan]:
-    out = [Plan()] + [Plan(b) for b in blueprints]
-    out += [Plan(best, slot=s) for s in slots if s != "r0c0"]
-    out += [Plan(best, epoch=e) for e in epochs if e != 0]
-    out.append(Plan(best, probation=True))
+def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int], slot: str = "r0c0") -> list[Plan]:
+    out = [Plan()] + [Plan(b, slot=slot) for b in blueprints]
+    out += [Plan(best, slot=s) for s in slots if s != slot]
+    out += [Plan(best, slot=slot, epoch=e) for e in epochs if e != 0]
+    out.append(Plan(best, slot=slot, probation=True))
     return out
 
 
@@ -128,6 +132,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--best", default="attention", help="the blueprint tried in other slots, later, on probation")
     parser.add_argument("--epochs", type=int, nargs="+", default=[0, 3, 6, 9])
+    parser.add_argument("--slot", default="r0c0", choices=["r0c0", "r0c1", "r0c2"],
+                        help="the slot every blueprint is planted in (--best is also tried in the others)")
     parser.add_argument("--num-shards", type=int, default=1, help="train each host on one shard of this many, as an "
                         "env of a run with this many envs does (episode i on shard i mod num-shards)")
     parser.add_argument("--device", default="cpu")
@@ -146,7 +152,7 @@ def main() -> None:
     chunk = -(-chunk // args.num_shards) * args.num_shards  # whole rounds of shards
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     jobs = []
-    for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs)):
+    for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs, args.slot)):
         for start in range(0, len(episodes), chunk):
             config = dict(env_config)
             if gpus:  # spread the jobs over the GPUs
@@ -159,7 +165,8 @@ def main() -> None:
         card = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
     commit = os.environ.get("COMMIT") or subprocess.run(  # COMMIT: a copy of the code outside its repository
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-    print(f"# {args.task} ({args.host_preset if topology == 'transformer' else ''}, shards of {args.num_shards}), {args.episodes} paired episodes "
+    host = f"{args.host_preset}, " if topology == "transformer" else ""
+    print(f"# {args.task} ({host}shards of {args.num_shards}), {args.episodes} paired episodes "
           f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
           f"commit {commit}", flush=True)
     started = time.time()
@@ -187,6 +194,14 @@ def main() -> None:
               f"| {np.mean([per[e]['germinated'] for e in common]):.2f} "
               f"| {np.mean([per[e]['fossilized'] for e in common]):.2f} "
               f"| {np.mean([per[e]['refused'] for e in common]):.1f} |")
+    # The headroom of a controller that adapts to the episode: an oracle picking each episode's best plan, against
+    # the best plan for all (what a fixed arm can be).
+    means = {label: np.mean([per[e]["test"] for e in episodes]) for label, per in by_plan.items() if len(per) == len(episodes)}
+    best = max(means, key=means.__getitem__)
+    oracle = [max(per[e]["test"] for per in by_plan.values() if e in per) for e in episodes]
+    beaten = [e for e in episodes if max(per[e]["test"] for per in by_plan.values() if e in per) > by_plan[best][e]["test"]]
+    print(f"\nbest plan for all episodes: {best}, test {means[best]:.4f}; each episode's best plan (an oracle): "
+          f"{np.mean(oracle):.4f}; another plan beats {best} on {len(beaten)} of {len(episodes)} episodes")
     if args.json:
         args.json.write_text(json.dumps({"card": card, "commit": commit, "args": vars(args) | {"json": str(args.json)},
                                          "rows": rows}, indent=0))

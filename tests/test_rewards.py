@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,18 +268,22 @@ def test_blueprint_returns_measurement_pairs_every_plan_with_the_bare_host_on_th
     Episodes too short for a lifecycle: a plan that cannot fossilize keeps nothing, and its gain is measured anyway."""
     out = tmp_path / "returns.json"
     run = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--task", "digits-impaired", "--max-epochs", "2",
-                          "--episodes", "4", "--num-shards", "2", "--epochs", "0", "1", "--workers", "1", "--json", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+                          "--episodes", "4", "--num-shards", "2", "--epochs", "0", "1", "--slot", "r0c1", "--workers", "1",
+                          "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(out.read_text())
     plans = {r["plan"] for r in figures["rows"]}
-    assert "none" in plans and "conv_heavy@r0c0 e0" in plans and "attention@r0c0 e1" in plans
-    assert "attention@r0c0 e0 probation" in plans and "attention@r0c1 e0" in plans
+    assert "none" in plans and "conv_heavy@r0c1 e0" in plans and "attention@r0c1 e1" in plans  # --slot r0c1
+    assert "attention@r0c1 e0 probation" in plans and "attention@r0c0 e0" in plans and "attention@r0c2 e0" in plans
     for plan in plans:  # each plan on the same four episodes
         assert sorted(r["episode"] for r in figures["rows"] if r["plan"] == plan) == [1000, 1001, 1002, 1003]
     assert all(r["shard"] == (r["episode"] - 1000) % 2 for r in figures["rows"])
     none = {r["episode"]: r for r in figures["rows"] if r["plan"] == "none"}
-    waited = {r["episode"]: r for r in figures["rows"] if r["plan"] == "attention@r0c0 e1"}
+    waited = {r["episode"]: r for r in figures["rows"] if r["plan"] == "attention@r0c1 e1"}
     # a plan that waits through epoch 0 (its germination comes too late to change the first epoch) starts as none does
     assert all(waited[e]["curve"][0] == none[e]["curve"][0] for e in none)
     assert "| none | +0.00 |" in run.stdout and "bare host over episodes" in run.stdout
+    # the oracle line, recomputed from the rows: each episode's best test accuracy over all plans, averaged
+    best_of = {e: max(r["test"] for r in figures["rows"] if r["episode"] == e) for e in none}
+    oracle = float(re.search(r"each episode's best plan \(an oracle\): ([0-9.]+)", run.stdout).group(1))
+    assert oracle == pytest.approx(sum(best_of.values()) / len(best_of), abs=1e-4)
