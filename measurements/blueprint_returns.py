@@ -44,18 +44,22 @@ from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
 
 @dataclass(frozen=True)
 class Plan:
-    """One configuration: `blueprint` in `slot` germinated at `epoch`, fossilized asap unless `probation`."""
+    """One configuration: `blueprint` in `slot` germinated at `epoch`, fossilized asap unless `probation`; with
+    `first` (`conv_heavy@r0c1`), that seed's fixed lifecycle runs from epoch 0 and this one is the second seed,
+    planted once the env allows it (one seed in TRAINING at a time)."""
 
     blueprint: str | None = None
     slot: str = "r0c0"
     epoch: int = 0
     probation: bool = False
+    first: str | None = None
 
     @property
     def label(self) -> str:
         if self.blueprint is None:
-            return "none"
-        return f"{self.blueprint}@{self.slot} e{self.epoch}" + (" probation" if self.probation else "")
+            return f"{self.first} alone" if self.first else "none"
+        own = f"{self.blueprint}@{self.slot} e{self.epoch}" + (" probation" if self.probation else "")
+        return f"{self.first} + {own}" if self.first else own
 
 
 class PlanController(FixedSeedController):
@@ -88,20 +92,26 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
     torch.set_num_threads(1)
     env = MorphogeneticEnv(env_config)
     topology = topology_of(env_config["task"])
-    if plan.blueprint is None:
-        controller = None
-    else:
-        seed = FixedSeed(parse_blueprint(plan.blueprint, topology_blueprints(topology), topology), plan.slot)
-        controller = PlanController(plan, list(env.slot_ids), env_config["max_epochs"], seed)
+    slots, blueprints = list(env.slot_ids), topology_blueprints(topology)
+    controllers: list[FixedSeedController] = []  # in order: the first that does not wait acts
+    if plan.first is not None:
+        blueprint, slot = plan.first.split("@")
+        controllers.append(FixedSeedController(slots, env_config["max_epochs"], FixedSeed(parse_blueprint(blueprint, blueprints, topology), slot),
+                                               min_training_epochs=10))
+    if plan.blueprint is not None:
+        seed = FixedSeed(parse_blueprint(plan.blueprint, blueprints, topology), plan.slot)
+        controllers.append(PlanController(plan, slots, env_config["max_epochs"], seed))
     gamma = env.reward_config.gamma
     rows = []
     for episode in episodes:
         obs, _ = env.reset(seed=episode)
-        if controller is not None:
+        for controller in controllers:
             controller.reset()
         done, t, ret, curve = False, 0, 0.0, []
         while not done:
-            action = wait_action(len(env.slot_ids)) if controller is None else controller.act(obs)
+            waiting = wait_action(len(slots))
+            actions = [controller.act(obs) for controller in controllers]  # each one counts its epochs
+            action = next((a for a in actions if not np.array_equal(a, waiting)), waiting)
             obs, reward, terminated, truncated, info = env.step(action)
             ret += gamma**t * reward
             curve.append(info["committed_accuracy"])
@@ -115,12 +125,15 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
     return rows
 
 
-def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int], slot: str = "r0c0") -> list[Plan]:
-    out = [Plan()] + [Plan(b, slot=slot) for b in blueprints]
-    out += [Plan(best, slot=s) for s in slots if s != slot]
-    out += [Plan(best, slot=slot, epoch=e) for e in epochs if e != 0]
-    out.append(Plan(best, slot=slot, probation=True))
-    return out
+def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int], slot: str = "r0c0",
+          first: str | None = None) -> list[Plan]:
+    """The bare host, then (with `first`) that seed alone, then every plan, each after `first` where it is given."""
+    out = [Plan(b, slot=slot, first=first) for b in blueprints]
+    taken = first.split("@")[1] if first else None  # the first seed's slot holds no second one
+    out += [Plan(best, slot=s, first=first) for s in slots if s not in (slot, taken)]
+    out += [Plan(best, slot=slot, epoch=e, first=first) for e in epochs if e != 0]
+    out.append(Plan(best, slot=slot, probation=True, first=first))
+    return [Plan()] + ([Plan(first=first)] if first else []) + out
 
 
 def main() -> None:
@@ -134,12 +147,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, nargs="+", default=[0, 3, 6, 9])
     parser.add_argument("--slot", default="r0c0", choices=["r0c0", "r0c1", "r0c2"],
                         help="the slot every blueprint is planted in (--best is also tried in the others)")
+    parser.add_argument("--first", help="a seed planted first in every plan, as BLUEPRINT@SLOT (conv_heavy@r0c1): "
+                        "the plans are then second seeds, and the table also has this seed alone")
     parser.add_argument("--num-shards", type=int, default=1, help="train each host on one shard of this many, as an "
                         "env of a run with this many envs does (episode i on shard i mod num-shards)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write every episode's figures here")
     args = parser.parse_args()
+    if args.first is not None and (args.first.count("@") != 1 or args.first.split("@")[1] == args.slot):
+        parser.error(f"--first {args.first}: must be BLUEPRINT@SLOT in a slot other than --slot {args.slot}")
     env_config = {"task": args.task, "max_epochs": args.max_epochs, "seed": 0, "reward_mode": "committed",
                   "device": args.device, "num_shards": args.num_shards}
     topology = topology_of(args.task)
@@ -152,7 +169,7 @@ def main() -> None:
     chunk = -(-chunk // args.num_shards) * args.num_shards  # whole rounds of shards
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     jobs = []
-    for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs, args.slot)):
+    for i, plan in enumerate(plans(blueprints, args.best, slots, args.epochs, args.slot, args.first)):
         for start in range(0, len(episodes), chunk):
             config = dict(env_config)
             if gpus:  # spread the jobs over the GPUs

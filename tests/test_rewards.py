@@ -287,3 +287,28 @@ def test_blueprint_returns_measurement_pairs_every_plan_with_the_bare_host_on_th
     best_of = {e: max(r["test"] for r in figures["rows"] if r["episode"] == e) for e in none}
     oracle = float(re.search(r"each episode's best plan \(an oracle\): ([0-9.]+)", run.stdout).group(1))
     assert oracle == pytest.approx(sum(best_of.values()) / len(best_of), abs=1e-4)
+
+
+def test_blueprint_returns_with_a_first_seed_plants_it_in_every_plan_but_the_bare_host(tmp_path):
+    """`--first conv_heavy@r0c1` (a second seed's worth, issue 30): every plan starts with that seed's fixed lifecycle,
+    the table has it alone, and the bare host stays bare. Two epochs: the first seed is still in TRAINING, so no
+    second one can be planted (one seed in TRAINING at a time) and every plan with it equals it alone."""
+    out = tmp_path / "returns.json"
+    run = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--task", "digits-impaired", "--max-epochs", "2",
+                          "--episodes", "2", "--epochs", "0", "--slot", "r0c2", "--first", "conv_heavy@r0c1", "--workers", "1",
+                          "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    by_plan: dict[str, list[dict]] = {}
+    for r in rows:
+        by_plan.setdefault(r["plan"], []).append(r)
+    assert "conv_heavy@r0c1 alone" in by_plan and "conv_heavy@r0c1 + norm@r0c2 e0" in by_plan
+    assert "conv_heavy@r0c1 + attention@r0c0 e0" in by_plan and not any("+ attention@r0c1" in p for p in by_plan)
+    assert all(r["germinated"] == 0 for r in by_plan["none"])
+    alone = {r["episode"]: r for r in by_plan["conv_heavy@r0c1 alone"]}
+    for plan, plan_rows in by_plan.items():
+        if plan != "none":
+            assert all(r["germinated"] == 1 and r["curve"] == alone[r["episode"]]["curve"] for r in plan_rows), plan
+    bad = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--slot", "r0c1", "--first", "conv_heavy@r0c1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--first conv_heavy@r0c1: must be BLUEPRINT@SLOT in a slot other than --slot r0c1" in bad.stderr
