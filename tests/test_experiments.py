@@ -189,7 +189,7 @@ def test_a_fixed_arm_carries_its_seed_into_every_trial():
     fixed = [t for t in spec.trials() if t.arm == "heavy"]
     assert len(fixed) == 3 and all(t.controller is ControllerKind.FIXED and t.fixed.label == "conv_heavy@r0c1" for t in fixed)
     assert fixed[0].fixed.to_dict() == {"blueprint": "conv_heavy", "slot": "r0c1", "style": "sigmoid_add", "tempo": "fast"}
-    assert "fixed" not in fixed[0].train and spec.fixed_seed("a") is None
+    assert "fixed" not in fixed[0].train and spec.fixed_plan("a") is None
 
 
 # --------------------------------------------------------------------------- the report, without Ray
@@ -439,7 +439,9 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
     experiment.write_text(json.dumps({
         "name": "fixed", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "order_seed": 1,
         "arms": {"none": {"controller": "none"},
-                 "norm": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}}},
+                 "norm": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}},
+                 "pair": {"controller": "fixed", "fixed": [{"blueprint": "norm", "slot": "r0c1"},
+                                                          {"blueprint": "conv_light", "slot": "r0c2"}]}},
         "max_concurrent_trials": 2,
         "training": {"task": "digits-impaired", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5, "env": {"batch_size": 1024}},
     }))
@@ -458,10 +460,13 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
             assert t["fixed"] == {"blueprint": "norm", "slot": "r0c1", "style": "sigmoid_add", "tempo": "standard"}
             assert e["germinated"] == 1 and e["refused"] == 0
             assert e["final_params"] == e["host_params"] and e["params_on_probation"] == 9
+        elif t["arm"] == "pair":  # a list of seeds; in 3 epochs the second cannot go in (the first is in TRAINING)
+            assert [f["slot"] for f in t["fixed"]] == ["r0c1", "r0c2"] and e["germinated"] == 1 and e["refused"] == 0
         else:
             assert e["final_params"] == e["host_params"] and e["seed_train_flops"] == 0 and e["counterfactual_flops"] == 0
     assert results["statistics"]["compute"]["size_verdicts"][0].startswith("At equal size: none has")
     assert (out / "metric_vs_flops.png").stat().st_size > 0
+    assert "pair = fixed(norm@r0c1+conv_light@r0c2)" in (out / "report.md").read_text()
 
 
 @pytest.mark.expensive

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, Tempo, decode_joint, encode_joint
-from esper_ray.contracts.controllers import FixedSeed
+from esper_ray.contracts.controllers import FixedPlan, FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import head_offsets
-from esper_ray.policy.fixed import FixedSeedController
+from esper_ray.policy.fixed import FixedPlanController, FixedSeedController
 
 LIFECYCLE = LifecycleConfig()
 SEED = FixedSeed(Blueprint.CONV_HEAVY, "r0c1")
@@ -91,6 +91,52 @@ def test_fixed_seed_settings_name_the_key_and_what_is_allowed():
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['alpha_target'\]"):
         FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "alpha_target": "half"}, "arms.f.fixed",
                                topology="cnn", slots=slots)
+
+
+def test_a_fixed_plan_is_one_seed_or_a_list_of_seeds_in_slots_of_their_own():
+    slots = ("r0c0", "r0c1", "r0c2")
+    one = FixedPlan.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots)
+    assert one.label == "conv_heavy@r0c1" and one.to_dict() == SEED.to_dict()  # files name one seed as they always did
+    pair = FixedPlan.from_mapping([{"blueprint": "conv_heavy", "slot": "r0c1"}, {"blueprint": "bottleneck", "slot": "r0c2"}],
+                                  "arms.f.fixed", topology="cnn", slots=slots)
+    assert pair.label == "conv_heavy@r0c1+bottleneck@r0c2" and [s.slot for s in pair.seeds] == ["r0c1", "r0c2"]
+    assert FixedPlan.from_mapping(pair.to_dict(), "fixed", topology="cnn", slots=slots) == pair  # a trial's config round trip
+    with pytest.raises(ValueError, match=r"arms.f.fixed=\[\]: name at least one seed"):
+        FixedPlan.from_mapping([], "arms.f.fixed", topology="cnn", slots=slots)
+    with pytest.raises(ValueError, match=r"arms.f.fixed: slot\(s\) \['r0c1'\] named more than once"):
+        FixedPlan.from_mapping([{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "conv_light", "slot": "r0c1"}],
+                               "arms.f.fixed", topology="cnn", slots=slots)
+    with pytest.raises(ValueError, match=r"arms.f.fixed\[1\].blueprint: blueprint 'lora' is not available for cnn hosts"):
+        FixedPlan.from_mapping([{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "lora", "slot": "r0c2"}],
+                               "arms.f.fixed", topology="cnn", slots=slots)
+
+
+def test_a_fixed_plan_plants_its_second_seed_at_the_first_step_the_env_allows_and_keeps_both():
+    """conv_heavy in r0c1, then conv_light in r0c2 in a 30-epoch run: the first at step 1, the second at the first
+    step whose mask allows a germination (once the first has left TRAINING), each fossilized when it may be."""
+    max_epochs = 30
+    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3})
+    plan = FixedPlan((SEED, FixedSeed(Blueprint.CONV_LIGHT, "r0c2")))
+    controller = FixedPlanController(env.slot_ids, max_epochs, plan, LIFECYCLE.min_training_epochs)
+    obs, _ = env.reset(seed=0)
+    controller.reset()
+    joint, n = head_offsets(len(env.slot_ids))["op_slot"], len(env.slot_ids)
+    germinate_r0c2 = encode_joint(Op.GERMINATE, 2, n)
+    ops, first_allowed, info = [], None, {}
+    for step in range(1, max_epochs + 1):
+        if first_allowed is None and step > 1 and obs["action_mask"][joint][germinate_r0c2]:
+            first_allowed = step  # the env's own answer to "may a seed go in now?"
+        action = controller.act(obs)
+        ops.append(decode_joint(int(action[0]), n))
+        obs, _, terminated, _, info = env.step(action)
+        if terminated:
+            break
+    assert ops[0] == (Op.GERMINATE, 1)
+    germinations = [i + 1 for i, op in enumerate(ops) if op[0] is Op.GERMINATE]
+    assert germinations == [1, first_allowed] and first_allowed > 1 + LIFECYCLE.min_training_epochs
+    assert [i + 1 for i, op in enumerate(ops) if op[0] is Op.FOSSILIZE and op[1] == 1] == [1 + LIFECYCLE.min_training_epochs + 5 + 1]
+    assert info["stages"]["r0c1"] == info["stages"]["r0c2"] == Stage.FOSSILIZED.name
+    assert info["count/fossilized"] == 2 and info["count/refused"] == 0
 
 
 class _WaitFirst:

@@ -21,7 +21,8 @@ class ControllerKind(str, Enum):
     """Uniform over the legal values of every head."""
     FIXED = "fixed"
     """Plants one named seed (blueprint, slot) at the first step and fossilizes it as early as the lifecycle and
-    gates allow, then waits: the host "born bigger", the baseline a growth claim at equal size is read against."""
+    gates allow, then waits: the host "born bigger", the baseline a growth claim at equal size is read against.
+    Several named seeds (a list) are planted in order, each as soon as the env allows (FixedPlan)."""
 
     @classmethod
     def parse(cls, value: object, where: str = "controller") -> ControllerKind:
@@ -77,6 +78,41 @@ class FixedSeed:
     def to_dict(self) -> dict[str, Any]:
         return {"blueprint": self.blueprint.key, "slot": self.slot, "style": self.style.name.lower(),
                 "tempo": self.tempo.name.lower()}
+
+
+@dataclass(frozen=True)
+class FixedPlan:
+    """What a `fixed` controller plants: one seed, or several in order, each in a slot of its own. The first goes
+    in at the first step, each next one as soon as the env allows a germination (one seed develops at a time: once
+    the one before has left TRAINING), and each is fossilized as early as allowed."""
+
+    seeds: tuple[FixedSeed, ...]
+
+    @property
+    def label(self) -> str:
+        """`conv_heavy@r0c1`, or `conv_heavy@r0c1+bottleneck@r0c2` for two seeds."""
+        return "+".join(s.label for s in self.seeds)
+
+    def to_dict(self) -> dict[str, Any] | list[dict[str, Any]]:
+        """One seed as its mapping (as experiment files and results have always named it), several as a list."""
+        return self.seeds[0].to_dict() if len(self.seeds) == 1 else [s.to_dict() for s in self.seeds]
+
+    @classmethod
+    def from_mapping(cls, value: object, where: str, *, topology: str, slots: Sequence[str]) -> FixedPlan:
+        """`{blueprint: conv_heavy, slot: r0c1}`, or a list of such mappings in distinct slots. ValueError naming
+        `where` (with the list index), the key, its value and what is allowed."""
+        if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+            if not value:
+                raise ValueError(f"{where}=[]: name at least one seed, e.g. [{{blueprint: conv_heavy, slot: r0c1}}]")
+            seeds = tuple(FixedSeed.from_mapping(v, f"{where}[{i}]", topology=topology, slots=slots)
+                          for i, v in enumerate(value))
+        else:
+            seeds = (FixedSeed.from_mapping(value, where, topology=topology, slots=slots),)
+        named = [s.slot for s in seeds]
+        twice = sorted({s for s in named if named.count(s) > 1})
+        if twice:
+            raise ValueError(f"{where}: slot(s) {twice} named more than once; each seed needs a slot of its own")
+        return cls(seeds)
 
 
 def _enum(kind: type[Style] | type[Tempo], value: object, where: str) -> Any:

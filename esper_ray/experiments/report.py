@@ -175,7 +175,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
 
 
 def _controller_label(spec: Any, arm: str) -> str:
-    fixed = spec.fixed_seed(arm)
+    fixed = spec.fixed_plan(arm)
     return f"fixed({fixed.label})" if fixed is not None else spec.controller(arm).value
 
 

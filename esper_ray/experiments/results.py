@@ -175,7 +175,7 @@ def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
 
 def as_json(record: ExperimentRecord) -> dict[str, Any]:
     configs = {(t.arm, t.seed): t.train for t in record.spec.trials()}
-    fixed = {arm: record.spec.fixed_seed(arm) for arm in record.spec.arms}
+    fixed = {arm: record.spec.fixed_plan(arm) for arm in record.spec.arms}
     return {
         "experiment": record.spec.to_dict(),
         "source": record.source,

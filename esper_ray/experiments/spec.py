@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from esper_ray.contracts.controllers import ControllerKind, FixedSeed
+from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
@@ -57,7 +57,7 @@ class TrialSpec:
     controller: ControllerKind
     train: dict[str, Any]
     """TrainConfig settings of this trial (its own copy)."""
-    fixed: FixedSeed | None = None
+    fixed: FixedPlan | None = None
     """The seed a `fixed` controller plants (None for the other controllers)."""
 
     @property
@@ -202,13 +202,13 @@ class ExperimentSpec:
     def controller(self, arm: str) -> ControllerKind:
         return ControllerKind.parse(self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
 
-    def fixed_seed(self, arm: str) -> FixedSeed | None:
-        """The seed arm `arm` plants, if its controller is `fixed` (checked against its task and slots)."""
+    def fixed_plan(self, arm: str) -> FixedPlan | None:
+        """The seed(s) arm `arm` plants, if its controller is `fixed` (checked against its task and slots)."""
         settings = self.arms[arm]
         if "fixed" not in settings:
             return None
         train = TrainConfig.from_mapping(self._arm_settings(arm))
-        return FixedSeed.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task), slots=train.slots)
+        return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task), slots=train.slots)
 
     @property
     def trains_any_policy(self) -> bool:
@@ -218,7 +218,7 @@ class ExperimentSpec:
         """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
         out = []
         for arm in self.arms:
-            settings, fixed = self._arm_settings(arm), self.fixed_seed(arm)
+            settings, fixed = self._arm_settings(arm), self.fixed_plan(arm)
             for seed in self.seeds:
                 out.append(TrialSpec(arm, seed, self.controller(arm), copy.deepcopy({**settings, "seed": seed}), fixed))
         return out

@@ -24,7 +24,7 @@ from ray.rllib.algorithms.ppo import PPO
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.result import DONE
 
-from esper_ray.contracts.controllers import ControllerKind, FixedSeed
+from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
@@ -51,13 +51,13 @@ def controller_of(config: dict[str, Any]) -> ControllerKind:
     return ControllerKind.parse(config[TRIAL_KEY]["controller"])
 
 
-def fixed_seed_of(config: dict[str, Any]) -> FixedSeed | None:
-    """The seed of a `fixed` trial. Trials of runs started before fixed arms existed have no such key."""
+def fixed_plan_of(config: dict[str, Any]) -> FixedPlan | None:
+    """The seed(s) of a `fixed` trial. Trials of runs started before fixed arms existed have no such key."""
     fixed = config[TRIAL_KEY].get("fixed")
     if fixed is None:
         return None
     cfg = train_config_of(config)
-    return FixedSeed.from_mapping(fixed, "fixed", topology=topology_of(cfg.task), slots=cfg.slots)
+    return FixedPlan.from_mapping(fixed, "fixed", topology=topology_of(cfg.task), slots=cfg.slots)
 
 
 def test_loss_and_perplexity(summaries: list[EpisodeSummary]) -> tuple[float, float]:
@@ -123,7 +123,7 @@ class MorphoTrial(tune.Trainable):
         self.cfg = train_config_of(config)
         self.controller = controller_of(config)
         self.eval_episodes = int(config[TRIAL_KEY]["eval_episodes"])
-        self.fixed = fixed_seed_of(config)
+        self.fixed = fixed_plan_of(config)
         self.save_networks = bool(config[TRIAL_KEY].get("save_networks", False))  # absent in runs started before --save
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
         if self.controller is not ControllerKind.PPO:

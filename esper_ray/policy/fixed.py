@@ -1,4 +1,5 @@
-"""The `fixed` controller: one named seed, planted at the first step and fossilized as early as allowed.
+"""The `fixed` controller: one named seed, planted at the first step and fossilized as early as allowed (or
+several, one after the other: FixedPlanController).
 
 It answers "would a host born with this seed do as well?": the seed goes through the same lifecycle as any
 other (GERMINATED, 10 epochs of isolated TRAINING, a blend-in ramp, HOLDING), so it costs the same compute per
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from esper_ray.contracts.actions import AlphaTarget, Op
-from esper_ray.contracts.controllers import FixedSeed
+from esper_ray.contracts.controllers import FixedPlan, FixedSeed
 from esper_ray.contracts.stages import Stage
 from esper_ray.env.masks import allows
 from esper_ray.env.observation import SLOT_ALPHA, SLOT_EPOCHS_IN_STAGE, SLOT_FEATURES, decode_stage, slot_offset
@@ -60,3 +61,25 @@ class FixedSeedController:
         if stage is Stage.HOLDING:
             return Op.FOSSILIZE
         return None
+
+
+class FixedPlanController:
+    """A FixedPlan: each seed driven by its own FixedSeedController, in the plan's order; at each step the first
+    that does not wait acts. The env's mask orders the germinations: the next seed's GERMINATE is refused while
+    an earlier one is GERMINATED or TRAINING, so it goes in at the first step after that."""
+
+    def __init__(self, slot_ids: Sequence[str], max_epochs: int, plan: FixedPlan, min_training_epochs: int) -> None:
+        self.controllers = [FixedSeedController(slot_ids, max_epochs, seed, min_training_epochs) for seed in plan.seeds]
+        self.num_slots = len(slot_ids)
+
+    def reset(self) -> None:
+        for controller in self.controllers:
+            controller.reset()
+
+    def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        waiting = wait_action(self.num_slots)
+        for controller in self.controllers:
+            action = controller.act(obs)
+            if not np.array_equal(action, waiting):
+                return action
+        return waiting

@@ -27,14 +27,14 @@ from ray.rllib.connectors.connector_pipeline_v2 import ConnectorPipelineV2
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModule
 
-from esper_ray.contracts.controllers import ControllerKind, FixedSeed
+from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
-from esper_ray.policy.fixed import FixedSeedController
+from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
 from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.grow import NetworkFiles, network_keeper
@@ -131,7 +131,7 @@ def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
     return module, feature_filter_of(pipeline, f"checkpoint {checkpoint}")
 
 
-def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedSeed | None = None) -> Controller:
+def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan | None = None) -> Controller:
     """A controller that needs no training. Random draws depend on the run's seed only; `fixed` is the seed a
     `fixed` controller plants."""
     if kind is ControllerKind.NONE:
@@ -144,7 +144,7 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedSeed
         if fixed is None:
             raise ValueError("controller='fixed' needs the seed it plants (fixed: {blueprint: ..., slot: ...})")
         lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
-        return FixedSeedController(cfg.slots, cfg.max_epochs, fixed, lifecycle.min_training_epochs)
+        return FixedPlanController(cfg.slots, cfg.max_epochs, fixed, lifecycle.min_training_epochs)
     raise ValueError(f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm")
 
 
