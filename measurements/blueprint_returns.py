@@ -39,7 +39,7 @@ from esper_ray.contracts.stages import Stage  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.morpho.hosts import topology_of  # noqa: E402
 from esper_ray.policy.baselines import wait_action  # noqa: E402
-from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
+from esper_ray.policy.fixed import FixedSeedController, first_acting  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,7 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
             controller.reset()
         done, t, ret, curve = False, 0, 0.0, []
         while not done:
-            waiting = wait_action(len(slots))
-            actions = [controller.act(obs) for controller in controllers]  # each one counts its epochs
-            action = next((a for a in actions if not np.array_equal(a, waiting)), waiting)
+            action = first_acting(controllers, obs, len(slots))
             obs, reward, terminated, truncated, info = env.step(action)
             ret += gamma**t * reward
             curve.append(info["committed_accuracy"])

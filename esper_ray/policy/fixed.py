@@ -77,9 +77,11 @@ class FixedPlanController:
             controller.reset()
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        waiting = wait_action(self.num_slots)
-        for controller in self.controllers:
-            action = controller.act(obs)
-            if not np.array_equal(action, waiting):
-                return action
-        return waiting
+        return first_acting(self.controllers, obs, self.num_slots)
+
+
+def first_acting(controllers: Sequence[FixedSeedController], obs: Mapping[str, np.ndarray], num_slots: int) -> np.ndarray:
+    """The action of the first controller that does not wait; every one is asked, so each keeps its own count."""
+    waiting = wait_action(num_slots)
+    actions = [controller.act(obs) for controller in controllers]
+    return next((a for a in actions if not np.array_equal(a, waiting)), waiting)
