@@ -58,7 +58,7 @@ class TrialSpec:
     train: dict[str, Any]
     """TrainConfig settings of this trial (its own copy)."""
     fixed: FixedPlan | None = None
-    """The seed a `fixed` controller plants (None for the other controllers)."""
+    """The seed(s) a `fixed` controller plants (None for the other controllers)."""
 
     @property
     def name(self) -> str:
