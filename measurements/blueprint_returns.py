@@ -134,6 +134,17 @@ def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int],
     return [Plan()] + ([Plan(first=first)] if first else []) + out
 
 
+def headroom(by_plan: dict[str, dict[int, dict]], episodes: list[int]) -> tuple[str, float, float, int]:  # type: ignore[type-arg]
+    """The headroom of a controller that adapts to the episode: the best plan for all episodes (what a fixed arm can
+    be) and its mean test accuracy, the mean of each episode's best plan (an oracle), and on how many episodes
+    another plan beats the best one."""
+    means = {label: np.mean([per[e]["test"] for e in episodes]) for label, per in by_plan.items() if len(per) == len(episodes)}
+    best = max(means, key=means.__getitem__)
+    oracle = {e: max(per[e]["test"] for per in by_plan.values() if e in per) for e in episodes}
+    beaten = sum(oracle[e] > by_plan[best][e]["test"] for e in episodes)
+    return best, float(means[best]), float(np.mean(list(oracle.values()))), int(beaten)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="text")
@@ -209,14 +220,9 @@ def main() -> None:
               f"| {np.mean([per[e]['germinated'] for e in common]):.2f} "
               f"| {np.mean([per[e]['fossilized'] for e in common]):.2f} "
               f"| {np.mean([per[e]['refused'] for e in common]):.1f} |")
-    # The headroom of a controller that adapts to the episode: an oracle picking each episode's best plan, against
-    # the best plan for all (what a fixed arm can be).
-    means = {label: np.mean([per[e]["test"] for e in episodes]) for label, per in by_plan.items() if len(per) == len(episodes)}
-    best = max(means, key=means.__getitem__)
-    oracle = {e: max(per[e]["test"] for per in by_plan.values() if e in per) for e in episodes}
-    beaten = sum(oracle[e] > by_plan[best][e]["test"] for e in episodes)
-    print(f"\nbest plan for all episodes: {best}, test {means[best]:.4f}; each episode's best plan (an oracle): "
-          f"{np.mean(list(oracle.values())):.4f}; another plan beats {best} on {beaten} of {len(episodes)} episodes")
+    best, best_mean, oracle, beaten = headroom(by_plan, episodes)
+    print(f"\nbest plan for all episodes: {best}, test {best_mean:.4f}; each episode's best plan (an oracle): "
+          f"{oracle:.4f}; another plan beats {best} on {beaten} of {len(episodes)} episodes")
     if args.json:
         args.json.write_text(json.dumps({"card": card, "commit": commit, "args": vars(args) | {"json": str(args.json)},
                                          "rows": rows}, indent=0))

@@ -289,6 +289,19 @@ def test_blueprint_returns_measurement_pairs_every_plan_with_the_bare_host_on_th
     assert oracle == pytest.approx(sum(best_of.values()) / len(best_of), abs=1e-4)
 
 
+def test_blueprint_returns_headroom_is_each_episodes_best_plan_against_the_best_plan_for_all():
+    """A constructed sweep where the best plan for all episodes (b, 0.5 on average) is not every episode's best:
+    a wins episode 2 (0.7), so the oracle averages 0.4, 0.7 and 0.5 (hand-worked: 1.6 / 3)."""
+    sys.path.insert(0, str(REPO / "measurements"))
+    from blueprint_returns import headroom
+
+    tests = {"none": [0.1, 0.1, 0.1], "a": [0.2, 0.7, 0.3], "b": [0.4, 0.6, 0.5]}
+    by_plan = {plan: {e: {"test": t} for e, t in enumerate(values, start=1)} for plan, values in tests.items()}
+    best, best_mean, oracle, beaten = headroom(by_plan, [1, 2, 3])
+    assert best == "b" and best_mean == pytest.approx(0.5)
+    assert oracle == pytest.approx(1.6 / 3) and beaten == 1
+
+
 def test_blueprint_returns_with_a_first_seed_plants_it_in_every_plan_but_the_bare_host(tmp_path):
     """`--first conv_heavy@r0c1` (a second seed's worth, issue 30): every plan starts with that seed's fixed lifecycle,
     the table has it alone, and the bare host stays bare. Two epochs: the first seed is still in TRAINING, so no
