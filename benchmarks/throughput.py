@@ -7,7 +7,8 @@
     python benchmarks/throughput.py --gpu --overlap       # the train half with TrainConfig.overlap
 
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
-controller, started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
+controller (`--bare-controller none`: the host alone, no germination, so after the warm-up no step captures a
+graph: the envs' pace with no capture cost), started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
 (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
 their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
 share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
@@ -71,6 +72,8 @@ class Setup:
     """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
     extra_env: tuple[tuple[str, Any], ...] = ()
     """Further env settings for both halves (--env KEY=VALUE)."""
+    bare_controller: str = "random"
+    """The bare envs' controller: random, or none (the host alone, never a capture after the warm-up)."""
 
     @property
     def gpus_per_env(self) -> float:
@@ -129,14 +132,15 @@ def _show_one_gpu(setup: Setup, shard: int) -> None:
 
 
 def warmed_up_env(setup: Setup, shard: int) -> tuple[Any, Any, Any]:
-    """Env `shard` of the setup, its random controller, and the observation it stands at after a whole episode of
-    warm-up: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling variant
+    """Env `shard` of the setup, its controller (setup.bare_controller), and the observation it stands at after a
+    whole episode of warm-up: CUDA context, cuDNN, graph captures, and the compiled host blocks of each pooling variant
     (fused_block.py; a seed in r0c1 asks for the second), which compile once in an env's life."""
     from esper_ray.env import MorphogeneticEnv
-    from esper_ray.policy.baselines import RandomController
+    from esper_ray.policy.baselines import NoGrowthController, RandomController
 
     env = MorphogeneticEnv(setup.env_config(shard))
-    controller = RandomController(env.slot_ids, seed=shard)
+    controller = (NoGrowthController(env.slot_ids) if setup.bare_controller == "none"
+                  else RandomController(env.slot_ids, seed=shard))
     obs, _ = env.reset(seed=shard)
     steps = 0
     while True:
@@ -399,6 +403,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
+    parser.add_argument("--bare-controller", choices=("random", "none"), default="random",
+                        help="the bare envs' controller (default random; none: the host alone, so no step after the "
+                             "warm-up captures a graph: what the envs make without capture costs)")
     args = parser.parse_args()
     halves = (args.only,) if args.only else HALVES
     from esper_ray.cli import parse_env_overrides
@@ -412,7 +419,7 @@ def main() -> None:
                       batch_size=512, max_epochs=20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
-                      overlap=args.overlap, extra_env=extra_env)
+                      overlap=args.overlap, extra_env=extra_env, bare_controller=args.bare_controller)
     else:
         # CPU: exactly the settings of a plain `esper-ray train`
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -426,7 +433,7 @@ def main() -> None:
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap,
-                      extra_env=extra_env)
+                      extra_env=extra_env, bare_controller=args.bare_controller)
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.morphogenetic_env import resolve_amp
 

@@ -64,6 +64,24 @@ def _throughput_module(path: Path = REPO / "benchmarks" / "throughput.py", name:
     return module
 
 
+def test_the_bare_envs_none_controller_keeps_the_host_alone_and_the_random_one_grows():
+    """--bare-controller none: after the warm-up no seed ever runs (on a GPU: no step captures a graph)."""
+    module = _throughput_module()
+    base = dict(envs=2, gpus=0, task="digits-impaired", train_size=0, val_size=None, batch_size=64, max_epochs=6,
+                episodes_per_env=1, rounds=1, bare_seconds=0.0, slots=("r0c1", "r0c2"), model="cpu")
+    germinated = {}
+    for name in ("none", "random"):
+        env, controller, obs = module.warmed_up_env(module.Setup(**base, bare_controller=name), shard=0)
+        seen = 0
+        for _ in range(12):
+            obs, _, terminated, _, _ = env.step(controller.act(obs))
+            seen += sum(s.is_active for s in env.model.seed_slots())
+            if terminated:
+                obs, _ = env.reset()
+        germinated[name] = seen
+    assert germinated["none"] == 0 and germinated["random"] > 0, germinated
+
+
 def test_a_rounds_wall_splits_into_the_slowest_runner_collecting_and_the_driver_after_sampling():
     """runner_waits on two constructed rounds of 5 s each: runners took 4 s on average and 4.5 s at most, the
     driver held the episodes 4.6 s after the round began and spent 0.1 s sending the weights."""
