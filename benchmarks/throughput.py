@@ -8,8 +8,8 @@
 
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
 controller (`--bare-controller none`: the host alone, no germination, so after the warm-up no step captures a
-graph: the envs' pace with no capture cost), started together; `train`: `esper-ray train` with the same N envs and GPU shares, steady state
-(every round after the first). Both report env steps/s and host training samples/s summed over the envs;
+graph: the envs' pace with no capture cost), started together; `train`: `esper-ray train` with the same N envs
+and GPU shares, steady state (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
 their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
 share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
 splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
