@@ -81,6 +81,12 @@ class EnvConfig:
     never be kept, and one that blends and is then dropped costs the host what it adapted to it: on digits-impaired
     every greedy policy of step_and_batch.yaml planted the fixed arm's seed at step 1 and then a second one at steps
     12-25, never kept (docs/learning.md s. 8)."""
+    mask_cut_off: bool = False
+    """Mask GERMINATE in a slot the loss cannot reach: upstream of a CNN seed that blends by ADD toward alpha 1 or
+    holds it. A CNN seed reads the host detached, so at alpha 1 nothing upstream of it gets a gradient; a seed planted
+    there never passes G2 and the run drops it (env/masks.py `cut_off`). On digits-impaired in 32-epoch runs PPO's
+    policies planted their second seed in r0c0, upstream of their first in r0c1, on 1 of 8 seeds with the defaults
+    and on every seed probed with commit_horizon (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "auto"

@@ -13,6 +13,7 @@ import numpy as np
 
 from esper_ray.contracts.actions import (
     CNN_BLUEPRINTS,
+    BlendAlgorithm,
     HEAD_NAMES,
     HEAD_SIZES_AFTER_JOINT,
     RELEVANT_HEADS,
@@ -28,6 +29,7 @@ from esper_ray.contracts.actions import (
     encode_joint,
     joint_size,
 )
+from esper_ray.contracts.slots import parse_slot_id
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
 from esper_ray.morpho.slot import SeedSlot
 
@@ -48,14 +50,37 @@ def head_offsets(num_slots: int) -> dict[str, slice]:
     return offsets
 
 
+# Stages of a seed that blends toward its alpha target or holds it.
+BLENDED_STAGES = frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
+
+
+def forward_position(slot_id: str) -> tuple[int, int]:
+    """Where a slot sits in the forward pass: after block `col`, row 0 before its pooling, row 1 after."""
+    row, col = parse_slot_id(slot_id)
+    return col, row
+
+
+def cut_off(slot: SeedSlot, slots: Sequence[SeedSlot]) -> bool:
+    """Whether the loss cannot reach `slot`: downstream of it an isolated seed (a CNN seed reads the host detached
+    at every stage, slot.py) blends by ADD toward alpha 1, or holds it (a kept seed always reaches 1: gate G3). ADD
+    passes the host (1 - alpha) of the gradient, so at alpha 1 nothing upstream gets any: a seed planted there has
+    a gradient of exactly 0, gate G2 (gradient health) never lets it blend, and the run drops it (docs/design.md).
+    A prune ramping the downstream seed out gives the gradient back, so a pruning seed cuts nothing off."""
+    here = forward_position(slot.slot_id)
+    return any(forward_position(s.slot_id) > here and s.isolated and s.algorithm is BlendAlgorithm.ADD
+               and s.stage in BLENDED_STAGES and not s.pruning and s.alpha.target >= 1.0 for s in slots)
+
+
 def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-              time_to_commit: bool = True) -> set[Op]:
+              time_to_commit: bool = True, mask_cut_off: bool = False) -> set[Op]:
     """`time_to_commit`: whether a seed germinated now could still be fossilized before the run ends (the env's
-    `commit_horizon`); False masks GERMINATE."""
+    `commit_horizon`); False masks GERMINATE. `mask_cut_off` (the env's setting of that name) masks GERMINATE in
+    a slot the loss cannot reach (`cut_off`)."""
     ops: set[Op] = set()
     live = sum(s.is_live for s in slots)
     if (slot.stage is Stage.DORMANT and live < max_seeds and time_to_commit
-            and not any(s.stage in BLOCKS_GERMINATION for s in slots)):
+            and not any(s.stage in BLOCKS_GERMINATION for s in slots)
+            and not (mask_cut_off and cut_off(slot, slots))):
         ops.add(Op.GERMINATE)
     if slot.can_set_alpha_target():
         ops.add(Op.SET_ALPHA_TARGET)
@@ -69,11 +94,12 @@ def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, 
 
 
 def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, tempos: Sequence[Tempo] = tuple(Tempo)) -> np.ndarray:
+                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, tempos: Sequence[Tempo] = tuple(Tempo),
+                 mask_cut_off: bool = False) -> np.ndarray:
     """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device);
     `tempos`: those a seed germinated now may take (the env's `commit_horizon`: those whose lifecycle still ends
     before the run does). None left masks GERMINATE (legal_ops' `time_to_commit`); the tempo head, which only
-    GERMINATE reads, then stays open so that no head is all masked."""
+    GERMINATE reads, then stays open so that no head is all masked. `mask_cut_off`: see legal_ops."""
     time_to_commit = bool(tempos)
     n = len(slots)
     offsets = head_offsets(n)
@@ -81,7 +107,8 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
     joint = np.zeros(joint_size(n), dtype=np.int8)
     joint[encode_joint(Op.WAIT, None, n)] = 1
     for i, slot in enumerate(slots):
-        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds, time_to_commit=time_to_commit):
+        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds, time_to_commit=time_to_commit,
+                            mask_cut_off=mask_cut_off):
             joint[encode_joint(op, i, n)] = 1
     mask[offsets["op_slot"]] = joint
     blueprint = np.zeros(len(Blueprint), dtype=np.int8)

@@ -419,7 +419,7 @@ class MorphogeneticEnv(gym.Env):
     def _mask(self) -> np.ndarray:
         assert self.model is not None
         return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
-                            blueprints=self.blueprints, tempos=self._commit_tempos())
+                            blueprints=self.blueprints, tempos=self._commit_tempos(), mask_cut_off=self.cfg.mask_cut_off)
 
     def _commit_tempos(self) -> tuple[Tempo, ...]:
         """The tempos a seed germinated at this step (epoch + 1) may take: with commit_horizon on, those whose

@@ -3,6 +3,13 @@
 Seeds are residual (`s = x + delta(x)`) unless stated; `norm`, `conv_small` and `bottleneck` are exact
 identities at birth, `attention` multiplies by sigmoid(3) ~ 0.95, and `depthwise`, `conv_light`,
 `conv_heavy` start from the default init (not identity).
+
+Identity at birth must leave the seed a gradient. The original zeroed the convolution in front of GN and ReLU
+(conv_small always; depthwise, conv_light and conv_heavy under MULTIPLY, whose last affine layer it zeroes): the
+branch is then relu(0 * weight + 0), whose gradient is exactly 0 for every parameter, so the seed never learned,
+never passed G2 and was pruned or dropped. Those seeds start at zero with a scalar `gain` after the ReLU instead
+(x + gain * relu(GN(conv(x))), gain 0 at birth): the gain gets a gradient at once, the convolutions as soon as it
+moves (`tests/test_blueprints.py` checks every blueprint under every style).
 """
 
 from __future__ import annotations
@@ -57,20 +64,27 @@ class AttentionSeed(nn.Module):
         return self.excite.weight
 
 
-class DepthwiseSeed(nn.Module):
-    """x + relu(GN(pointwise(depthwise3x3(x))))."""
+def zero_gain(zero_at_birth: bool) -> nn.Parameter | None:
+    """The output gain of a branch that ends in a ReLU, 0 at birth, or none (see the module docstring)."""
+    return nn.Parameter(torch.zeros(1)) if zero_at_birth else None
 
-    def __init__(self, channels: int) -> None:
+
+def gained(gain: nn.Parameter | None, branch: torch.Tensor) -> torch.Tensor:
+    return branch if gain is None else gain * branch
+
+
+class DepthwiseSeed(nn.Module):
+    """x + relu(GN(pointwise(depthwise3x3(x)))), times a gain that is 0 at birth under MULTIPLY."""
+
+    def __init__(self, channels: int, zero_at_birth: bool = False) -> None:
         super().__init__()
         self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
         self.pointwise = nn.Conv2d(channels, channels, 1, bias=False)
         self.norm = group_norm(channels)
+        self.gain = zero_gain(zero_at_birth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.relu(self.norm(self.pointwise(self.depthwise(x))))
-
-    def last_affine(self) -> nn.Module | nn.Parameter:
-        return self.pointwise
+        return x + gained(self.gain, torch.relu(self.norm(self.pointwise(self.depthwise(x)))))
 
 
 class BottleneckSeed(nn.Module):
@@ -93,9 +107,10 @@ class BottleneckSeed(nn.Module):
 
 
 class ConvSeed(nn.Module):
-    """x + relu(GN(conv_kxk(x))) repeated `depth` times inside one residual."""
+    """x + relu(GN(conv_kxk(x))) repeated `depth` times inside one residual, times a gain that is 0 at birth when
+    asked (conv_small always, any under MULTIPLY)."""
 
-    def __init__(self, channels: int, kernel_size: int, depth: int = 1, zero_init: bool = False) -> None:
+    def __init__(self, channels: int, kernel_size: int, depth: int = 1, zero_at_birth: bool = False) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         for _ in range(depth):
@@ -105,24 +120,22 @@ class ConvSeed(nn.Module):
                 nn.ReLU(),
             ]
         self.body = nn.Sequential(*layers)
-        if zero_init:
-            nn.init.zeros_(self.body[-3].weight)
+        self.gain = zero_gain(zero_at_birth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.body(x)
-
-    def last_affine(self) -> nn.Module | nn.Parameter:
-        return self.body[-3]
+        return x + gained(self.gain, self.body(x))
 
 
-_BUILDERS: dict[Blueprint, Callable[[int], nn.Module]] = {
-    Blueprint.NORM: NormSeed,
-    Blueprint.ATTENTION: AttentionSeed,
-    Blueprint.DEPTHWISE: DepthwiseSeed,
-    Blueprint.BOTTLENECK: BottleneckSeed,
-    Blueprint.CONV_SMALL: lambda c: ConvSeed(c, kernel_size=1, zero_init=True),
-    Blueprint.CONV_LIGHT: lambda c: ConvSeed(c, kernel_size=3),
-    Blueprint.CONV_HEAVY: lambda c: ConvSeed(c, kernel_size=3, depth=2),
+# Each builder takes the channels and whether the seed must be the identity at birth (MULTIPLY); those whose last
+# affine layer can simply be zeroed (`last_affine`) get that, those whose branch ends in a ReLU a zero gain.
+_BUILDERS: dict[Blueprint, Callable[[int, bool], nn.Module]] = {
+    Blueprint.NORM: lambda c, z: zeroed(NormSeed(c), z),
+    Blueprint.ATTENTION: lambda c, z: zeroed(AttentionSeed(c), z),
+    Blueprint.DEPTHWISE: lambda c, z: DepthwiseSeed(c, zero_at_birth=z),
+    Blueprint.BOTTLENECK: lambda c, z: zeroed(BottleneckSeed(c), z),
+    Blueprint.CONV_SMALL: lambda c, z: ConvSeed(c, kernel_size=1, zero_at_birth=True),
+    Blueprint.CONV_LIGHT: lambda c, z: ConvSeed(c, kernel_size=3, zero_at_birth=z),
+    Blueprint.CONV_HEAVY: lambda c, z: ConvSeed(c, kernel_size=3, depth=2, zero_at_birth=z),
 }
 assert tuple(sorted(_BUILDERS)) == tuple(sorted(CNN_BLUEPRINTS)), "every CNN blueprint needs a builder"
 
@@ -135,21 +148,26 @@ def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) 
 
 
 def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,
-               device: torch.device | str = "cpu", *, inference_only: bool = False) -> nn.Module:
+               device: torch.device | str = "cpu", *, inference_only: bool = False,
+               multiply: bool = False) -> nn.Module:
     """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology.
     No silent fallback for unknown names; `device` only decides whether flex_attention can train there
-    (`inference_only` skips that check: see build_transformer_seed)."""
+    (`inference_only` skips that check: see build_transformer_seed). `multiply`: the seed blends by MULTIPLY, so
+    its branch starts at zero (DOMAIN.md: the last affine layer zeroed; here a zero gain where that would kill the
+    gradient, see the module docstring); a saved MULTIPLY seed is rebuilt with it, as its parameters differ."""
     if topology is Topology.TRANSFORMER:
-        return build_transformer_seed(blueprint, channels, device, inference_only=inference_only)
-    return _BUILDERS[resolve_blueprint(blueprint)](channels)
+        return zeroed(build_transformer_seed(blueprint, channels, device, inference_only=inference_only), multiply)
+    return _BUILDERS[resolve_blueprint(blueprint)](channels, multiply)
 
 
-def zero_last_affine(seed: nn.Module) -> None:
-    """Zero the seed's last affine layer (used when it is germinated with the MULTIPLY operator)."""
-    target = seed.last_affine()  # type: ignore[operator]
-    with torch.no_grad():
-        for p in [target] if isinstance(target, nn.Parameter) else list(target.parameters(recurse=False)):
-            p.zero_()
+def zeroed(seed: nn.Module, zero: bool) -> nn.Module:
+    """The seed with its last affine layer zeroed when `zero` (the MULTIPLY operator's identity at birth)."""
+    if zero:
+        target = seed.last_affine()  # type: ignore[operator]
+        with torch.no_grad():
+            for p in [target] if isinstance(target, nn.Parameter) else list(target.parameters(recurse=False)):
+                p.zero_()
+    return seed
 
 
 def count_params(module: nn.Module) -> int:

@@ -180,7 +180,8 @@ def empty_grown_network(topology: Topology, host_config: Mapping[str, Any], spec
             raise ValueError(f"two seeds in slot {spec.slot}")
         channels = host.slot_channels(spec.slot)
         blueprint = resolve_blueprint(spec.blueprint, topology)
-        seed = build_seed(blueprint, channels, topology, inference_only=True)
+        multiply = spec.blend is BlendAlgorithm.MULTIPLY  # its parameters differ (build_seed)
+        seed = build_seed(blueprint, channels, topology, inference_only=True, multiply=multiply)
         gate = GatedBlend(channels, topology) if spec.blend is BlendAlgorithm.GATE else None
         seeds[spec.slot] = GrownSeed(spec, seed, gate)
     return GrownNetwork(host, seeds)

@@ -33,7 +33,7 @@ from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES, IllegalTransitionError, Stage, check_transition
 from esper_ray.morpho.alpha_schedule import AlphaSchedule
 from esper_ray.morpho.blend import GatedBlend, blend, blend_configurations
-from esper_ray.morpho.blueprints import build_seed, count_params, resolve_blueprint, zero_last_affine
+from esper_ray.morpho.blueprints import build_seed, count_params, resolve_blueprint
 from esper_ray.morpho.gates import GateResult, check_gate
 from esper_ray.morpho.seed_metrics import (
     EXPLODING_GRAD_NORM,
@@ -161,9 +161,8 @@ class SeedSlot(nn.Module):
         resolved = resolve_blueprint(blueprint, self.topology)
         check_transition(self.slot_id, self.stage, Stage.GERMINATED)
         device = self.alpha_value.device
-        seed = build_seed(resolved, self.channels, self.topology, device).to(device)
-        if style.algorithm is BlendAlgorithm.MULTIPLY:
-            zero_last_affine(seed)
+        seed = build_seed(resolved, self.channels, self.topology, device,
+                          multiply=style.algorithm is BlendAlgorithm.MULTIPLY).to(device)
         gate = GatedBlend(self.channels, self.topology).to(device) if style.algorithm is BlendAlgorithm.GATE else None
         self._enter(Stage.GERMINATED)
         self.seed, self.gate, self.blueprint = seed, gate, resolved
