@@ -86,7 +86,7 @@ class EnvConfig:
     holds it. A CNN seed reads the host detached, so at alpha 1 nothing upstream of it gets a gradient; a seed planted
     there never passes G2 and the run drops it (env/masks.py `cut_off`). On digits-impaired in 32-epoch runs PPO's
     policies planted their second seed in r0c0, upstream of their first in r0c1, on 1 of 8 seeds with the defaults
-    and on every seed probed with commit_horizon (docs/learning.md s. 8)."""
+    and on 2 of the 3 seeds probed with commit_horizon (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0
     """Gradient clip for the host and for each seed, separately."""
     amp: str = "auto"
