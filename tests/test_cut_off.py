@@ -12,9 +12,11 @@ from torch import nn
 from esper_ray.contracts.actions import Blueprint, Op, Style, encode_joint
 from esper_ray.contracts.controllers import FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
+from esper_ray.contracts.slots import forward_position
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import BLENDED_STAGES, head_offsets
+from esper_ray.morpho.hosts import build_host
 from esper_ray.policy.fixed import FixedSeedController
 
 MAX_EPOCHS = 20  # the r0c1 seed: TRAINING from step 1, blending from 11, HOLDING from 16, fossilized at 17
@@ -40,6 +42,15 @@ def episode(mask_cut_off: bool, style: Style = Style.SIGMOID_ADD) -> tuple[list[
         if terminated:
             break
     return steps, env
+
+
+def test_forward_position_orders_slots_as_the_host_reaches_them():
+    """"Upstream" is the forward pass's order (r0c0, r1c0, r0c1, ...), not the action head's row-major one."""
+    host = build_host("digits-impaired")
+    reached = []
+    host(torch.zeros(2, 1, 8, 8), at_slot=lambda slot, h: reached.append(slot) or h)
+    assert sorted(host.slot_ids) == sorted(reached) and "r1c0" in reached
+    assert sorted(host.slot_ids, key=forward_position) == reached
 
 
 def test_germinate_upstream_of_a_seed_blended_by_add_is_masked_only_with_the_setting():

@@ -28,6 +28,13 @@ def action_order(slot_ids: Iterable[str]) -> list[str]:
     return sorted(slot_ids, key=parse_slot_id)
 
 
+def forward_position(slot_id: str) -> tuple[int, int]:
+    """Where a slot sits in the forward pass, comparable between slots: after block `col`, row 0 before its
+    pooling, row 1 after (not the action order, which is row-major)."""
+    row, col = parse_slot_id(slot_id)
+    return col, row
+
+
 def check_slots(requested: Sequence[str], available: Sequence[str]) -> list[str]:
     """Validate a slot selection against what a host offers; return it in action order."""
     if len(requested) == 0:

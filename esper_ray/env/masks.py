@@ -29,7 +29,7 @@ from esper_ray.contracts.actions import (
     encode_joint,
     joint_size,
 )
-from esper_ray.contracts.slots import parse_slot_id
+from esper_ray.contracts.slots import forward_position
 from esper_ray.contracts.stages import COOLDOWN_STAGES, LIVE_STAGES, Stage
 from esper_ray.morpho.slot import SeedSlot
 
@@ -52,12 +52,6 @@ def head_offsets(num_slots: int) -> dict[str, slice]:
 
 # Stages of a seed that blends toward its alpha target or holds it.
 BLENDED_STAGES = frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
-
-
-def forward_position(slot_id: str) -> tuple[int, int]:
-    """Where a slot sits in the forward pass: after block `col`, row 0 before its pooling, row 1 after."""
-    row, col = parse_slot_id(slot_id)
-    return col, row
 
 
 def cut_off(slot: SeedSlot, slots: Sequence[SeedSlot]) -> bool:
