@@ -217,6 +217,26 @@ def test_flex_attention_seed_computes_the_attention_seed():
         assert torch.allclose(flex(x), sdpa(x), atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled FlexAttention path runs on a GPU only")
+def test_flex_attention_seed_on_a_gpu_trains_through_the_compiled_kernel_as_the_attention_seed_does(monkeypatch):
+    """On a GPU the seed calls torch.compile's flex_attention (compiled_flex_attention); its outputs and gradients
+    are causal SDPA's, and the eager dense reference is not used."""
+    from esper_ray.morpho import transformer_blueprints as tb
+
+    monkeypatch.setattr(tb, "eager_flex_attention", lambda *a: pytest.fail("the eager path ran on a GPU"))
+    torch.manual_seed(0)
+    sdpa, flex = AttentionSeed(32).cuda(), FlexAttentionSeed(32).cuda()
+    with torch.no_grad():
+        nn.init.normal_(sdpa.proj.weight)
+    flex.load_state_dict(sdpa.state_dict())
+    x = torch.randn(3, 16, 32, device="cuda")
+    flex(x).square().sum().backward()
+    sdpa(x).square().sum().backward()
+    assert torch.allclose(flex(x), sdpa(x), atol=1e-4)
+    for (name, a), b in zip(flex.named_parameters(), sdpa.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-4), name
+
+
 def test_the_flex_attention_seed_runs_eagerly_without_torch_s_unfused_notice(monkeypatch):
     """Eager is the seed's design (its docstring), so torch's "called without torch.compile" notice is not shown,
     whichever caller is first in the process (a loaded network's forward, say)."""

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from esper_ray.contracts.actions import TRANSFORMER_BLUEPRINTS, Blueprint, parse_blueprint
 from esper_ray.contracts.fields import check_int
+from esper_ray.morpho.fused_block import RECOMPILE_LIMIT
 
 LORA_RANK = 8
 LORA_LARGE_RANK = 32
@@ -128,26 +129,44 @@ def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bloc
         return flex_attention(q, k, v, block_mask=block_mask)  # type: ignore[arg-type, return-value]
 
 
+@functools.lru_cache(maxsize=None)
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    """flex_attention through torch.compile, made once per process on first use (importing the compiler costs
+    seconds). Compiled, FlexAttention runs as fused kernels; eager, torch computes it with a dense reference that
+    runs many small kernels: a step of the seed (text-starved's shapes, bf16, H200) took 19.8 ms eager, 2.6 ms
+    compiled, 2.5 ms for the attention seed (benchmarks/probes/flex_step.py; docs/performance.md)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
+
+
 class FlexAttentionSeed(AttentionSeed):
     """The attention seed computed by FlexAttention with a causal block mask (same parameters and math).
 
-    Runs eagerly (no torch.compile), which materialises the full score matrix: correct, not fast. The mask
-    is built once per (T, device) and cached. Check `flex_attention_available(device)` before training it.
-    It cannot run inside a captured CUDA graph (see EAGER_STEP_BLUEPRINTS).
+    On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape); on a
+    CPU eagerly, which materialises the full score matrix (correct, not fast; torch 2.13 has no CPU backward for
+    it anyway). The mask is built once per (T, device) and cached. Check `flex_attention_available(device)` before
+    training it. Its train step stays out of CUDA graphs (EAGER_STEP_BLUEPRINTS).
     """
 
     def __init__(self, channels: int) -> None:
         super().__init__(channels)
         self._masks: dict[tuple[int, str], object] = {}
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        from torch.nn.attention.flex_attention import create_block_mask
-
+    def _mask(self, q: torch.Tensor) -> object:
         T = q.size(2)
         key = (T, str(q.device))
         if key not in self._masks:
+            from torch.nn.attention.flex_attention import create_block_mask
+
             self._masks[key] = create_block_mask(_causal, None, None, T, T, device=q.device)
-        return eager_flex_attention(q, k, v, self._masks[key])  # (B, nh, T, hs)
+        return self._masks[key]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.is_cuda:  # one compiled version per batch shape and grad mode: train, its last batch, validation chunks
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled_flex_attention()(q, k, v, block_mask=self._mask(q))  # (B, nh, T, hs)
+        return eager_flex_attention(q, k, v, self._mask(q))
 
 
 EAGER_STEP_BLUEPRINTS: frozenset[Blueprint] = frozenset({Blueprint.FLEX_ATTENTION})
@@ -156,8 +175,8 @@ step stays eager. Uncompiled flex_attention computes with torch's dense referenc
 (torch/_higher_order_ops/flex_attention.py), which makes tensors from Python scalars as it goes: the forward's
 `torch.tensor(-inf, device=scores.device)` and the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
 GPU are pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
-CUDA graph capture unless the CPU tensor is pinned"), and each call also runs torch.compile's tracing. The seed
-is not fused anyway, so a graph would save little."""
+CUDA graph capture unless the CPU tensor is pinned"), and a step with the compiled one (the seed's path on a GPU)
+failed its capture in benchmarks/probes/flex_step.py."""
 
 
 @functools.lru_cache(maxsize=None)
