@@ -235,6 +235,9 @@ def test_flex_attention_seed_on_a_gpu_trains_through_the_compiled_kernel_as_the_
     assert torch.allclose(flex(x), sdpa(x), atol=1e-4)
     for (name, a), b in zip(flex.named_parameters(), sdpa.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-4), name
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):  # as validation runs it: another batch too
+        x = torch.randn(5, 16, 32, device="cuda")
+        assert torch.allclose(flex(x).float(), sdpa(x).float(), atol=3e-2)
 
 
 def test_the_flex_attention_seed_runs_eagerly_without_torch_s_unfused_notice(monkeypatch):
