@@ -176,7 +176,7 @@ step stays eager. Uncompiled flex_attention computes with torch's dense referenc
 `torch.tensor(-inf, device=scores.device)` and the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
 GPU are pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
 CUDA graph capture unless the CPU tensor is pinned"), and a step with the compiled one (the seed's path on a GPU)
-failed its capture in benchmarks/probes/flex_step.py."""
+failed its capture in benchmarks/probes/flex_step.py (not diagnosed: the probe's own step may be at fault)."""
 
 
 @functools.lru_cache(maxsize=None)
