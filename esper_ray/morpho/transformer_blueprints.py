@@ -140,11 +140,16 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False)  # type: ignore[no-any-return]
 
 
+COMPILED_FLEX_MIN_HEAD_DIM = 16
+"""Inductor's flex_attention kernels need a head dimension of at least 16 (torch 2.11: "NYI: embedding dimension of
+the query, key, and value must be at least 16"); a seed with narrower heads runs eagerly on a GPU too."""
+
+
 class FlexAttentionSeed(AttentionSeed):
     """The attention seed computed by FlexAttention with a causal block mask (same parameters and math).
 
-    On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape); on a
-    CPU eagerly, which materialises the full score matrix (correct, not fast; torch 2.13 has no CPU backward for
+    On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape) when its
+    heads are at least COMPILED_FLEX_MIN_HEAD_DIM wide; otherwise, and on a CPU, eagerly, which materialises the full score matrix (correct, not fast; torch 2.13 has no CPU backward for
     it anyway). The mask is built once per (T, device) and cached. Check `flex_attention_available(device)` before
     training it. Its train step stays out of CUDA graphs (EAGER_STEP_BLUEPRINTS).
     """
@@ -163,7 +168,8 @@ class FlexAttentionSeed(AttentionSeed):
         return self._masks[key]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.is_cuda:  # one compiled version per batch shape and grad mode: train, its last batch, validation chunks
+        if q.is_cuda and q.size(-1) >= COMPILED_FLEX_MIN_HEAD_DIM:  # one compiled version per batch shape and grad
+            # mode: train, its last batch, validation chunks
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled_flex_attention()(q, k, v, block_mask=self._mask(q))  # (B, nh, T, hs)
         return eager_flex_attention(q, k, v, self._mask(q))
