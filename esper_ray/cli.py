@@ -192,10 +192,13 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
           f"then {spec.eval_episodes} evaluation episodes each), {at_once} at once; output {output}",
           flush=True)
+    if args.salvage and not args.resume:
+        raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
     resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
     try:
         outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
-                                 source=experiment_source(Path(args.experiment)), save_networks=args.save)
+                                 source=experiment_source(Path(args.experiment)), save_networks=args.save,
+                                 salvage=args.salvage)
     except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
         if (output / "experiment.json").is_file():
             print(f"esper-ray ab: stopped before any trial ran; {resume_hint}", file=sys.stderr, flush=True)
@@ -325,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
     ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
+    ab.add_argument("--salvage", action="store_true",
+                    help="with --resume, for a run that was killed (kill -9, a lost machine) rather than stopped: its "
+                    "tune/ no longer matches tune_files.json, so Tune's pickles there are not loaded. Keep its finished "
+                    "trials (their JSON results), set the folder aside as tune_salvaged_N/ and run the other trials "
+                    "again from their start. A run that stopped cleanly resumes as with --resume alone")
     ab.add_argument("--address", metavar="auto|HOST:PORT",
                     help="join a running Ray cluster instead of starting a local one (without it, a local one starts "
                          "even where `ray start` or RAY_ADDRESS names another)")

@@ -23,7 +23,8 @@ from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.data.datasets import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
-from esper_ray.experiments.results import COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, ExperimentRecord, TrialResult, metric_by_arm
+from esper_ray.experiments.results import (COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, TRIAL_DIR_RE, ExperimentRecord,
+                                           TrialResult, metric_by_arm)
 from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.runner import check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
@@ -591,6 +592,38 @@ def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_it
     assert not marker.exists()
 
 
+def test_salvage_of_a_killed_run_keeps_its_finished_trials_and_reruns_the_rest_loading_no_pickle(tmp_path, capsys, monkeypatch):
+    """A run killed with kill -9 leaves tune/ unlike its manifest. --resume refuses it and names --salvage;
+    salvaging sets tune/ aside, keeps the trials that finished there (JSON only: the crafted pickles never run)
+    and leaves the others to run again, in the recorded order (Tune's part: the expensive test below)."""
+    from esper_ray.experiments.results import collect_trials
+    from esper_ray.experiments.runner import check_tune_folder, unfinished_order
+
+    marker = tmp_path / "ran"
+    out = crafted_run(tmp_path, marker)
+    smoke = str(REPO / "tune_configs" / "smoke.yaml")
+    unfinished = sorted((out / "tune").glob("none_seed1_*"))[0]
+    (unfinished / "result.json").write_text("")  # killed before it reported anything
+    no_ray_may_start(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", smoke, "--output", str(out), "--salvage"])
+    assert exit_info.value.code == 2 and "add --resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", smoke, "--output", str(out), "--resume"])
+    assert exit_info.value.code == 2 and "--salvage" in capsys.readouterr().err
+
+    assert check_tune_folder(out, salvage=True) is False  # nothing for Tune to restore
+    assert "set aside as tune_salvaged_1: 3 finished trials kept" in capsys.readouterr().out
+    assert (out / "tune_salvaged_1" / unfinished.name).is_dir() and not (out / "tune").exists()
+    assert [(t.arm, t.seed) for t in unfinished_order(ExperimentSpec.from_yaml(smoke), out)] == [("none", 1)]
+    record = collect_trials(out)
+    assert {(t.arm, t.seed): t.status for t in record.trials} == {
+        ("ppo", 0): FINISHED, ("ppo", 1): FINISHED, ("none", 0): FINISHED, ("none", 1): NOT_STARTED}
+    [ppo0] = [t for t in record.trials if (t.arm, t.seed) == ("ppo", 0)]
+    assert [r["final_accuracy"] for r in ppo0.history] == [0.3]  # read from the set-aside folder's JSON
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("name, key", [("..", "name"), ("a/b", "name"), ("", "name")])
 def test_an_experiment_or_arm_name_that_is_a_path_fails_before_ray_starts(tmp_path, capsys, monkeypatch, name, key):
     no_ray_may_start(monkeypatch)
@@ -667,6 +700,51 @@ def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local,
     # again to its result.json (seen: iterations [1, 2, 2, 3]); the history holds each round once
     assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]
     assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
+
+
+@pytest.mark.expensive
+def test_a_killed_run_salvaged_reruns_only_its_unfinished_trials_each_round_once(ray_local, tmp_path, capsys, monkeypatch):
+    """Stopped at PPO round 2 of 3, then Tune's folder changed after the manifest as a kill -9 leaves it (a
+    state file Tune wrote later). --resume refuses; --resume --salvage runs again only what had not finished."""
+    import os
+    import shutil
+    import signal
+
+    from esper_ray.experiments.results import collect_trials
+    from esper_ray.experiments.runner import TrialEvents
+
+    experiment = tmp_path / "kill.yaml"
+    write_stop_experiment(experiment, "kill", rounds=3, max_epochs=2)
+    out = tmp_path / "run"
+    command = ["ab", str(experiment), "--output", str(out)]
+    on_result = TrialEvents.on_trial_result
+
+    def ctrl_c_at_round_2(self, iteration, trials, trial, result, **info):
+        on_result(self, iteration, trials, trial, result, **info)
+        if result.get("round/round") == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TrialEvents, "on_trial_result", ctrl_c_at_round_2)
+        assert main(command) == 130
+    before = {(t.arm, t.seed): t for t in collect_trials(out).trials}
+    assert before[("ppo", 0)].status == INCOMPLETE
+    state = sorted((out / "tune").glob("experiment_state-*.json"))[-1]
+    shutil.copy(state, out / "tune" / "basic-variant-state-2099-01-01_00-00-00.json")  # written after the manifest
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--resume"])
+    assert exit_info.value.code == 2 and "--salvage" in capsys.readouterr().err
+
+    assert main([*command, "--resume", "--salvage"]) == 0
+    after = {(t.arm, t.seed): t for t in collect_trials(out).trials}
+    assert {key: t.status for key, t in after.items()} == {("ppo", 0): FINISHED, ("none", 0): FINISHED}
+    assert [r["round"] for r in after[("ppo", 0)].history] == [1.0, 2.0, 3.0]  # from its start, each round once
+    rerun = {m.group(1) for p in (out / "tune").iterdir() if (m := TRIAL_DIR_RE.match(p.name))}
+    assert rerun == {arm for (arm, _), t in before.items() if t.status != FINISHED}
+    for key, t in before.items():  # what had finished is the same record, not run again
+        if t.status == FINISHED:
+            assert after[key].started_at == t.started_at and after[key].evaluation == t.evaluation
 
 
 def _process_group(process) -> int | None:

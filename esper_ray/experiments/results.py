@@ -17,9 +17,12 @@ from typing import Any
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
-from esper_ray.experiments.tune_folder import number, read_results, read_trials
+from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
 
 TUNE_DIR = "tune"
+SALVAGED_PREFIX = "tune_salvaged_"
+"""tune/ folders `esper-ray ab --resume --salvage` set aside (tune_salvaged_1, _2, ...): only the JSON results of
+their finished trials are read again."""
 EXPERIMENT_FILE = "experiment.json"
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germinated", "pruned")
@@ -130,37 +133,50 @@ def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[st
     return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s"))
 
 
+def tune_folders(output: Path) -> list[Path]:
+    """The run's Tune folders, oldest first: those set aside by --salvage, then tune/ (which may not exist)."""
+    salvaged = [p for p in output.glob(SALVAGED_PREFIX + "*") if p.name[len(SALVAGED_PREFIX):].isdigit() and p.is_dir()]
+    return sorted(salvaged, key=lambda p: int(p.name[len(SALVAGED_PREFIX):])) + [output / TUNE_DIR]
+
+
 def collect_trials(output: Path) -> ExperimentRecord:
     """Every planned trial of the run in `output`, whatever state the run is in. Reads JSON and text only: no
-    pickle of the run folder is loaded (tune_folder.py)."""
+    pickle of the run folder is loaded (tune_folder.py). A trial is taken from tune/, or from a folder --salvage
+    set aside if it finished there (it was not run again)."""
     record = read_experiment_file(output)
     spec = ExperimentSpec.from_mapping(record["experiment"])
     found: dict[tuple[str, int], TrialResult] = {}
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
-    for trial in read_trials(output / TUNE_DIR):
-        planned = trial.config.get(TRIAL_KEY)
-        key = (planned.get("arm"), planned.get("seed")) if isinstance(planned, dict) else None
-        if key not in positions:
-            continue  # not one of this experiment's trials
-        arm, seed = key
-        history, evaluation, started = _history_and_evaluation(read_results(trial.folder))
-        controller = spec.controller(arm)
-        if trial.status == "ERROR":
-            status = ERROR
-        elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
-            status = FINISHED
-        else:
-            status = INCOMPLETE if history or evaluation else NOT_STARTED
-        found[(arm, seed)] = TrialResult(
-            arm=arm, seed=seed, position=positions[(arm, seed)], controller=controller, status=status,
-            error=trial.error, history=history, evaluation=evaluation, started_at=started,
-        )
+    for folder in tune_folders(output):
+        for trial in read_trials(folder):
+            result = _trial_result(spec, positions, trial)
+            if result is not None and (folder.name == TUNE_DIR or result.status == FINISHED):
+                found[(result.arm, result.seed)] = result
     trials = []
     for position, planned in enumerate(record["start_order"]):
         key = (planned["arm"], int(planned["seed"]))
         trials.append(found.get(key) or TrialResult(
             arm=key[0], seed=key[1], position=position, controller=spec.controller(key[0]), status=NOT_STARTED))
     return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"))
+
+
+def _trial_result(spec: ExperimentSpec, positions: dict[tuple[str, int], int], trial: TuneTrial) -> TrialResult | None:
+    """A Tune trial as this experiment's TrialResult; None when it is not one of its planned trials."""
+    planned = trial.config.get(TRIAL_KEY)
+    key = (planned.get("arm"), planned.get("seed")) if isinstance(planned, dict) else None
+    if key not in positions:
+        return None
+    arm, seed = key
+    history, evaluation, started = _history_and_evaluation(read_results(trial.folder))
+    controller = spec.controller(arm)
+    if trial.status == "ERROR":
+        status = ERROR
+    elif evaluation is not None and (controller is not ControllerKind.PPO or len(history) >= spec.rounds):
+        status = FINISHED
+    else:
+        status = INCOMPLETE if history or evaluation else NOT_STARTED
+    return TrialResult(arm=arm, seed=seed, position=positions[key], controller=controller, status=status,
+                       error=trial.error, history=history, evaluation=evaluation, started_at=started)
 
 
 def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:

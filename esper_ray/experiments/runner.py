@@ -4,6 +4,7 @@ Output folder (default esper_runs/<name>):
     experiment.json                 the experiment's settings, the file it came from, the order seed and start order
     tune/                           Ray Tune's experiment (one folder per trial, TensorBoard logs included)
     tune_files.json                 the manifest of tune/ (size and SHA-256 of each file) as the command left it
+    tune_salvaged_N/                a tune/ that no longer matched its manifest, set aside by --resume --salvage
     networks/ARM/seedS/episodeI/    with --save: every evaluation episode's grown network (esper_ray.load_grown)
     results.json, report.md, *.png  the report (see report.py), rewritten after every run or resume
 """
@@ -26,11 +27,12 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.results import EXPERIMENT_FILE, TRIAL_DIR_RE, TUNE_DIR, collect_trials, read_experiment_file
+from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, SALVAGED_PREFIX, TRIAL_DIR_RE, TUNE_DIR,
+                                           collect_trials, read_experiment_file, tune_folders)
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY
-from esper_ray.experiments.tune_folder import read_trials, state_file
+from esper_ray.experiments.tune_folder import state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
@@ -235,7 +237,7 @@ def gather_networks(output: Path) -> int:
     """Copy the networks the trials kept (tune/<trial>/networks/episodeI/) to networks/ARM/seedS/episodeI/;
     returns how many the run holds."""
     count = 0
-    for kept in sorted((output / TUNE_DIR).glob(f"*/{NETWORKS_DIR}/episode*")):
+    for kept in sorted(k for folder in tune_folders(output) for k in folder.glob(f"*/{NETWORKS_DIR}/episode*")):
         match = TRIAL_DIR_RE.match(kept.parent.parent.name)
         if match is None or not kept.is_dir():
             continue
@@ -258,27 +260,47 @@ class ExperimentOutcome:
     total: int
 
 
-def check_tune_folder(output: Path) -> bool:
+def check_tune_folder(output: Path, salvage: bool = False) -> bool:
     """Before --resume loads Tune's pickles: whether Tune left an experiment to continue (False: it was stopped
     before its first state file, so nothing ran), and, if it did, that its folder matches the manifest written
-    when the command last stopped. Raises ValueError naming the first file that differs."""
+    when the command last stopped. Raises ValueError naming the first file that differs; with `salvage`, sets
+    the folder aside instead (set_aside) and returns False: what did not finish there runs again."""
     tune_path = output / TUNE_DIR
     if state_file(tune_path) is None:
         return False
     damage = damage_of(tune_path, output / TUNE_MANIFEST)
-    if damage is not None:
-        raise ValueError(f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
-                         f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
-                         f"code when loaded, so it is not resumed; start a new run with another --output")
-    return True
+    if damage is None:
+        return True
+    if salvage:
+        set_aside(output, damage)
+        return False
+    raise ValueError(f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
+                     f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
+                     f"code when loaded, so it is not resumed. Add --salvage to keep its finished trials (read from "
+                     f"their JSON results, no pickle loaded) and run the others again from their start, or start a new "
+                     f"run with another --output")
+
+
+def set_aside(output: Path, damage: str) -> Path:
+    """--salvage: move tune/ to the next tune_salvaged_N/, never given to Tune again (collect_trials reads its
+    finished trials' JSON results), and drop the manifest that no longer describes a tune/."""
+    finished = [t for t in collect_trials(output).trials if t.status == FINISHED]
+    aside = output / f"{SALVAGED_PREFIX}{len(tune_folders(output))}"
+    (output / TUNE_DIR).rename(aside)
+    (output / TUNE_MANIFEST).unlink(missing_ok=True)
+    print(f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
+          f"{len(finished)} finished trials kept from their JSON results, the others run again from their start", flush=True)
+    return aside
 
 
 def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
-                   source: str | None = None, save_networks: bool = False) -> ExperimentOutcome:
+                   source: str | None = None, save_networks: bool = False, salvage: bool = False) -> ExperimentOutcome:
     """Run (or with `resume` continue) the experiment in `output`, then write its report.
 
     Ctrl-C or SIGTERM stop it cleanly: Tune saves its state, the manifest of tune/ is written and the report of
-    what finished; the outcome says it was interrupted. Interrupted at any point, `--resume` continues it.
+    what finished; the outcome says it was interrupted. Interrupted at any point, `--resume` continues it. Killed
+    (kill -9, a lost machine), its tune/ no longer matches the manifest: `salvage` keeps its finished trials and
+    runs the others again (check_tune_folder).
     """
     # Tune's own tables and hints (its "new output" engine prints them even at verbose=0): TrialEvents says what
     # matters, a line per trial event.
@@ -295,7 +317,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         resume = False
     if resume:
         check_same_experiment(spec, output, source, save_networks)
-        continuing = check_tune_folder(output)
+        continuing = check_tune_folder(output, salvage)
         save_networks = bool(read_experiment_file(output).get("save_networks", False))
     elif tune_path.exists() or (output / EXPERIMENT_FILE).exists():
         raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
@@ -307,37 +329,42 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
             else:
                 needs = arm_resources(spec)
                 check_trials_fit(spec, needs, local=address is None)
-                if resume:  # stopped before Tune recorded a trial: start the recorded plan afresh
+                if resume:  # stopped before Tune recorded a trial, or salvaged: the recorded plan, less what finished
                     shutil.rmtree(tune_path, ignore_errors=True)
-                    ordered = recorded_order(spec, output)
+                    ordered = unfinished_order(spec, output)
                 else:
                     output.mkdir(parents=True, exist_ok=True)
                     ordered = plan(spec, output, source, save_networks)
                 work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
-                tuner = new_tuner(spec, output, ordered, save_networks, TrialEvents(len(ordered), spec.rounds, work))
+                events = TrialEvents(len(ordered), spec.rounds, work)
+                tuner = new_tuner(spec, output, ordered, save_networks, events) if ordered else None
                 print(concurrency_line(spec, needs), flush=True)
             print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
-                tuner.fit()
+                if tuner is not None:
+                    tuner.fit()
     finally:  # also on Ctrl-C before fit: the folder is left as --resume can check it
         if tune_path.is_dir():
             write_manifest(tune_path, output / TUNE_MANIFEST)
-    write_report(output, collect_trials(output))
+    record = collect_trials(output)
+    write_report(output, record)
     if save_networks:
         kept = gather_networks(output)
         print(f"networks: {kept} grown networks in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
               "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
-    after = read_trials(tune_path)
-    finished = [t for t in after if t.status in TERMINAL]
-    interrupted = len(finished) < len(spec.trials())
-    failed = [f"{t.config[TRIAL_KEY]['arm']}/seed{t.config[TRIAL_KEY]['seed']}: {t.error}" for t in after if t.status == "ERROR"]
-    return ExperimentOutcome(output, interrupted, interrupted and sigterm_received(), failed, len(finished), len(spec.trials()))
+    ended = [t for t in record.trials if t.status in (FINISHED, ERROR)]
+    interrupted = len(ended) < len(record.trials)
+    failed = [f"{t.arm}/seed{t.seed}: {t.error}" for t in record.trials if t.status == ERROR]
+    return ExperimentOutcome(output, interrupted, interrupted and sigterm_received(), failed, len(ended), len(record.trials))
 
 
-def recorded_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
-    """The start order experiment.json recorded, as trials of `spec`."""
+def unfinished_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
+    """The start order experiment.json recorded, as trials of `spec`, less those that finished (in folders set
+    aside by --salvage)."""
     by_key = {(t.arm, t.seed): t for t in spec.trials()}
-    return [by_key[(p["arm"], int(p["seed"]))] for p in read_experiment_file(output)["start_order"]]
+    finished = {(t.arm, t.seed) for t in collect_trials(output).trials if t.status == FINISHED}
+    recorded = [(p["arm"], int(p["seed"])) for p in read_experiment_file(output)["start_order"]]
+    return [by_key[key] for key in recorded if key not in finished]
 
 
 def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents) -> tune.Tuner:
