@@ -322,6 +322,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     elif tune_path.exists() or (output / EXPERIMENT_FILE).exists():
         raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
     connect_ray(address, env_vars=mps_env)
+    tuner: tune.Tuner | None = None  # stays None when a salvage left nothing to run
     try:
         with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
             if continuing:

@@ -149,8 +149,8 @@ class FlexAttentionSeed(AttentionSeed):
     """The attention seed computed by FlexAttention with a causal block mask (same parameters and math).
 
     On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape) when its
-    heads are at least COMPILED_FLEX_MIN_HEAD_DIM wide; otherwise, and on a CPU, eagerly, which materialises the full score matrix (correct, not fast; torch 2.13 has no CPU backward for
-    it anyway). The mask is built once per (T, device) and cached. Check `flex_attention_available(device)` before
+    heads are at least COMPILED_FLEX_MIN_HEAD_DIM wide; otherwise, and on a CPU, eagerly, which materialises the
+    full score matrix (correct, not fast; torch 2.13 has no CPU backward for it anyway). The mask is built once per (T, device) and cached. Check `flex_attention_available(device)` before
     training it. Its train step stays out of CUDA graphs (EAGER_STEP_BLUEPRINTS).
     """
 
