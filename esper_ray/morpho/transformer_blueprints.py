@@ -150,8 +150,9 @@ class FlexAttentionSeed(AttentionSeed):
 
     On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape) when its
     heads are at least COMPILED_FLEX_MIN_HEAD_DIM wide; otherwise, and on a CPU, eagerly, which materialises the
-    full score matrix (correct, not fast; torch 2.13 has no CPU backward for it anyway). The mask is built once per (T, device) and cached. Check `flex_attention_available(device)` before
-    training it. Its train step stays out of CUDA graphs (EAGER_STEP_BLUEPRINTS).
+    full score matrix (correct, not fast; torch 2.13 has no CPU backward for it anyway). The mask is built once per
+    (T, device) and cached. Check `flex_attention_available(device)` before training it. Its train step stays out
+    of CUDA graphs (EAGER_STEP_BLUEPRINTS).
     """
 
     def __init__(self, channels: int) -> None:
