@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --resume, for a run that was killed (kill -9, a lost machine) rather than stopped: its "
                     "tune/ no longer matches tune_files.json, so Tune's pickles there are not loaded. Keep its finished "
                     "trials (their JSON results), set the folder aside as tune_salvaged_N/ and run the other trials "
-                    "again from their start. A run that stopped cleanly resumes as with --resume alone")
+                    "again, a PPO trial from its newest checkpoint that matches its own manifest. A run that "
+                    "stopped cleanly resumes as with --resume alone")
     ab.add_argument("--address", metavar="auto|HOST:PORT",
                     help="join a running Ray cluster instead of starting a local one (without it, a local one starts "
                          "even where `ray start` or RAY_ADDRESS names another)")

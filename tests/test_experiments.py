@@ -703,9 +703,10 @@ def test_ctrl_c_early_and_late_then_resume_completes_every_trial_once(ray_local,
 
 
 @pytest.mark.expensive
-def test_a_killed_run_salvaged_reruns_only_its_unfinished_trials_each_round_once(ray_local, tmp_path, capsys, monkeypatch):
+def test_a_killed_run_salvaged_continues_only_its_unfinished_trials_each_round_once(ray_local, tmp_path, capsys, monkeypatch):
     """Stopped at PPO round 2 of 3, then Tune's folder changed after the manifest as a kill -9 leaves it (a
-    state file Tune wrote later). --resume refuses; --resume --salvage runs again only what had not finished."""
+    state file Tune wrote later). --resume refuses; --resume --salvage runs again only what had not finished, the
+    PPO trial from its last checkpoint (which matches its own manifest)."""
     import os
     import shutil
     import signal
@@ -737,11 +738,15 @@ def test_a_killed_run_salvaged_reruns_only_its_unfinished_trials_each_round_once
     assert exit_info.value.code == 2 and "--salvage" in capsys.readouterr().err
 
     assert main([*command, "--resume", "--salvage"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"continued from their last intact checkpoints: ppo/seed0 from round [12]\b", printed), printed
     after = {(t.arm, t.seed): t for t in collect_trials(out).trials}
     assert {key: t.status for key, t in after.items()} == {("ppo", 0): FINISHED, ("none", 0): FINISHED}
-    assert [r["round"] for r in after[("ppo", 0)].history] == [1.0, 2.0, 3.0]  # from its start, each round once
-    rerun = {m.group(1) for p in (out / "tune").iterdir() if (m := TRIAL_DIR_RE.match(p.name))}
-    assert rerun == {arm for (arm, _), t in before.items() if t.status != FINISHED}
+    assert [r["round"] for r in after[("ppo", 0)].history] == [1.0, 2.0, 3.0]  # each round once
+    rerun = {m.group(1): p for p in (out / "tune").iterdir() if (m := TRIAL_DIR_RE.match(p.name))}
+    assert set(rerun) == {arm for (arm, _), t in before.items() if t.status != FINISHED}
+    continued = [json.loads(line)["round/round"] for line in (rerun["ppo"] / "result.json").read_text().splitlines()]
+    assert continued[-1] == 3 and continued[0] > 1  # it went on from its checkpoint: round 1 was not trained again
     for key, t in before.items():  # what had finished is the same record, not run again
         if t.status == FINISHED:
             assert after[key].started_at == t.started_at and after[key].evaluation == t.evaluation

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_ray.contracts.controllers import ControllerKind
+from esper_ray.experiments.continuation import continued_rows
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
@@ -149,7 +150,7 @@ def collect_trials(output: Path) -> ExperimentRecord:
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
     for folder in tune_folders(output):
         for trial in read_trials(folder):
-            result = _trial_result(spec, positions, trial)
+            result = _trial_result(output, spec, positions, trial)
             if result is not None and (folder.name == TUNE_DIR or result.status == FINISHED):
                 found[(result.arm, result.seed)] = result
     trials = []
@@ -160,14 +161,16 @@ def collect_trials(output: Path) -> ExperimentRecord:
     return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"))
 
 
-def _trial_result(spec: ExperimentSpec, positions: dict[tuple[str, int], int], trial: TuneTrial) -> TrialResult | None:
-    """A Tune trial as this experiment's TrialResult; None when it is not one of its planned trials."""
+def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str, int], int],
+                  trial: TuneTrial) -> TrialResult | None:
+    """A Tune trial as this experiment's TrialResult; None when it is not one of its planned trials. A trial
+    continued by --salvage has its rounds before the continuation first (continuation.py)."""
     planned = trial.config.get(TRIAL_KEY)
     key = (planned.get("arm"), planned.get("seed")) if isinstance(planned, dict) else None
     if key not in positions:
         return None
     arm, seed = key
-    history, evaluation, started = _history_and_evaluation(read_results(trial.folder))
+    history, evaluation, started = _history_and_evaluation(continued_rows(output, planned) + read_results(trial.folder))
     controller = spec.controller(arm)
     if trial.status == "ERROR":
         status = ERROR

@@ -26,13 +26,14 @@ from ray import tune
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
+from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, SALVAGED_PREFIX, TRIAL_DIR_RE, TUNE_DIR,
                                            collect_trials, read_experiment_file, tune_folders)
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY
-from esper_ray.experiments.tune_folder import state_file
+from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
@@ -289,7 +290,8 @@ def set_aside(output: Path, damage: str) -> Path:
     (output / TUNE_DIR).rename(aside)
     (output / TUNE_MANIFEST).unlink(missing_ok=True)
     print(f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
-          f"{len(finished)} finished trials kept from their JSON results, the others run again from their start", flush=True)
+          f"{len(finished)} finished trials kept from their JSON results; the others run again, a PPO trial from its last "
+          f"intact checkpoint", flush=True)
     return aside
 
 
@@ -333,12 +335,13 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 if resume:  # stopped before Tune recorded a trial, or salvaged: the recorded plan, less what finished
                     shutil.rmtree(tune_path, ignore_errors=True)
                     ordered = unfinished_order(spec, output)
+                    continues = salvaged_continuations(output)
                 else:
                     output.mkdir(parents=True, exist_ok=True)
-                    ordered = plan(spec, output, source, save_networks)
+                    ordered, continues = plan(spec, output, source, save_networks), {}
                 work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
                 events = TrialEvents(len(ordered), spec.rounds, work)
-                tuner = new_tuner(spec, output, ordered, save_networks, events) if ordered else None
+                tuner = new_tuner(spec, output, ordered, save_networks, events, continues) if ordered else None
                 print(concurrency_line(spec, needs), flush=True)
             print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
             with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
@@ -368,10 +371,36 @@ def unfinished_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
     return [by_key[key] for key in recorded if key not in finished]
 
 
-def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents) -> tune.Tuner:
+def salvaged_continuations(output: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """For each unfinished PPO trial of the newest folder --salvage set aside that has an intact checkpoint: where
+    its new trial continues from (continuation.py)."""
+    folders = tune_folders(output)[:-1]
+    if not folders:
+        return {}
+    finished = {(t.arm, t.seed) for t in collect_trials(output).trials if t.status == FINISHED}
+    continues = {}
+    for trial in read_trials(folders[-1]):
+        planned = trial.config.get(TRIAL_KEY)
+        if not isinstance(planned, dict) or planned.get("controller") != ControllerKind.PPO.value:
+            continue
+        key = (planned.get("arm"), planned.get("seed"))
+        entry = continuation(output, trial.folder, planned) if key not in finished else None
+        if entry is not None:
+            continues[key] = entry
+    if continues:
+        rounds = ", ".join(f"{arm}/seed{seed} from round {c['links'][-1]['round']}" for (arm, seed), c in continues.items())
+        print(f"--salvage: continued from their last intact checkpoints: {rounds}", flush=True)
+    return continues
+
+
+def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents,
+              continues: dict[tuple[str, int], dict[str, Any]]) -> tune.Tuner:
     trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
                "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
                "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
+    for trial in trials:
+        if (trial["arm"], trial["seed"]) in continues:
+            trial[CONTINUES_KEY] = continues[(trial["arm"], trial["seed"])]
     return tune.Tuner(
         MorphoTrial,
         param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order

@@ -27,12 +27,14 @@ from ray.tune.result import DONE
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
+from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
+from esper_ray.train.manifest import MANIFEST_FILE, write_manifest
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import restore, train_round
@@ -130,10 +132,15 @@ class MorphoTrial(tune.Trainable):
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
         self.evaluated = False
+        # a trial of a killed run, continued by --salvage: restored at its first step, unless Tune restores this
+        # trial's own checkpoint first (a later resume of this run)
+        self.continue_from = config[TRIAL_KEY].get(CONTINUES_KEY, {}).get("checkpoint")
 
     def step(self) -> dict[str, Any]:
         if self.algo is None:
             return self._baseline_step()
+        if self.continue_from is not None:
+            self._continue(Path(self.continue_from))
         result = train_round(self.algo)
         summary = summarize_round(result)
         failures = round_failures(result)
@@ -146,7 +153,16 @@ class MorphoTrial(tune.Trainable):
             keep = f"the greedy PPO policy of A/B trial {self.label}" if self.save_networks else None
             metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes, keep, networks)))
             self._write_networks(networks)
+            metrics[DONE] = True  # a continued trial reaches its last round before Tune's count of iterations does
         return metrics
+
+    def _continue(self, checkpoint: Path) -> None:
+        """Carry on from a killed run's checkpoint (continuation.py): only one that still matches its manifest."""
+        if checkpoint_round(checkpoint) is None:
+            raise ValueError(f"{checkpoint}: no longer matches its {MANIFEST_FILE} (or has no {ROUND_FILE}); its pickles "
+                             "are not loaded")
+        restore(self.algo, str(checkpoint))
+        self.continue_from = None
 
     def _baseline_step(self) -> dict[str, Any]:
         controller = baseline_controller(self.controller, self.cfg, self.fixed)
@@ -168,10 +184,13 @@ class MorphoTrial(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:
             self.algo.save_to_path(checkpoint_dir)
+            (Path(checkpoint_dir) / ROUND_FILE).write_text(json.dumps({"round": self.algo.iteration}))
         else:
             (Path(checkpoint_dir) / BASELINE_STATE_FILE).write_text(json.dumps({"evaluated": self.evaluated}))
+        write_manifest(Path(checkpoint_dir))  # last: a checkpoint cut short by a kill has none that matches
 
     def load_checkpoint(self, checkpoint: str) -> None:  # type: ignore[override]
+        self.continue_from = None  # this trial's own checkpoint: it holds the continuation's rounds too
         if self.algo is not None:
             restore(self.algo, checkpoint)
         else:
