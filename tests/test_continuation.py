@@ -1,6 +1,6 @@
 """A killed A/B run's PPO trials continue from their last intact checkpoint (experiments/continuation.py):
 which checkpoint, the chain a new trial carries, and the rounds its history takes from each set-aside folder.
-The whole path on Ray: tests/test_experiments.py, test_a_killed_run_salvaged_continues_..."""
+The whole path on Ray: tests/test_experiments.py, test_ctrl_c_early_and_late_then_a_kill_salvaged_..."""
 
 from __future__ import annotations
 
