@@ -621,6 +621,7 @@ def test_salvage_of_a_killed_run_keeps_its_finished_trials_and_reruns_the_rest_l
         ("ppo", 0): FINISHED, ("ppo", 1): FINISHED, ("none", 0): FINISHED, ("none", 1): NOT_STARTED}
     [ppo0] = [t for t in record.trials if (t.arm, t.seed) == ("ppo", 0)]
     assert [r["final_accuracy"] for r in ppo0.history] == [0.3]  # read from the set-aside folder's JSON
+    assert ppo0.ran_in == ["tune_salvaged_1"]
     assert not marker.exists()
 
 
@@ -710,7 +711,9 @@ def test_ctrl_c_early_and_late_then_a_kill_salvaged_completes_every_trial_once(r
     assert sorted((t["arm"], t["seed"], t["status"]) for t in results["trials"]) == [("none", 0, "finished"), ("ppo", 0, "finished")]
     [ppo] = [t for t in results["trials"] if t["arm"] == "ppo"]
     assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]  # each round once, across the two folders
-    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \|", (out / "report.md").read_text())
+    assert ppo["ran_in"] == ["tune_salvaged_1", "tune"]
+    report = (out / "report.md").read_text()
+    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \| tune_salvaged_1, tune \|", report), report
     rerun = {m.group(1): p for p in (out / "tune").iterdir() if (m := TRIAL_DIR_RE.match(p.name))}
     assert set(rerun) == {arm for (arm, _), t in before.items() if t.status != FINISHED}
     continued = [json.loads(line)["round/round"] for line in (rerun["ppo"] / "result.json").read_text().splitlines()]

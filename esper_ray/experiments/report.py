@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
 from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
-from esper_ray.experiments.results import FINISHED, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
+from esper_ray.experiments.results import FINISHED, TUNE_DIR, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
 from esper_ray.experiments.rollout_blocks import block_lines  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
     ArmSummary,
@@ -166,10 +166,18 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
     lines += compute_lines(arm_compute)
     lines += training_cost_lines(record)
     lines += block_lines(record)
-    lines += ["", "## Trials", "", "| position | arm | seed | controller | status | metric | rounds |", "|---|---|---|---|---|---|---|"]
+    salvaged = any(t.ran_in != [TUNE_DIR] for t in record.trials if t.ran_in)  # a killed run, salvaged
+    lines += ["", "## Trials", ""]
+    if salvaged:
+        lines += ["Part of this run was killed and salvaged (`esper-ray ab --resume --salvage`): `ran in` names the "
+                  "Tune folders a trial's results come from, a set-aside folder's rounds up to the checkpoint it "
+                  "continued from.", ""]
+    lines += ["| position | arm | seed | controller | status | metric | rounds |" + (" ran in |" if salvaged else ""),
+              "|---|---|---|---|---|---|---|" + ("---|" if salvaged else "")]
     for t in sorted(record.trials, key=lambda t: t.position):
         lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
-                     f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |")
+                     f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |"
+                     + (f" {', '.join(t.ran_in)} |" if salvaged else ""))
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
 

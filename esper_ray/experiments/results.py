@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from esper_ray.contracts.controllers import ControllerKind
-from esper_ray.experiments.continuation import continued_rows
+from esper_ray.experiments.continuation import continued_rows, links_of
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
@@ -59,6 +59,9 @@ class TrialResult:
     """Means over the held-out evaluation episodes (present once the trial finished its evaluation)."""
     started_at: float = math.nan
     """Wall-clock time of the trial's first result minus its duration (Unix seconds)."""
+    ran_in: list[str] = field(default_factory=list)
+    """The run's Tune folders its results come from, oldest first: `tune`, or a folder --salvage set aside, or
+    both for a trial continued from a killed run's checkpoint."""
 
     def rollout_curve(self, per_param: bool) -> list[float]:
         """Per round: final validation accuracy of the training rollouts (per 1,000 parameters if asked)."""
@@ -178,8 +181,9 @@ def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str,
         status = FINISHED
     else:
         status = INCOMPLETE if history or evaluation else NOT_STARTED
+    ran_in = [Path(link["folder"]).parts[0] for link in links_of(planned)] + [trial.folder.parent.name]
     return TrialResult(arm=arm, seed=seed, position=positions[key], controller=controller, status=status,
-                       error=trial.error, history=history, evaluation=evaluation, started_at=started)
+                       error=trial.error, history=history, evaluation=evaluation, started_at=started, ran_in=ran_in)
 
 
 def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
@@ -207,7 +211,7 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
                 "started_at": t.started_at, "status": t.status, "error": t.error, "config": configs[(t.arm, t.seed)],
                 "history": t.history, "evaluation": t.evaluation,
                 "final_metric": t.metric(record.spec.metric, record.spec.rollout_rounds),
-                "in_statistics": t.status == FINISHED,
+                "in_statistics": t.status == FINISHED, "ran_in": t.ran_in,
             }
             for t in record.trials
         ],
