@@ -278,8 +278,8 @@ def check_tune_folder(output: Path, salvage: bool = False) -> bool:
     raise ValueError(f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
                      f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
                      f"code when loaded, so it is not resumed. Add --salvage to keep its finished trials (read from "
-                     f"their JSON results, no pickle loaded) and run the others again from their start, or start a new "
-                     f"run with another --output")
+                     f"their JSON results, no pickle loaded) and run the others again, a PPO trial from its last "
+                     f"checkpoint that matches its own manifest; or start a new run with another --output")
 
 
 def set_aside(output: Path, damage: str) -> Path:
