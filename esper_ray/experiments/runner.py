@@ -335,7 +335,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 if resume:  # stopped before Tune recorded a trial, or salvaged: the recorded plan, less what finished
                     shutil.rmtree(tune_path, ignore_errors=True)
                     ordered = unfinished_order(spec, output)
-                    continues = salvaged_continuations(output)
+                    continues = salvaged_continuations(output, {(t.arm, t.seed) for t in ordered})
                 else:
                     output.mkdir(parents=True, exist_ok=True)
                     ordered, continues = plan(spec, output, source, save_networks), {}
@@ -371,20 +371,19 @@ def unfinished_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
     return [by_key[key] for key in recorded if key not in finished]
 
 
-def salvaged_continuations(output: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """For each unfinished PPO trial of the newest folder --salvage set aside that has an intact checkpoint: where
-    its new trial continues from (continuation.py)."""
+def salvaged_continuations(output: Path, to_run: set[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """For each PPO trial about to run again (`to_run`: its arm and seed) that has an intact checkpoint in the
+    newest folder --salvage set aside: where its new trial continues from (continuation.py)."""
     folders = tune_folders(output)[:-1]
     if not folders:
         return {}
-    finished = {(t.arm, t.seed) for t in collect_trials(output).trials if t.status == FINISHED}
     continues = {}
     for trial in read_trials(folders[-1]):
         planned = trial.config.get(TRIAL_KEY)
         if not isinstance(planned, dict) or planned.get("controller") != ControllerKind.PPO.value:
             continue
         key = (planned.get("arm"), planned.get("seed"))
-        entry = continuation(output, trial.folder, planned) if key not in finished else None
+        entry = continuation(output, trial.folder, planned) if key in to_run else None
         if entry is not None:
             continues[key] = entry
     if continues:
