@@ -400,6 +400,8 @@ def main() -> None:
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting for both halves (repeatable)")
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--max-epochs", type=int, default=None,
+                        help="host epochs an episode (default: 20 with --gpu, else a plain `esper-ray train`'s)")
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
@@ -416,12 +418,12 @@ def main() -> None:
         envs = args.gpus * args.envs_per_gpu
         learner_gpus = args.learner_gpus if args.learner_gpus is not None else (0.2 if args.gpus == 1 else 0.1)
         setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, val_size=10_000,
-                      batch_size=512, max_epochs=20,
+                      batch_size=512, max_epochs=args.max_epochs or 20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
                       overlap=args.overlap, extra_env=extra_env, bare_controller=args.bare_controller)
     else:
-        # CPU: exactly the settings of a plain `esper-ray train`
+        # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
         from esper_ray.contracts.train_config import TrainConfig
         from esper_ray.data.datasets import load_task_data
@@ -429,7 +431,7 @@ def main() -> None:
         default = TrainConfig()
         setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),
                       val_size=None,
-                      batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=default.max_epochs,
+                      batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=args.max_epochs or default.max_epochs,
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap,
