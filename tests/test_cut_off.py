@@ -1,4 +1,4 @@
-"""`mask_cut_off`: no GERMINATE in a slot the loss cannot reach, upstream of a CNN seed blended by ADD to alpha 1.
+"""`mask_cut_off`: no GERMINATE in a slot the loss cannot reach, upstream of a CNN seed blending by ADD or holding.
 
 The premise is checked too, by gradients: a seed planted there gets exactly none (so it could never pass G2 and
 be kept), while one planted downstream, or upstream of a MULTIPLY seed, does."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from esper_ray.contracts.actions import Blueprint, Op, Style, encode_joint
+from esper_ray.contracts.actions import BlendAlgorithm, Blueprint, Op, Style, encode_joint
 from esper_ray.contracts.controllers import FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.slots import forward_position
@@ -93,3 +93,24 @@ def test_the_premise_a_seed_upstream_of_an_add_seed_at_alpha_one_gets_no_gradien
     assert kept.stage is Stage.FOSSILIZED and kept.alpha.alpha == 1.0
     assert (seed_gradients(env, "r0c0") > 0) is upstream_gets_gradient
     assert seed_gradients(env, "r0c2") > 0  # downstream the loss reaches a new seed either way
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0])
+def test_a_seed_blending_by_add_toward_any_target_cuts_off_upstream_since_it_is_kept_only_at_one(target):
+    """Seen in a run: the policy blended its r0c1 seed toward 0.5, planted r0c0 then, and later raised r0c1 to 1
+    to fossilize it (gate G3 keeps seeds at alpha 1 only), which cut r0c0 off: it was still blending at the end."""
+    from types import SimpleNamespace
+
+    from esper_ray.env.masks import cut_off
+
+    def slot(slot_id: str, stage: Stage = Stage.DORMANT, algorithm=BlendAlgorithm.ADD, pruning=False):
+        return SimpleNamespace(slot_id=slot_id, stage=stage, isolated=True, algorithm=algorithm, pruning=pruning,
+                               alpha=SimpleNamespace(target=target))
+
+    for stage in (Stage.BLENDING, Stage.HOLDING):
+        below = slot("r0c1", stage)
+        slots = [slot("r0c0"), below, slot("r0c2")]
+        assert cut_off(slots[0], slots) and not cut_off(slots[2], slots)  # upstream only
+        assert not cut_off(slots[0], [slot("r0c0"), slot("r0c1", stage, pruning=True), slot("r0c2")])
+        assert not cut_off(slots[0], [slot("r0c0"), slot("r0c1", stage, algorithm=BlendAlgorithm.MULTIPLY), slot("r0c2")])
+    assert not cut_off(slot("r0c0"), [slot("r0c0"), slot("r0c1", Stage.TRAINING), slot("r0c2")])

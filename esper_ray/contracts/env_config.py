@@ -82,9 +82,10 @@ class EnvConfig:
     every greedy policy of step_and_batch.yaml planted the fixed arm's seed at step 1 and then a second one at steps
     12-25, never kept (docs/learning.md s. 8)."""
     mask_cut_off: bool = False
-    """Mask GERMINATE in a slot the loss cannot reach: upstream of a CNN seed that blends by ADD toward alpha 1 or
-    holds it. A CNN seed reads the host detached, so at alpha 1 nothing upstream of it gets a gradient; a seed planted
-    there never passes G2 and the run drops it (env/masks.py `cut_off`). On digits-impaired in 32-epoch runs PPO's
+    """Mask GERMINATE in a slot the loss cannot reach once the seed below is kept: upstream of a CNN seed that blends
+    by ADD (toward any target: seeds are kept at alpha 1 only) or holds it. A CNN seed reads the host detached, so at
+    alpha 1 nothing upstream of it gets a gradient; a seed planted there never passes G2, or never finishes, and the
+    run drops it (env/masks.py `cut_off`). On digits-impaired in 32-epoch runs PPO's
     policies planted their second seed in r0c0, upstream of their first in r0c1, on 1 of 8 seeds with the defaults
     and on 2 of the 3 seeds probed with commit_horizon (docs/learning.md s. 8)."""
     max_grad_norm: float = 1.0

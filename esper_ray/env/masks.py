@@ -55,14 +55,17 @@ BLENDED_STAGES = frozenset({Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
 
 
 def cut_off(slot: SeedSlot, slots: Sequence[SeedSlot]) -> bool:
-    """Whether the loss cannot reach `slot`: downstream of it an isolated seed (a CNN seed reads the host detached
-    at every stage, slot.py) blends by ADD toward alpha 1, or holds it (a kept seed always reaches 1: gate G3). ADD
-    passes the host (1 - alpha) of the gradient, so at alpha 1 nothing upstream gets any: a seed planted there has
-    a gradient of exactly 0, gate G2 (gradient health) never lets it blend, and the run drops it (docs/design.md).
-    A prune ramping the downstream seed out gives the gradient back, so a pruning seed cuts nothing off."""
+    """Whether the loss cannot reach `slot`, or will not once the seed below is kept: downstream of it an isolated
+    seed (a CNN seed reads the host detached at every stage, slot.py) blends by ADD, toward any target, or holds
+    it. ADD passes the host (1 - alpha) of the gradient, so at alpha 1 nothing upstream gets any: a seed planted
+    there has a gradient of exactly 0, gate G2 (gradient health) never lets it blend, and the run drops it
+    (docs/design.md). A seed blending toward a lower target still cuts the slot off if it is kept, since it is
+    fossilized only at alpha 1 (gate G3): a seed planted upstream of one at 0.5 was still blending when the run ended
+    (docs/learning.md s. 8). A prune ramping the downstream seed out gives the gradient back, so a pruning seed cuts
+    nothing off."""
     here = forward_position(slot.slot_id)
     return any(forward_position(s.slot_id) > here and s.isolated and s.algorithm is BlendAlgorithm.ADD
-               and s.stage in BLENDED_STAGES and not s.pruning and s.alpha.target >= 1.0 for s in slots)
+               and s.stage in BLENDED_STAGES and not s.pruning for s in slots)
 
 
 def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
