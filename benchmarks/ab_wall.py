@@ -3,6 +3,8 @@
     python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 1 2 4                # as the file says
     python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 1 2 --rounds 3       # the same trials, 3 PPO rounds
     python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 4 --stop-after 500   # then the same command again
+    python benchmarks/ab_wall.py tune_configs/controllers.yaml --gpus 0 --rounds 10 --output /tmp/abw_cpu
+    python benchmarks/ab_wall.py tune_configs/controllers.yaml --gpus 1 2 --rounds 10 --gpus-per-env 0.0625 --output /tmp/abw_gpu
 
 Each G runs the experiment in its own `esper-ray ab` process that sees only the first G cards (CUDA_VISIBLE_DEVICES),
 into OUTPUT/gG, so concurrency comes from those cards as it would on a G-GPU machine (`--gpus 0`: the CPUs alone).
@@ -10,7 +12,9 @@ into OUTPUT/gG, so concurrency comes from those cards as it would on a G-GPU mac
 that holds no full run. `--stop-after S` stops a G's run after S seconds (SIGTERM: Tune keeps every finished trial
 and the rounds done), so a per-call time limit loses nothing: run the same command again and each G that has no
 report yet resumes (`--resume`), the walls of its calls summed (a resume repeats the interrupted rounds, so a split
-run's sum is an upper bound). Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
+run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto the GPUs (training.gpus_per_env F, shared
+through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
+its envs on the cards. Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
 the wall seconds to the report over all calls, the calls, trials done of all, whether the report was written, and
 the line in which `esper-ray ab` said how many trials it runs at once.
 """
@@ -44,14 +48,21 @@ GRACE_S = 180.0
 """How long a stopped run may take to save Tune's state and write its partial report before it is killed."""
 
 
-def cut_rounds(source: Path, rounds: int, folder: Path) -> Path:
-    """A copy of the experiment file with `rounds` replaced (and `last_rounds` no larger than it)."""
+def cut_rounds(source: Path, rounds: int | None, folder: Path, gpus_per_env: float | None = None) -> Path:
+    """A copy of the experiment file with `rounds` replaced (and `last_rounds` no larger than it) and, with
+    `gpus_per_env`, every trial's envs on that share of a GPU, shared through MPS."""
     data = yaml.safe_load(source.read_text())
-    data["rounds"] = rounds
-    if data.get("last_rounds") is not None:
-        data["last_rounds"] = min(int(data["last_rounds"]), rounds)
+    name = source.stem
+    if rounds is not None:
+        data["rounds"] = rounds
+        if data.get("last_rounds") is not None:
+            data["last_rounds"] = min(int(data["last_rounds"]), rounds)
+        name += f"_rounds{rounds}"
+    if gpus_per_env is not None:
+        data.setdefault("training", {}).update(gpus_per_env=gpus_per_env, mps=True)
+        name += f"_gpus_per_env{gpus_per_env:g}"
     folder.mkdir(parents=True, exist_ok=True)
-    copy = folder / f"{source.stem}_rounds{rounds}.yaml"
+    copy = folder / f"{name}.yaml"
     copy.write_text(yaml.safe_dump(data, sort_keys=False))
     return copy
 
@@ -120,6 +131,8 @@ def main() -> None:
     parser.add_argument("experiment", type=Path, help="experiment file, e.g. tune_configs/text.yaml")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1], help="GPU counts to run in turn (0: CPU only)")
     parser.add_argument("--rounds", type=int, help="replace the file's rounds (a copy of it in OUTPUT)")
+    parser.add_argument("--gpus-per-env", type=float,
+                        help="put every trial's envs on this share of a GPU (MPS on), in a copy of the file")
     parser.add_argument("--stop-after", type=float, help="stop each run after this many seconds; run again to resume")
     parser.add_argument("--output", type=Path, default=Path("/tmp/ab_wall"), help="results folder (default %(default)s)")
     args = parser.parse_args()
@@ -129,12 +142,18 @@ def main() -> None:
         parser.error(f"--gpus {args.gpus}: each must be 0 or more")
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: must be 1 or more")
-    experiment = cut_rounds(args.experiment, args.rounds, args.output) if args.rounds else args.experiment
+    if args.gpus_per_env is not None and not 0 < args.gpus_per_env < 1:
+        parser.error(f"--gpus-per-env {args.gpus_per_env}: a share of one GPU, more than 0 and less than 1")
+    if args.gpus_per_env is not None and 0 in args.gpus:
+        parser.error("--gpus-per-env puts the envs on GPUs: --gpus 0 has none")
+    changed = args.rounds is not None or args.gpus_per_env is not None
+    experiment = cut_rounds(args.experiment, args.rounds, args.output, args.gpus_per_env) if changed else args.experiment
     command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
     for gpus in args.gpus:
         figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)
-        print(json.dumps({"machine": machine(), "setup": {"experiment": str(args.experiment), "rounds": args.rounds,
-                                                          "command": command}, **figures}), flush=True)
+        setup = {"experiment": str(args.experiment), "rounds": args.rounds, "gpus_per_env": args.gpus_per_env,
+                 "command": command}
+        print(json.dumps({"machine": machine(), "setup": setup, **figures}), flush=True)
 
 
 if __name__ == "__main__":

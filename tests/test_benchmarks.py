@@ -139,6 +139,20 @@ def test_ab_wall_cuts_the_rounds_of_a_copy_that_still_reads_as_the_same_experime
                                                                   original.compare)
 
 
+
+def test_ab_wall_moves_a_cpu_files_envs_onto_a_gpu_share_and_leaves_the_rest_as_it_was(tmp_path):
+    from esper_ray.experiments.spec import ExperimentSpec
+
+    source = REPO / "tune_configs" / "controllers.yaml"
+    copy = _ab_wall_module().cut_rounds(source, None, tmp_path, gpus_per_env=0.0625)
+    original, moved = ExperimentSpec.from_yaml(source), ExperimentSpec.from_yaml(copy)
+    assert "gpus_per_env" not in original.training and "mps" not in original.training  # the file: CPUs only
+    assert (moved.training["gpus_per_env"], moved.training["mps"]) == (0.0625, True)
+    rest = {k: v for k, v in moved.training.items() if k not in ("gpus_per_env", "mps")}
+    assert rest == original.training and moved.rounds == original.rounds
+    assert (moved.arms, moved.seeds, moved.compare) == (original.arms, original.seeds, original.compare)
+
+
 FAKE_AB = """import json, os, signal, sys, time
 out = sys.argv[sys.argv.index("--output") + 1]
 os.makedirs(out, exist_ok=True)
