@@ -48,7 +48,7 @@ GRACE_S = 180.0
 """How long a stopped run may take to save Tune's state and write its partial report before it is killed."""
 
 
-def cut_rounds(source: Path, rounds: int | None, folder: Path, gpus_per_env: float | None = None) -> Path:
+def experiment_copy(source: Path, folder: Path, rounds: int | None = None, gpus_per_env: float | None = None) -> Path:
     """A copy of the experiment file with `rounds` replaced (and `last_rounds` no larger than it) and, with
     `gpus_per_env`, every trial's envs on that share of a GPU, shared through MPS."""
     data = yaml.safe_load(source.read_text())
@@ -147,7 +147,7 @@ def main() -> None:
     if args.gpus_per_env is not None and 0 in args.gpus:
         parser.error("--gpus-per-env puts the envs on GPUs: --gpus 0 has none")
     changed = args.rounds is not None or args.gpus_per_env is not None
-    experiment = cut_rounds(args.experiment, args.rounds, args.output, args.gpus_per_env) if changed else args.experiment
+    experiment = experiment_copy(args.experiment, args.output, args.rounds, args.gpus_per_env) if changed else args.experiment
     command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
     for gpus in args.gpus:
         figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)

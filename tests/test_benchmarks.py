@@ -132,19 +132,18 @@ def test_ab_wall_cuts_the_rounds_of_a_copy_that_still_reads_as_the_same_experime
     from esper_ray.experiments.spec import ExperimentSpec
 
     source = REPO / "tune_configs" / "text.yaml"
-    copy = _ab_wall_module().cut_rounds(source, 2, tmp_path)
+    copy = _ab_wall_module().experiment_copy(source, tmp_path, rounds=2)
     original, cut = ExperimentSpec.from_yaml(source), ExperimentSpec.from_yaml(copy)
     assert (cut.rounds, cut.last_rounds) == (2, 2) and original.rounds == 60  # last_rounds 3 would refuse 2 rounds
     assert (cut.arms, cut.seeds, cut.training, cut.compare) == (original.arms, original.seeds, original.training,
                                                                   original.compare)
 
 
-
 def test_ab_wall_moves_a_cpu_files_envs_onto_a_gpu_share_and_leaves_the_rest_as_it_was(tmp_path):
     from esper_ray.experiments.spec import ExperimentSpec
 
     source = REPO / "tune_configs" / "controllers.yaml"
-    copy = _ab_wall_module().cut_rounds(source, None, tmp_path, gpus_per_env=0.0625)
+    copy = _ab_wall_module().experiment_copy(source, tmp_path, gpus_per_env=0.0625)
     original, moved = ExperimentSpec.from_yaml(source), ExperimentSpec.from_yaml(copy)
     assert "gpus_per_env" not in original.training and "mps" not in original.training  # the file: CPUs only
     assert (moved.training["gpus_per_env"], moved.training["mps"]) == (0.0625, True)
