@@ -61,6 +61,34 @@ def test_entropy_and_kl_match_monte_carlo_estimates_over_executed_actions():
     assert float((logp_p - logp_q).mean()) == pytest.approx(float(p.kl(q)[0]), abs=0.02)
 
 
+def test_sampling_draws_each_head_from_its_softmax_and_logp_is_the_read_heads_categorical_log_probability():
+    n = 200_000
+    dist = make_dist(5, scale=1.5, batch=n)
+    torch.manual_seed(1)
+    samples = dist.sample()
+    parts = [part[0] for part in dist.logits]  # one row: every row of the batch has the same logits
+    for h, part in enumerate(parts):  # each head's frequencies against its own softmax (3 standard errors at most)
+        frequency = torch.bincount(samples[:, h], minlength=NVEC[h]).double() / n
+        probs = torch.softmax(part.double(), -1)
+        assert torch.all((frequency - probs).abs() <= 3 * (probs * (1 - probs) / n).sqrt() + 1e-4), h
+    relevance = torch.tensor(relevance_matrix(NUM_SLOTS, NVEC[0]), dtype=torch.float64)
+    expected = []
+    for action in samples[:50]:  # torch.distributions.Categorical per head, summed over the heads the op reads
+        logps = [torch.distributions.Categorical(logits=part.double()).log_prob(a) for part, a in zip(parts, action)]
+        expected.append(logps[0] + sum(relevance[action[0], h - 1] * logps[h] for h in range(1, len(parts))))
+    assert torch.allclose(dist.logp(samples)[:50].double(), torch.stack(expected), atol=1e-5)
+
+
+def test_sampling_never_picks_a_masked_value_even_when_the_noise_is_at_its_largest(monkeypatch):
+    logits = torch.zeros(4, sum(NVEC))
+    logits[:, :NVEC[0] - 1] = -1e9  # only the last joint index is legal (not the first, where a tie's argmax lands)
+    dist = CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda self, *args, **kwargs: self.zero_())  # E = 0: -log E = inf
+    samples = dist.sample()
+    assert torch.all(samples[:, 0] == NVEC[0] - 1)
+    assert all(torch.all((samples[:, h] >= 0) & (samples[:, h] < n)) for h, n in enumerate(NVEC))  # no pad entry
+
+
 def test_per_head_entropies_sum_to_the_entropy_and_weight_argument_heads_by_use():
     dist = make_dist(3)
     parts = dist.head_entropies()
