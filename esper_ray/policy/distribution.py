@@ -139,7 +139,8 @@ class CausalFactoredDistribution(Distribution):
     @classmethod
     @override(Distribution)
     def from_logits(  # type: ignore[override]
-        cls, logits: torch.Tensor, input_lens: Sequence[int], relevance: Sequence[Sequence[bool]], **kwargs: object
+        cls, logits: torch.Tensor, input_lens: Sequence[int], relevance: Sequence[Sequence[bool]] | torch.Tensor,
+        **kwargs: object
     ) -> CausalFactoredDistribution:
         if sum(input_lens) != logits.shape[-1]:
             raise ValueError(f"logits have {logits.shape[-1]} entries; the heads need {sum(input_lens)}")
@@ -153,21 +154,15 @@ class CausalFactoredDistribution(Distribution):
 @functools.cache
 def _pad_index(lens: tuple[int, ...]) -> torch.Tensor:
     """[H, n_max] positions in the heads' concatenated logits (plus one pad entry at the end) that lay each head's
-    logits out as one row: row h holds head h's n_h entries, then the -inf entry."""
+    logits out as one row: row h holds head h's n_h entries, then the pad entry."""
     offsets = [sum(lens[:h]) for h in range(len(lens))]
     pad = sum(lens)
     return torch.tensor([[offsets[h] + i if i < n else pad for i in range(max(lens))] for h, n in enumerate(lens)])
 
 
-_RELEVANCE: dict[int, tuple[Sequence[Sequence[bool]], torch.Tensor]] = {}
-"""The relevance matrix as a float tensor, made once per matrix object (from_logits runs once per env step; the
-module's partial class passes the same list every time). The list is kept beside it, so its id stays its own."""
-
-
-def _as_tensor(relevance: Sequence[Sequence[bool]], like: torch.Tensor) -> torch.Tensor:
+def _as_tensor(relevance: Sequence[Sequence[bool]] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The relevance matrix as a tensor of `like`'s dtype and device (the policy module passes a tensor: from_logits
+    runs once per env step, and making one from nested lists each time cost more than the rest of the step)."""
     if isinstance(relevance, torch.Tensor):
         return relevance.to(dtype=like.dtype, device=like.device)
-    kept = _RELEVANCE.get(id(relevance))
-    if kept is None or kept[0] is not relevance:
-        kept = _RELEVANCE[id(relevance)] = (relevance, torch.tensor(relevance, dtype=torch.float32))
-    return kept[1].to(dtype=like.dtype, device=like.device)
+    return torch.tensor(relevance, dtype=like.dtype, device=like.device)
