@@ -67,10 +67,12 @@ def test_sampling_draws_each_head_from_its_softmax_and_logp_is_the_read_heads_ca
     torch.manual_seed(1)
     samples = dist.sample()
     parts = [part[0] for part in dist.logits]  # one row: every row of the batch has the same logits
-    for h, part in enumerate(parts):  # each head's frequencies against its own softmax (3 standard errors at most)
+    # Each head's frequencies against its own softmax, within 5 standard errors: over the 43 values a correct sampler
+    # fails that with probability ~3e-5 whatever the RNG stream (3 failed on 2 of 6 seeds); a wrong one is off by far more.
+    for h, part in enumerate(parts):
         frequency = torch.bincount(samples[:, h], minlength=NVEC[h]).double() / n
         probs = torch.softmax(part.double(), -1)
-        assert torch.all((frequency - probs).abs() <= 3 * (probs * (1 - probs) / n).sqrt() + 1e-4), h
+        assert torch.all((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt() + 1e-4), h
     relevance = torch.tensor(relevance_matrix(NUM_SLOTS, NVEC[0]), dtype=torch.float64)
     expected = []
     for action in samples[:50]:  # torch.distributions.Categorical per head, summed over the heads the op reads
