@@ -4,7 +4,8 @@
     python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 1 2 --rounds 3       # the same trials, 3 PPO rounds
     python benchmarks/ab_wall.py tune_configs/text.yaml --gpus 4 --stop-after 500   # then the same command again
     python benchmarks/ab_wall.py tune_configs/controllers.yaml --gpus 0 --rounds 10 --output /tmp/abw_cpu
-    python benchmarks/ab_wall.py tune_configs/controllers.yaml --gpus 1 2 --rounds 10 --gpus-per-env 0.0625 --output /tmp/abw_gpu
+    python benchmarks/ab_wall.py tune_configs/controllers.yaml --gpus 1 2 --rounds 10 --gpus-per-env 0.0625 \
+        --output /tmp/abw_gpu
 
 Each G runs the experiment in its own `esper-ray ab` process that sees only the first G cards (CUDA_VISIBLE_DEVICES),
 into OUTPUT/gG, so concurrency comes from those cards as it would on a G-GPU machine (`--gpus 0`: the CPUs alone).
@@ -146,8 +147,9 @@ def main() -> None:
         parser.error(f"--gpus-per-env {args.gpus_per_env}: a share of one GPU, more than 0 and less than 1")
     if args.gpus_per_env is not None and 0 in args.gpus:
         parser.error("--gpus-per-env puts the envs on GPUs: --gpus 0 has none")
-    changed = args.rounds is not None or args.gpus_per_env is not None
-    experiment = experiment_copy(args.experiment, args.output, args.rounds, args.gpus_per_env) if changed else args.experiment
+    experiment = args.experiment
+    if args.rounds is not None or args.gpus_per_env is not None:
+        experiment = experiment_copy(args.experiment, args.output, args.rounds, args.gpus_per_env)
     command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
     for gpus in args.gpus:
         figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)

@@ -74,7 +74,7 @@ class CausalFactoredDistribution(Distribution):
         if self._padded_logits is None:
             flat = torch.cat(self.logits, dim=-1)
             flat = torch.cat([flat, flat.new_full((*flat.shape[:-1], 1), torch.finfo(flat.dtype).min)], dim=-1)
-            self._padded_logits = flat[..., _pad_index(tuple(part.shape[-1] for part in self.logits))]
+            self._padded_logits = flat[..., _pad_index(tuple(part.shape[-1] for part in self.logits), flat.device)]
         return self._padded_logits
 
     @override(Distribution)
@@ -94,7 +94,8 @@ class CausalFactoredDistribution(Distribution):
     def logp(self, value: torch.Tensor, **kwargs: object) -> torch.Tensor:
         actions = value.long()
         padded = self._padded()
-        logps = padded.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - padded.logsumexp(dim=-1)  # [..., H] log pi_h(a_h)
+        # [..., H]: log pi_h(a_h) of every head
+        logps = padded.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - padded.logsumexp(dim=-1)
         read = self.relevance[actions[..., 0]]  # [..., H-1]
         return logps[..., 0] + (read * logps[..., 1:]).sum(-1)
 
@@ -152,12 +153,14 @@ class CausalFactoredDistribution(Distribution):
 
 
 @functools.cache
-def _pad_index(lens: tuple[int, ...]) -> torch.Tensor:
+def _pad_index(lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """[H, n_max] positions in the heads' concatenated logits (plus one pad entry at the end) that lay each head's
-    logits out as one row: row h holds head h's n_h entries, then the pad entry."""
+    logits out as one row: row h holds head h's n_h entries, then the pad entry. One per device, so a learner on a
+    GPU does not copy it there at every call."""
     offsets = [sum(lens[:h]) for h in range(len(lens))]
     pad = sum(lens)
-    return torch.tensor([[offsets[h] + i if i < n else pad for i in range(max(lens))] for h, n in enumerate(lens)])
+    rows = [[offsets[h] + i if i < n else pad for i in range(max(lens))] for h, n in enumerate(lens)]
+    return torch.tensor(rows, device=device)
 
 
 def _as_tensor(relevance: Sequence[Sequence[bool]] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
