@@ -43,9 +43,10 @@ def relevance_matrix(num_slots: int, joint_size: int) -> list[list[bool]]:
 
 class CausalFactoredDistribution(Distribution):
     """Built once per env step in every env runner (sample, then logp of the sample), so that path works on the
-    heads' logits directly: one Gumbel draw and one normaliser for all heads at once, 0.18 ms a step on one CPU
-    core against 0.9 ms through a TorchCategorical per head. Entropy and KL (the learner's) go through RLlib's
-    TorchCategorical heads, built on first use."""
+    heads' logits directly: one Gumbel draw and one normaliser for all heads at once, not a TorchCategorical per head
+    (RLlib's work a step in a runner 3.9-4.2 ms against 4.7-4.9 ms, benchmarks/probes/env_runner_overhead.py
+    --model gpu on one CPU core). Entropy and KL (the learner's) go through RLlib's TorchCategorical heads, built on
+    first use."""
 
     def __init__(self, logits: Sequence[torch.Tensor], relevance: torch.Tensor) -> None:
         super().__init__()
