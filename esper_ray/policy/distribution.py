@@ -19,7 +19,6 @@ often as the op reads it, and the op/slot choice is pushed only by its own entro
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -42,24 +41,10 @@ def relevance_matrix(num_slots: int, joint_size: int) -> list[list[bool]]:
 
 
 class CausalFactoredDistribution(Distribution):
-    """Built once per env step in every env runner (sample, then logp of the sample), so that path works on the
-    heads' logits directly: one Gumbel draw and one normaliser for all heads at once, not a TorchCategorical per head
-    (RLlib's work a step in a runner 3.9-4.2 ms against 4.7-4.9 ms, benchmarks/probes/env_runner_overhead.py
-    --model gpu on one CPU core). Entropy and KL (the learner's) go through RLlib's TorchCategorical heads, built on
-    first use."""
-
-    def __init__(self, logits: Sequence[torch.Tensor], relevance: torch.Tensor) -> None:
+    def __init__(self, heads: Sequence[TorchCategorical], relevance: torch.Tensor) -> None:
         super().__init__()
-        self.logits = list(logits)  # one [..., n_h] tensor a head, the joint (op, slot) head first
+        self.heads = list(heads)
         self.relevance = relevance  # [J, H-1] float
-        self._heads: list[TorchCategorical] | None = None
-        self._padded_logits: torch.Tensor | None = None  # sample and logp of one env step share it
-
-    @property
-    def heads(self) -> list[TorchCategorical]:
-        if self._heads is None:
-            self._heads = [TorchCategorical(logits=part) for part in self.logits]
-        return self._heads
 
     @property
     def joint(self) -> TorchCategorical:
@@ -67,25 +52,11 @@ class CausalFactoredDistribution(Distribution):
 
     def read_probability(self) -> torch.Tensor:
         """[..., H-1] probability that each argument head is read by the sampled op."""
-        return torch.softmax(self.logits[0], dim=-1) @ self.relevance
-
-    def _padded(self) -> torch.Tensor:
-        """[..., H, n_max]: every head's logits in one row, padded with the dtype's lowest value, below any logit a
-        head has (a masked one is -1e9), so a pad entry is never sampled and adds nothing to a normaliser."""
-        if self._padded_logits is None:
-            flat = torch.cat(self.logits, dim=-1)
-            flat = torch.cat([flat, flat.new_full((*flat.shape[:-1], 1), torch.finfo(flat.dtype).min)], dim=-1)
-            self._padded_logits = flat[..., _pad_index(tuple(part.shape[-1] for part in self.logits), flat.device)]
-        return self._padded_logits
+        return torch.softmax(self.joint.logits, dim=-1) @ self.relevance
 
     @override(Distribution)
     def sample(self, *, sample_shape: tuple[int, ...] = (), **kwargs: object) -> torch.Tensor:
-        # Gumbel-max: argmax(logits - log E), E ~ Exp(1), is a draw from softmax(logits). E is kept above the dtype's
-        # smallest normal number (exponential_ may return 0), so the noise stays below 88 and a masked logit (-1e9)
-        # never wins.
-        padded = self._padded()
-        noise = torch.empty_like(padded).exponential_().clamp_min_(torch.finfo(padded.dtype).tiny).log()
-        return (padded - noise).argmax(dim=-1)
+        return torch.stack([h.sample() for h in self.heads], dim=-1)
 
     @override(Distribution)
     def rsample(self, *, sample_shape: tuple[int, ...] = (), **kwargs: object) -> torch.Tensor:
@@ -93,12 +64,10 @@ class CausalFactoredDistribution(Distribution):
 
     @override(Distribution)
     def logp(self, value: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        actions = value.long()
-        padded = self._padded()
-        # [..., H]: log pi_h(a_h) of every head
-        logps = padded.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - padded.logsumexp(dim=-1)
-        read = self.relevance[actions[..., 0]]  # [..., H-1]
-        return logps[..., 0] + (read * logps[..., 1:]).sum(-1)
+        actions = value.long().unbind(dim=-1)
+        read = self.relevance[actions[0]]  # [..., H-1]
+        argument_logps = torch.stack([h.logp(a) for h, a in zip(self.heads[1:], actions[1:])], dim=-1)
+        return self.joint.logp(actions[0]) + (read * argument_logps).sum(-1)
 
     def weighted_argument_entropies(self, *, detach_read: bool = True) -> torch.Tensor:
         """[..., H-1] P(h read) H(pi_h) of each argument head; with `detach_read` P(h read) is held constant for the
@@ -141,32 +110,13 @@ class CausalFactoredDistribution(Distribution):
     @classmethod
     @override(Distribution)
     def from_logits(  # type: ignore[override]
-        cls, logits: torch.Tensor, input_lens: Sequence[int], relevance: Sequence[Sequence[bool]] | torch.Tensor,
-        **kwargs: object
+        cls, logits: torch.Tensor, input_lens: Sequence[int], relevance: Sequence[Sequence[bool]], **kwargs: object
     ) -> CausalFactoredDistribution:
         if sum(input_lens) != logits.shape[-1]:
             raise ValueError(f"logits have {logits.shape[-1]} entries; the heads need {sum(input_lens)}")
-        return cls(torch.split(logits, list(input_lens), dim=-1), _as_tensor(relevance, logits))
+        heads = [TorchCategorical(logits=part) for part in torch.split(logits, list(input_lens), dim=-1)]
+        return cls(heads, torch.tensor(relevance, dtype=logits.dtype, device=logits.device))
 
     def to_deterministic(self) -> TorchDeterministic:
         """Greedy: the most likely value of every head (argument heads the op ignores do no harm)."""
-        return TorchDeterministic(loc=torch.stack([part.argmax(dim=-1) for part in self.logits], dim=-1))
-
-
-@functools.cache
-def _pad_index(lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """[H, n_max] positions in the heads' concatenated logits (plus one pad entry at the end) that lay each head's
-    logits out as one row: row h holds head h's n_h entries, then the pad entry. One per device, so a learner on a
-    GPU does not copy it there at every call."""
-    offsets = [sum(lens[:h]) for h in range(len(lens))]
-    pad = sum(lens)
-    rows = [[offsets[h] + i if i < n else pad for i in range(max(lens))] for h, n in enumerate(lens)]
-    return torch.tensor(rows, device=device)
-
-
-def _as_tensor(relevance: Sequence[Sequence[bool]] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The relevance matrix as a tensor of `like`'s dtype and device (the policy module passes a tensor: from_logits
-    runs once per env step, and making one from nested lists each time cost more than the rest of the step)."""
-    if isinstance(relevance, torch.Tensor):
-        return relevance.to(dtype=like.dtype, device=like.device)
-    return torch.tensor(relevance, dtype=like.dtype, device=like.device)
+        return TorchDeterministic(loc=torch.stack([h.logits.argmax(dim=-1) for h in self.heads], dim=-1))

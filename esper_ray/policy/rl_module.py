@@ -65,8 +65,9 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
                 entries = [encode_joint(op, i, self.num_slots) for i in range(self.num_slots)]
                 self.policy_heads[0][2].bias[entries] = float(cfg.get(key, 0.0))
         self.value_head = _mlp_head(self.cell, int(cfg["head_hidden"]), 1, 1.0)
-        relevance = torch.tensor(relevance_matrix(self.num_slots, self.nvec[0]), dtype=torch.float32)
-        self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(input_lens=self.nvec, relevance=relevance)
+        self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(
+            input_lens=self.nvec, relevance=relevance_matrix(self.num_slots, self.nvec[0])
+        )
 
     @override(TorchRLModule)
     def get_initial_state(self) -> dict[str, np.ndarray]:
