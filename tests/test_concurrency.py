@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from esper_ray.experiments.concurrency import describe, fits_at_once, requests_by_kind
-from esper_ray.experiments.runner import arm_resources
+from esper_ray.experiments.runner import arm_resources, needs_cpu_fallback
 from esper_ray.experiments.spec import ExperimentSpec
 
 
@@ -54,3 +54,34 @@ def test_arms_of_one_kind_that_ask_differently_are_listed_apart():
     requests = requests_by_kind(kinds, {"ppo": small, "ppo_big": big, "ppo_same": small, "none": {"CPU": 0.5}})
     assert requests == {"ppo (ppo, ppo_same)": small, "ppo (ppo_big)": big, "baseline": {"CPU": 0.5}}
     assert requests_by_kind({"a": "ppo", "b": "ppo"}, {"a": small, "b": small}) == {"ppo": small}
+
+
+@pytest.mark.parametrize("have, local, on_cpus", [
+    ({"CPU": 2.0}, True, True),                  # a laptop: the GPU file's trials go on its CPUs
+    ({"CPU": 32.0, "GPU": 2.0}, True, False),    # a GPU machine: as the file says
+    ({"CPU": 2.0}, False, False),                # a cluster joined with --address may still add GPU nodes
+])
+def test_a_gpu_experiment_runs_on_the_cpus_only_where_a_local_machine_has_no_gpu(have, local, on_cpus):
+    spec = ExperimentSpec.from_yaml("tune_configs/text.yaml")
+    assert spec.asks_for_gpus and needs_cpu_fallback(spec, have, local) is on_cpus
+    cnn = ExperimentSpec.from_yaml("tune_configs/controllers.yaml")  # asks for no GPU: nothing to change
+    assert not cnn.asks_for_gpus and not needs_cpu_fallback(cnn, have, local)
+
+
+def test_on_cpus_takes_out_every_gpu_setting_and_nothing_else():
+    spec = ExperimentSpec.from_mapping({
+        "name": "g", "seeds": [0, 1], "rounds": 2,
+        "arms": {"ppo": {"controller": "ppo", "learner_gpus": 0.5, "learners": 1, "env": {"device": "cuda:1", "amp": "bf16"}},
+                 "none": {"controller": "none", "gpus_per_env": 0.25}},
+        "training": {"task": "text", "envs": 4, "gpus_per_env": 0.0625, "mps": True, "cpus_per_env": 0.5,
+                     "env": {"host_preset": "text-starved", "device": "cuda"}},
+    })
+    cpu = spec.on_cpus()
+    assert spec.asks_for_gpus and not cpu.asks_for_gpus
+    for trial in cpu.trials():
+        assert not {"gpus_per_env", "learner_gpus", "mps"} & set(trial.train) and "device" not in trial.train["env"]
+        assert trial.train["envs"] == 4 and trial.train["cpus_per_env"] == 0.5 and trial.train["env"]["host_preset"] == "text-starved"
+    assert cpu.arms["ppo"]["env"] == {"amp": "bf16"} and cpu.arms["ppo"]["learners"] == 1
+    needs = arm_resources(cpu)
+    assert all("GPU" not in need or need["GPU"] == 0 for need in needs.values())
+    assert spec.training["gpus_per_env"] == 0.0625 and spec.arms["ppo"]["env"]["device"] == "cuda:1"  # the original is untouched

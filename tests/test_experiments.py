@@ -435,6 +435,30 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
 
 
 @pytest.mark.expensive
+def test_a_gpu_experiment_file_runs_unchanged_on_a_machine_without_gpus_and_its_resume_stays_there(ray_local, tmp_path, capsys):
+    if ray_local.cluster_resources().get("GPU", 0) > 0:
+        pytest.skip("this machine has a GPU: the file would run on it")
+    smoke = (REPO / "tune_configs" / "smoke.yaml").read_text()
+    experiment = tmp_path / "gpu.yaml"
+    experiment.write_text(smoke.replace("  cpus_per_env: 0.5\n", "  cpus_per_env: 0.5\n  gpus_per_env: 0.25\n  mps: true\n")
+                          .replace("eval_episodes: 2", "eval_episodes: 1").replace("seeds: [0, 1]", "seeds: [0]"))
+    assert "gpus_per_env: 0.25" in experiment.read_text()
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "this machine has none; every trial runs on the CPUs" in printed
+    assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed  # no GPU asked
+    record = json.loads((out / "experiment.json").read_text())
+    assert record["envs_on_cpus"] is True and record["experiment"]["training"]["gpus_per_env"] == 0.25  # the file as given
+    results = json.loads((out / "results.json").read_text())
+    assert [t["status"] for t in results["trials"]] == ["finished", "finished"]
+    assert results["envs_on_cpus"] and all("gpus_per_env" not in t["config"] for t in results["trials"])  # as each ran
+    assert "every trial ran on the CPUs" in (out / "report.md").read_text()
+    assert main(["ab", str(experiment), "--output", str(out), "--resume"]) == 0  # the resume keeps the CPUs
+    assert "every trial runs on the CPUs" in capsys.readouterr().out
+
+
+@pytest.mark.expensive
 def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_local, tmp_path):
     experiment = tmp_path / "fixed.yaml"
     experiment.write_text(json.dumps({

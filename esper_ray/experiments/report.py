@@ -124,6 +124,8 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"Start order: a random permutation with order seed {record.order_seed}"
         f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
+        *(["Device: the experiment file puts envs on GPUs; the machine had none, so every trial ran on the CPUs "
+           "(no GPU share, no MPS; flex_attention, which has no CPU backward, masked)."] if record.on_cpus else []),
         "",
         "## Verdict",
         "",

@@ -25,6 +25,8 @@ SALVAGED_PREFIX = "tune_salvaged_"
 """tune/ folders `esper-ray ab --resume --salvage` set aside (tune_salvaged_1, _2, ...): only the JSON results of
 their finished trials are read again."""
 EXPERIMENT_FILE = "experiment.json"
+ON_CPUS_KEY = "envs_on_cpus"
+"""In experiment.json: true when the file asked for GPUs, the machine had none, and every trial ran on the CPUs."""
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germinated", "pruned")
 """Per round, NaN in runs made before they were recorded."""
@@ -93,6 +95,8 @@ class ExperimentRecord:
     trials: list[TrialResult]
     source: str | None = None
     """The experiment file the run was started from."""
+    on_cpus: bool = False
+    """The file asked for GPUs and every trial ran on the CPUs (ON_CPUS_KEY)."""
 
     @property
     def excluded(self) -> list[TrialResult]:
@@ -161,7 +165,8 @@ def collect_trials(output: Path) -> ExperimentRecord:
         key = (planned["arm"], int(planned["seed"]))
         trials.append(found.get(key) or TrialResult(
             arm=key[0], seed=key[1], position=position, controller=spec.controller(key[0]), status=NOT_STARTED))
-    return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"))
+    return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"),
+                            on_cpus=bool(record.get(ON_CPUS_KEY, False)))
 
 
 def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str, int], int],
@@ -197,11 +202,13 @@ def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
 
 
 def as_json(record: ExperimentRecord) -> dict[str, Any]:
-    configs = {(t.arm, t.seed): t.train for t in record.spec.trials()}
+    ran = record.spec.on_cpus() if record.on_cpus else record.spec  # each trial's config as it ran
+    configs = {(t.arm, t.seed): t.train for t in ran.trials()}
     fixed = {arm: record.spec.fixed_plan(arm) for arm in record.spec.arms}
     return {
         "experiment": record.spec.to_dict(),
         "source": record.source,
+        ON_CPUS_KEY: record.on_cpus,
         "order_seed": record.order_seed,
         "order_seed_drawn": record.order_seed_drawn,
         "trials": [

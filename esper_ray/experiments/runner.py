@@ -28,8 +28,8 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, SALVAGED_PREFIX, TRIAL_DIR_RE, TUNE_DIR,
-                                           collect_trials, read_experiment_file, tune_folders)
+from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_CPUS_KEY, SALVAGED_PREFIX, TRIAL_DIR_RE,
+                                           TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY
@@ -192,6 +192,12 @@ def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], l
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
 
 
+def needs_cpu_fallback(spec: ExperimentSpec, have: dict[str, float], local: bool) -> bool:
+    """Whether a new run's trials go on the CPUs: the experiment asks for GPUs and a local cluster (`have`: its
+    resources) has none. A cluster joined with --address may still add GPU nodes: there Tune waits for them."""
+    return local and have.get("GPU", 0.0) == 0 and spec.asks_for_gpus
+
+
 def concurrency_line(spec: ExperimentSpec, needs: dict[str, dict[str, float]]) -> str:
     """What the cluster fits at once, per kind of trial (a PPO trial asks for more than a baseline one).
     `needs`: arm_resources(spec)."""
@@ -199,10 +205,12 @@ def concurrency_line(spec: ExperimentSpec, needs: dict[str, dict[str, float]]) -
     return describe(requests_by_kind(kinds, needs), ray.cluster_resources(), spec.max_concurrent_trials)
 
 
-def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False) -> list[TrialSpec]:
-    """Fix and record the start order (before anything runs, so an interrupted run keeps it)."""
+def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False,
+         on_cpus: bool = False) -> list[TrialSpec]:
+    """Fix and record the start order (before anything runs, so an interrupted run keeps it). `on_cpus`: the
+    trials run spec.on_cpus(); the record keeps the experiment as given, and the flag."""
     order_seed = spec.order_seed if spec.order_seed is not None else draw_order_seed()
-    ordered = start_order(spec.trials(), order_seed)
+    ordered = start_order((spec.on_cpus() if on_cpus else spec).trials(), order_seed)
     record = {
         "experiment": spec.to_dict(),
         "source": source,
@@ -210,6 +218,7 @@ def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: 
         "order_seed_drawn": spec.order_seed is None,
         "start_order": [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(ordered)],
         "save_networks": save_networks,
+        ON_CPUS_KEY: on_cpus,
     }
     write_atomically(output / EXPERIMENT_FILE, json.dumps(record, indent=2))
     return ordered
@@ -324,27 +333,38 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     elif tune_path.exists() or (output / EXPERIMENT_FILE).exists():
         raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
     connect_ray(address, env_vars=mps_env)
+    # A file that asks for GPUs runs unchanged on a machine without any: its trials on the CPUs, said and recorded.
+    # A resume keeps what the run started with, so every trial of a run ran on the same kind of device.
+    if resume:
+        on_cpus = bool(read_experiment_file(output).get(ON_CPUS_KEY, False))
+    else:
+        on_cpus = needs_cpu_fallback(spec, ray.cluster_resources(), local=address is None)
+    if on_cpus:
+        why = "this run started on a machine without GPUs" if resume else "the file puts envs on GPUs and this machine has none"
+        print(f"{spec.name}: {why}; every trial runs on the CPUs (no GPU share, no MPS), slower than on a GPU", flush=True)
+    run_spec = spec.on_cpus() if on_cpus else spec
     tuner: tune.Tuner | None = None  # stays None when a salvage left nothing to run
     try:
         with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
             if continuing:
                 tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
             else:
-                needs = arm_resources(spec)
-                check_trials_fit(spec, needs, local=address is None)
+                needs = arm_resources(run_spec)
+                check_trials_fit(run_spec, needs, local=address is None)
                 if resume:  # stopped before Tune recorded a trial, or salvaged: the recorded plan, less what finished
                     shutil.rmtree(tune_path, ignore_errors=True)
-                    ordered = unfinished_order(spec, output)
+                    ordered = unfinished_order(run_spec, output)
                     continues = salvaged_continuations(output, {(t.arm, t.seed) for t in ordered})
                 else:
                     output.mkdir(parents=True, exist_ok=True)
-                    ordered, continues = plan(spec, output, source, save_networks), {}
+                    ordered, continues = plan(spec, output, source, save_networks, on_cpus), {}
                 work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
                 events = TrialEvents(len(ordered), spec.rounds, work)
-                tuner = new_tuner(spec, output, ordered, save_networks, events, continues) if ordered else None
-                print(concurrency_line(spec, needs), flush=True)
+                tuner = new_tuner(run_spec, output, ordered, save_networks, events, continues) if ordered else None
+                print(concurrency_line(run_spec, needs), flush=True)
             print(f"TensorBoard: {tensorboard_command(output / TUNE_DIR)}", flush=True)
-            with mps_daemons(mps_env) if mps_env is not None else contextlib.nullcontext():  # one private daemon per GPU node
+            daemons = mps_env is not None and not on_cpus  # one private daemon per GPU node
+            with mps_daemons(mps_env) if daemons else contextlib.nullcontext():
                 if tuner is not None:
                     tuner.fit()
     finally:  # also on Ctrl-C before fit: the folder is left as --resume can check it

@@ -46,6 +46,8 @@ SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
 ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs")
 """Arm keys that are not training settings; `sweep_host_runs`: the host runs of the sweep that picked a fixed arm's
 seed (once for all seeds), shown in the report's cost table."""
+GPU_SETTINGS = ("gpus_per_env", "learner_gpus", "mps")
+"""Training settings that put a trial on GPUs; on_cpus() takes them out."""
 DEFAULT_LAST_ROUNDS = 3
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
@@ -214,6 +216,28 @@ class ExperimentSpec:
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
 
+    @property
+    def asks_for_gpus(self) -> bool:
+        """Whether any trial puts its envs or learner on a GPU (a GPU share, or an env device cuda)."""
+        for trial in self.trials():
+            cfg = TrainConfig.from_mapping(trial.train)
+            if cfg.gpus_per_env > 0 or cfg.learner_gpus > 0 or _on_cuda(trial.train.get("env", {})):
+                return True
+        return False
+
+    def on_cpus(self) -> ExperimentSpec:
+        """The same experiment with every env and learner on the CPUs: the GPU shares, MPS and a cuda env device
+        taken out of `training` and of every arm. What `esper-ray ab` runs where a file asks for GPUs and the
+        machine has none (runner.py); everything else, the CPUs each trial asks for included, is unchanged."""
+        def without_gpus(settings: Mapping[str, Any]) -> dict[str, Any]:
+            out = {k: copy.deepcopy(v) for k, v in settings.items() if k not in GPU_SETTINGS}
+            if _on_cuda(out.get("env", {})):
+                out["env"] = {k: v for k, v in out["env"].items() if k != "device"}  # auto: the CPU here
+            return out
+
+        return dataclasses.replace(self, training=without_gpus(self.training),
+                                   arms={arm: without_gpus(settings) for arm, settings in self.arms.items()})
+
     def trials(self) -> list[TrialSpec]:
         """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
         out = []
@@ -234,6 +258,11 @@ class ExperimentSpec:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["last_rounds"] = self.rollout_rounds
         return out
+
+
+def _on_cuda(env: Mapping[str, Any]) -> bool:
+    """Whether env settings name a CUDA device (cuda, cuda:N)."""
+    return str(env.get("device", "")).startswith("cuda")
 
 
 def check_folder_name(key: str, value: Any, what: str = "name") -> None:
