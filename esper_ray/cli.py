@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "allow, started in a recorded random order. Each PPO arm trains, then every arm runs the same held-out "
         "evaluation episodes (greedy policy, or the arm's heuristic/none/random controller) and is scored on a test "
         "split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
-        "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs.",
+        "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs. A file made for GPUs runs "
+        "on a machine without any too: every trial on the CPUs, said and recorded (envs_on_cpus).",
     )
     ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
