@@ -8,7 +8,8 @@ the seed's forward and backward `--steps` times and prints the wall per step (wh
 Python included): attention (scaled_dot_product_attention, the attention seed), flex_eager (flex_attention run
 eagerly, the flex_attention seed before), flex_compiled (through torch.compile; its first call, which compiles, is
 timed apart). Also: the largest difference between the compiled and eager outputs and input gradients, and
-whether the compiled seed's step can be captured in a CUDA graph. Last stdout line: one JSON object.
+whether the compiled seed's step can be captured in a CUDA graph and replayed (with the input's gradient and
+without; on failure the error and the end of its traceback). Last stdout line: one JSON object.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
 
 import torch
 
@@ -26,7 +28,7 @@ def step(seed: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = seed(x)
     y.float().square().mean().backward()
-    return y
+    return y.detach()  # no autograd graph kept alive past the step (see capture)
 
 
 def wall_per_step(seed: torch.nn.Module, x: torch.Tensor, steps: int) -> float:
@@ -72,22 +74,35 @@ def main() -> None:
     out["flex_compiled_max_abs_diff_grad"] = (x.grad - g_eager).abs().max().item()
     out["flex_compiled_ms"] = 1e3 * wall_per_step(flex, x, args.steps)
 
-    try:  # can a step with the compiled seed be captured (as train_step.CapturedStep does)?
+    # The outputs above keep their autograd graphs, and with them AccumulateGrad nodes made on the default stream:
+    # a backward on the capture's stream would then accumulate on the default one, which invalidates the capture.
+    del y_eager, y_compiled
+    # First as the probe's input without a gradient of its own (a failed capture may spoil the next one), then with
+    # the input's gradient accumulated across streams, as the probe first tried.
+    out["flex_compiled_capturable_no_input_grad"] = capture(flex, x.detach().clone())
+    out["flex_compiled_capturable"] = capture(flex, x)
+    print(json.dumps(out))
+
+
+def capture(seed: torch.nn.Module, x: torch.Tensor) -> object:
+    """Whether a step of `seed` on `x` can be captured in a CUDA graph and replayed: True, or the error with the
+    last lines of its traceback (what an undiagnosed failure needs)."""
+    try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
-                step(flex, x)
+                step(seed, x)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            step(flex, x)
+            step(seed, x)
         graph.replay()
         torch.cuda.synchronize()
-        out["flex_compiled_capturable"] = True
+        return True
     except Exception as err:  # noqa: BLE001 - the probe reports what capture says
-        out["flex_compiled_capturable"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    print(json.dumps(out))
+        trace = traceback.format_exc().strip().splitlines()
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}", "traceback_tail": trace[-12:]}
 
 
 if __name__ == "__main__":

@@ -182,8 +182,10 @@ step stays eager. Uncompiled flex_attention computes with torch's dense referenc
 (torch/_higher_order_ops/flex_attention.py), which makes tensors from Python scalars as it goes: the forward's
 `torch.tensor(-inf, device=scores.device)` and the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
 GPU are pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
-CUDA graph capture unless the CPU tensor is pinned"), and a step with the compiled one (the seed's path on a GPU)
-failed its capture in benchmarks/probes/flex_step.py (not diagnosed: the probe's own step may be at fault)."""
+CUDA graph capture unless the CPU tensor is pinned"). A step with the compiled one (the seed's path on a GPU) can
+be captured and replayed (benchmarks/probes/flex_step.py, H200, torch 2.11; its earlier failure was the probe's own:
+it kept autograd graphs alive across streams), so a compiled seed could leave this set once a GPU test checks a
+captured text step with it against the eager one (docs/performance.md, Next)."""
 
 
 @functools.lru_cache(maxsize=None)
