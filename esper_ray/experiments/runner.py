@@ -326,18 +326,18 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     if resume and output.is_dir() and not any(output.iterdir()):  # left empty by a stop before the plan was written
         print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
         resume = False
+    on_cpus = False
     if resume:
         check_same_experiment(spec, output, source, save_networks)
         continuing = check_tune_folder(output, salvage)
-        save_networks = bool(read_experiment_file(output).get("save_networks", False))
+        recorded = read_experiment_file(output)
+        save_networks = bool(recorded.get("save_networks", False))
+        # A resume keeps the device the run started on, so every trial of a run ran on the same kind.
+        on_cpus = bool(recorded.get(ON_CPUS_KEY, False))
     elif tune_path.exists() or (output / EXPERIMENT_FILE).exists():
         raise FileExistsError(f"{output} already holds a run: add --resume to continue it, or choose another --output")
     connect_ray(address, env_vars=mps_env)
-    # A file that asks for GPUs runs unchanged on a machine without any: its trials on the CPUs, said and recorded.
-    # A resume keeps what the run started with, so every trial of a run ran on the same kind of device.
-    if resume:
-        on_cpus = bool(read_experiment_file(output).get(ON_CPUS_KEY, False))
-    else:
+    if not resume:  # a file that asks for GPUs runs unchanged on a machine without any: on the CPUs, said and recorded
         on_cpus = needs_cpu_fallback(spec, ray.cluster_resources(), local=address is None)
     if on_cpus:
         why = "this run started on a machine without GPUs" if resume else "the file puts envs on GPUs and this machine has none"

@@ -219,9 +219,10 @@ class ExperimentSpec:
     @property
     def asks_for_gpus(self) -> bool:
         """Whether any trial puts its envs or learner on a GPU (a GPU share, or an env device cuda)."""
-        for trial in self.trials():
-            cfg = TrainConfig.from_mapping(trial.train)
-            if cfg.gpus_per_env > 0 or cfg.learner_gpus > 0 or _on_cuda(trial.train.get("env", {})):
+        for arm in self.arms:  # an arm's trials differ only in their seed
+            settings = self._arm_settings(arm)
+            cfg = TrainConfig.from_mapping(settings)
+            if cfg.gpus_per_env > 0 or cfg.learner_gpus > 0 or _on_cuda(settings["env"]):
                 return True
         return False
 
