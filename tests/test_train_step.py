@@ -16,6 +16,7 @@ from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env import train_step
 from esper_ray.env.train_step import Accumulators, Precision, StepGraphs, TrainStep
+from esper_ray.morpho.transformer_blueprints import AttentionSeed, FlexAttentionSeed, runs_in_cuda_graphs
 from esper_ray.policy.baselines import wait_action
 from tests.morpho_helpers import drive_to, give_healthy_gradients, make_model
 
@@ -165,11 +166,12 @@ def one_torch_thread():
 
 
 @pytest.mark.parametrize("eager_only", [False, True])
-def test_a_step_in_which_an_eager_only_seed_runs_is_never_captured(monkeypatch, one_torch_thread, eager_only):
-    """flex_attention's seed cannot run in a CUDA graph (EAGER_STEP_BLUEPRINTS), and has no CPU backward: the
-    attention seed stands in for it on the CPU, once marked eager-only (and once not, to show captures happen)."""
+def test_a_step_in_which_an_uncapturable_seed_runs_is_never_captured(monkeypatch, one_torch_thread, eager_only):
+    """A flex_attention seed on its eager path cannot run in a CUDA graph (runs_in_cuda_graphs), and has no CPU
+    backward: the attention seed stands in for it on the CPU, once marked uncapturable (and once not, to show
+    captures happen)."""
     if eager_only:
-        monkeypatch.setattr(train_step, "EAGER_STEP_BLUEPRINTS", frozenset({Blueprint.ATTENTION}))
+        monkeypatch.setattr(train_step, "runs_in_cuda_graphs", lambda seed: not isinstance(seed, AttentionSeed))
     env = MorphogeneticEnv({**TEXT, "device": "cpu"})
     env.graphs = StepGraphs(enabled=True, capture=ReplayedOnCpu)
     captures, losses = text_episode_with_a_seed(env, Blueprint.ATTENTION)
@@ -181,15 +183,32 @@ def test_a_step_in_which_an_eager_only_seed_runs_is_never_captured(monkeypatch, 
     assert all(math.isfinite(v) for v in losses)
 
 
+def test_only_a_compiled_flex_attention_seed_runs_in_cuda_graphs():
+    """The seed's compiled path (a GPU, heads of 16 or more) captures; its eager one (a CPU, narrow heads) cannot."""
+    cuda = torch.device("cuda")  # only compared with: no GPU needed
+    wide, narrow = FlexAttentionSeed(64), FlexAttentionSeed(32)  # 4 heads of 16; 4 heads of 8
+    assert wide.compiles(cuda) and not narrow.compiles(cuda)
+    assert not wide.compiles(torch.device("cpu"))
+    assert not runs_in_cuda_graphs(wide)  # its parameters are on the CPU
+    assert runs_in_cuda_graphs(AttentionSeed(32))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
-def test_a_flex_attention_seed_trains_through_blending_on_cuda_with_graphs_on():
-    """Captured, the seed's step raised "Cannot copy between CPU and CUDA tensors during CUDA graph capture" in
-    flex_attention and every such episode was lost; it now runs eagerly while the rest of the episode is captured."""
-    env = MorphogeneticEnv({**TEXT, "device": "cuda", "cuda_graphs": True})
-    assert env.graphs.enabled
-    captures, losses = text_episode_with_a_seed(env, Blueprint.FLEX_ATTENTION)
-    assert captures[:2] == [1, 2] and captures[-1] == 2  # the host alone's batches were captured; the seed's ran eagerly
-    assert all(math.isfinite(v) for v in losses)
+def test_a_flex_attention_seed_s_captured_text_episode_trains_what_the_eager_one_does():
+    """Uncompiled, the seed's step raised "Cannot copy between CPU and CUDA tensors during CUDA graph capture" and
+    every such episode was lost; compiled (the text tasks' heads are 16 wide), its steps are captured as the attention
+    seed's are, and compute the eager steps' losses."""
+    runs = {}
+    for graphs in (True, False):
+        env = MorphogeneticEnv({**TEXT, "device": "cuda", "cuda_graphs": graphs})
+        assert env.graphs.enabled is graphs
+        runs[graphs] = text_episode_with_a_seed(env, Blueprint.FLEX_ATTENTION)
+        assert env.model.slot("r0c0").seed.compiles(torch.device("cuda"))
+    captures, losses = runs[True]
+    assert captures[:2] == [1, 2] and captures[-1] == 6  # the host alone, then the seed in TRAINING and BLENDING
+    eager_losses = runs[False][1]
+    assert all(math.isfinite(v) for v in losses) and len(losses) == len(eager_losses)
+    assert losses == pytest.approx(eager_losses, rel=1e-3)  # the same kernels, in the same order, on the same data
 
 
 def _gated_seed_steps(fused: bool, start_momentum: bool) -> list[torch.Tensor]:

@@ -100,9 +100,9 @@ def test_a_pass_is_recaptured_when_what_it_reads_changes_and_not_when_alphas_mov
     assert capturable(model)
 
 
-def test_a_pass_in_which_an_eager_only_seed_runs_stays_eager(monkeypatch):
-    """flex_attention's seed cannot run in a CUDA graph; conv_light stands in for it on the CPU."""
-    monkeypatch.setattr(validation_graph, "EAGER_STEP_BLUEPRINTS", frozenset({Blueprint.CONV_LIGHT}))
+def test_a_pass_in_which_an_uncapturable_seed_runs_stays_eager(monkeypatch):
+    """flex_attention's seed on its eager path cannot run in a CUDA graph; conv_light stands in for it on the CPU."""
+    monkeypatch.setattr(validation_graph, "runs_in_cuda_graphs", lambda seed: False)
     model = make_model(["r0c1"], auto_forward=False)
     assert capturable(model)  # dormant: the host alone
     drive_to(model.slot("r0c1"), Stage.BLENDING)
@@ -115,7 +115,8 @@ def test_a_pass_in_which_an_eager_only_seed_runs_stays_eager(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
-@pytest.mark.parametrize(("task", "blueprint"), [("synthetic", Blueprint.CONV_LIGHT), ("text", Blueprint.ATTENTION)])
+@pytest.mark.parametrize(("task", "blueprint"), [("synthetic", Blueprint.CONV_LIGHT), ("text", Blueprint.ATTENTION),
+                                               ("text", Blueprint.FLEX_ATTENTION)])
 def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     """A seed germinated at once blends from epoch 3 (min_training_epochs 1): by epoch 8 the pass
     that validates `main` and `off:r0c0` has been captured and replayed with moving alphas."""

@@ -6,7 +6,8 @@ clips, host and seed optimizer steps, loss/accuracy accumulation) is one launch.
 
 What may be captured: the steps of an fp32 or bf16 run (fp16's GradScaler reads found_inf on the host), the
 epoch's last batch in a graph of its own (its shape, unfused, with the gradient telemetry, whose norms stay device
-tensors), and no step in which a seed of EAGER_STEP_BLUEPRINTS runs (flex_attention: it copies from the CPU as it computes). A graph is tied to the module
+tensors), and no step in which a seed runs that cannot be captured (`runs_in_cuda_graphs`: a flex_attention seed
+on its eager path copies from the CPU as it computes). A graph is tied to the module
 structure it was captured with, so it is keyed by everything that changes the step's code path or its
 tensors (`slot_key`): the seeds that run, the branch each takes, their blends and optimizers, the host
 optimizer, and the precision. A new
@@ -35,7 +36,7 @@ from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.morpho import fused_block
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
-from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
+from esper_ray.morpho.transformer_blueprints import runs_in_cuda_graphs
 
 # Stages whose seed is trained by its own optimizer (a pruning seed is frozen).
 TRAINED_STAGES = frozenset({Stage.TRAINING, Stage.BLENDING, Stage.HOLDING, Stage.FOSSILIZED})
@@ -99,7 +100,7 @@ class TrainStep:
         per_slot = tuple(slot_key(s, trained=s in self.slots) for s in model.seed_slots())
         self._key = (per_slot, host_optimizer, precision.dtype, max_grad_norm)
         # False while a seed that cannot run in a CUDA graph runs in the forward pass (a prune's ramp-down included).
-        self.capturable = not any(s.blueprint in EAGER_STEP_BLUEPRINTS for s in model.seed_slots() if s.is_active)
+        self.capturable = all(runs_in_cuda_graphs(s.seed) for s in model.seed_slots() if s.is_active)
         # Which parameters get gradients is fixed with the structure, so new momentum buffers can only be needed at
         # this step's first call (start_momentum_of_new_grads), never on the hot path after it.
         self.momentum_started = False

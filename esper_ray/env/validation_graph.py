@@ -14,7 +14,8 @@ captured train step updates them. The validation set is prepared once, outside t
 copies its constants from the CPU, which a capture must not do), and kept on the device beside the graph.
 
 A key is captured after `WARMUP_PASSES` eager passes (cuDNN chooses its algorithms on them); the eager pass
-stays for flex_attention seeds (EAGER_STEP_BLUEPRINTS) and wherever graphs are off.
+stays while a seed runs that cannot be captured (`runs_in_cuda_graphs`: flex_attention's eager path) and wherever
+graphs are off.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.env.train_step import Precision
 from esper_ray.morpho.model import MorphogeneticModel, configurations_differ
-from esper_ray.morpho.transformer_blueprints import EAGER_STEP_BLUEPRINTS
+from esper_ray.morpho.transformer_blueprints import runs_in_cuda_graphs
 
 WARMUP_PASSES = 1
 # Captured passes an env keeps: the host alone, a seed in TRAINING, then blended (ValidationGraphs).
@@ -53,7 +54,7 @@ def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: P
 
 
 def capturable(model: MorphogeneticModel) -> bool:
-    return not any(s.blueprint in EAGER_STEP_BLUEPRINTS for s in model.seed_slots() if s.is_active)
+    return all(runs_in_cuda_graphs(s.seed) for s in model.seed_slots() if s.is_active)
 
 
 class CapturedValidation:

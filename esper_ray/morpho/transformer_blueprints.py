@@ -151,8 +151,8 @@ class FlexAttentionSeed(AttentionSeed):
     On a GPU it runs through torch.compile (compiled_flex_attention: fused, once per process and shape) when its
     heads are at least COMPILED_FLEX_MIN_HEAD_DIM wide; otherwise, and on a CPU, eagerly, which materialises the
     full score matrix (correct, not fast; torch 2.13 has no CPU backward for it anyway). The mask is built once per
-    (T, device) and cached. Check `flex_attention_available(device)` before training it. Its train step stays out
-    of CUDA graphs (EAGER_STEP_BLUEPRINTS).
+    (T, device) and cached. Check `flex_attention_available(device)` before training it. Only the compiled path
+    can run inside a CUDA graph (`runs_in_cuda_graphs`).
     """
 
     def __init__(self, channels: int) -> None:
@@ -168,24 +168,31 @@ class FlexAttentionSeed(AttentionSeed):
             self._masks[key] = create_block_mask(_causal, None, None, T, T, device=q.device)
         return self._masks[key]
 
+    def compiles(self, device: torch.device) -> bool:
+        """Whether `attend` takes the compiled path on `device`: a GPU, and heads wide enough for Inductor."""
+        return device.type == "cuda" and self.qkv.in_features // self.n_heads >= COMPILED_FLEX_MIN_HEAD_DIM
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.is_cuda and q.size(-1) >= COMPILED_FLEX_MIN_HEAD_DIM:  # one compiled version per batch shape and grad
+        if self.compiles(q.device):  # one compiled version per batch shape and grad
             # mode: train, its last batch, validation chunks
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled_flex_attention()(q, k, v, block_mask=self._mask(q))  # (B, nh, T, hs)
         return eager_flex_attention(q, k, v, self._mask(q))
 
 
-EAGER_STEP_BLUEPRINTS: frozenset[Blueprint] = frozenset({Blueprint.FLEX_ATTENTION})
-"""Blueprints whose seed cannot run inside a captured CUDA graph: while one runs in the forward pass, the train
-step stays eager. Uncompiled flex_attention computes with torch's dense reference implementation
-(torch/_higher_order_ops/flex_attention.py), which makes tensors from Python scalars as it goes: the forward's
-`torch.tensor(-inf, device=scores.device)` and the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
-GPU are pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
-CUDA graph capture unless the CPU tensor is pinned"). A step with the compiled one (the seed's path on a GPU) can
-be captured and replayed (benchmarks/probes/flex_step.py, H200, torch 2.11; its earlier failure was the probe's own:
-it kept autograd graphs alive across streams), so a compiled seed could leave this set once a GPU test checks a
-captured text step with it against the eager one (docs/performance.md, Next)."""
+def runs_in_cuda_graphs(seed: nn.Module) -> bool:
+    """Whether a step in which `seed` runs may be captured in a CUDA graph. Not a flex_attention seed on its eager
+    path: uncompiled flex_attention computes with torch's dense reference implementation
+    (torch/_higher_order_ops/flex_attention.py), which makes tensors from Python scalars as it goes (the forward's
+    `torch.tensor(-inf, device=scores.device)`, the backward's CPU `torch.tensor(0)` fed to `torch.where` on the
+    GPU): pageable host-to-device copies, which capture refuses ("Cannot copy between CPU and CUDA tensors during
+    CUDA graph capture unless the CPU tensor is pinned"). Its compiled path (a GPU, heads of 16 or more: every text
+    task's) is fused kernels and captures; a captured text episode with it trains what the eager one does
+    (tests/test_train_step.py, on a GPU). In the text A/B of issue 30 the greedy episodes that kept the seed
+    uncaptured took 18.7-21.6 s against 2.3-6.4 s for the attention seed's."""
+    if isinstance(seed, FlexAttentionSeed):
+        return seed.compiles(next(seed.parameters()).device)
+    return True
 
 
 @functools.lru_cache(maxsize=None)
