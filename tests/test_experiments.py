@@ -59,6 +59,19 @@ def test_start_order_is_a_reproducible_permutation_that_depends_on_the_order_see
     assert [t.name for t in first] != [t.name for t in other]
 
 
+def test_the_ppo_trials_start_first_each_kind_in_its_own_random_order():
+    """PPO trials run for rounds, the others for their evaluation only: the long ones start at once."""
+    arms = {"a": {}, "b": {"controller": "heuristic"}, "c": {"controller": "none"}, "d": {"reward_mode": "sparse"}}
+    trials = ExperimentSpec.from_mapping({**BASE, "arms": arms, "seeds": list(range(6))}).trials()
+    orders = [start_order(trials, order_seed) for order_seed in range(20)]
+    for order in orders:
+        kinds = [t.controller is ControllerKind.PPO for t in order]
+        assert kinds == [True] * 12 + [False] * 12
+    # within each kind, every arm is sometimes first: the order is random there, not by arm
+    assert {order[0].arm for order in orders} == {"a", "d"}
+    assert {order[12].arm for order in orders} == {"b", "c"}
+
+
 def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     cfg = TrainConfig(envs=2, seed=3, reward_mode="shaped")
     other_arm = TrainConfig(envs=2, seed=3, reward_mode="sparse", lr=1e-2)
@@ -255,6 +268,13 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     assert "## What each controller cost before its evaluation" in text and f"({spec.rounds} rounds x" in text
     assert "| heavy | 336 host runs once for all seeds (the sweep that picked its seed) |" in text
     assert (tmp_path / "metric_vs_flops.png").stat().st_size > 0
+    assert "Start order: a random permutation with order seed 5: ppo/0, heavy/0, ppo/1" in text  # as recorded
+    ppo_first = sorted(trials, key=lambda t: (t.arm != "ppo", t.position))
+    for position, t in enumerate(ppo_first):
+        t.position = position
+    write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
+    text = (tmp_path / "report.md").read_text()
+    assert "Start order: PPO trials first (the longest), each kind in a random permutation with order seed 5: ppo/0, ppo/1" in text
 
 
 def test_evaluation_reports_test_loss_and_its_perplexity_beside_the_metric(tmp_path):

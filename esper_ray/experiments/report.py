@@ -109,6 +109,13 @@ def _ci(interval: Interval) -> str:
     return f"[{_fmt(interval.low)}, {_fmt(interval.high)}]{level}"
 
 
+def _ppo_first(record: ExperimentRecord) -> bool:
+    """Whether the run started its PPO trials before the others (spec.start_order; a run recorded before it
+    started every trial in one random permutation)."""
+    kinds = [t.controller is ControllerKind.PPO for t in sorted(record.trials, key=lambda t: t.position)]
+    return kinds == sorted(kinds, reverse=True) and any(kinds) and not all(kinds)
+
+
 def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str],
              arm_compute: list[ArmCompute], size_verdicts: list[str]) -> str:
     spec = record.spec
@@ -121,8 +128,8 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
         f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO round{'s' if spec.rounds != 1 else ''} per trial.",
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
-        f"Start order: a random permutation with order seed {record.order_seed}"
-        f"{' (drawn for this run)' if record.order_seed_drawn else ''}: "
+        f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
+        f"permutation with order seed {record.order_seed}{' (drawn for this run)' if record.order_seed_drawn else ''}: "
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
         *(["Device: the experiment file puts envs on GPUs; the machine had none, so every trial ran on the CPUs "
            "(no GPU share, no MPS; flex_attention, which has no CPU backward, masked)."] if record.on_cpus else []),
