@@ -20,7 +20,7 @@ echo "commit $commit" | tee -a "$out/gpu.txt"
 #    and the captured-pass CUDA test took 33 s.
 OMP_NUM_THREADS=2 python3 -m pytest -n 6 -v --durations=20 -p no:cacheprovider tests/test_env.py tests/test_data.py tests/test_heuristic.py \
   tests/test_transformer.py tests/test_text_env.py tests/test_train_step.py tests/test_validation_graph.py \
-  tests/test_morpho_forward.py tests/test_fused_block.py tests/test_graph_memory.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
+  tests/test_morpho_forward.py tests/test_fused_block.py tests/test_graph_memory.py tests/test_gpu_wait.py -m "not expensive" > "$out/pytest_cuda_log.txt" 2>&1
 { echo "# $card, commit $commit"; grep -E "FAILED|ERROR|passed|failed" "$out/pytest_cuda_log.txt" | tail -20; } | tee "$out/pytest_cuda.txt"
 # 2. Captured CUDA graphs train what the eager loop trains (per-epoch losses within float tolerance), and how fast.
 python3 benchmarks/graph_check.py 2>&1 | tee "$out/graph_check.txt"

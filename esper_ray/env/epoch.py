@@ -1,6 +1,6 @@
 """One host epoch on a shard, and one fused counterfactual validation pass.
 
-Both accumulate on the device and synchronise once, at the end (no `.item()` per batch). All counts are
+Both accumulate on the device and synchronise once, at the end (no `.item()` per batch), asleep (gpu_wait.py). All counts are
 what was really processed: samples for the image tasks, tokens for text (seed doc 001: the original counted
 sequences or batches). The optimisation step itself, and its
 CUDA-graph capture, live in train_step.py.
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from esper_ray.data.sharding import DeviceShard
+from esper_ray.env.gpu_wait import wait_for_stream
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.train_step import Precision, StepGraphs, TrainStep
 from esper_ray.morpho.model import MorphogeneticModel
@@ -88,6 +89,7 @@ def train_epoch(
             graphs.run(step, x, y)
         else:
             step(x, y)
+    wait_for_stream(shard.device)  # asleep, not spinning a core
     loss_value, correct_value = torch.stack([acc.loss_sum, acc.correct.to(acc.loss_sum.dtype)]).tolist()  # the one sync
     return TrainStats(batches=n_batches, samples=samples, loss_sum=loss_value, correct=int(correct_value))
 
@@ -143,5 +145,6 @@ def accumulate_fused(
 
 def read_val_stats(correct: torch.Tensor, loss_sum: torch.Tensor, samples: int) -> ValStats:
     k = correct.shape[0]
+    wait_for_stream(correct.device)  # asleep, not spinning a core
     values = torch.cat([correct.to(loss_sum.dtype), loss_sum]).tolist()  # the one sync
     return ValStats(samples=samples, correct=tuple(int(v) for v in values[:k]), loss_sum=tuple(values[k:]))
