@@ -16,8 +16,9 @@ report yet resumes (`--resume`), the walls of its calls summed (a resume repeats
 run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto the GPUs (training.gpus_per_env F, shared
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
 its envs on the cards. Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
-the wall seconds to the report over all calls, the calls, trials done of all, whether the report was written, and
-the line in which `esper-ray ab` said how many trials it runs at once.
+the wall seconds to the report over all calls, the calls, trials done of all, whether the report was written, the
+line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
+when its PPO trials started, and each one's first round and the rounds after it, in seconds, from the progress lines).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +86,41 @@ def concurrency_line(log_file: Path) -> str | None:
     return None
 
 
+PROGRESS_LINE = re.compile(r"^\[\s*(\d+)m(\d\d)s\] (started |finished| )\s*(\S+/seed\d+)(?: round (\d+)/\d+)?")
+"""`esper-ray ab`'s progress lines (experiments/runner.py, TrialEvents): the clock, the event, the trial, a round."""
+CALL_START = "esper-ray ab:"
+"""The first line `esper-ray ab` prints in each call."""
+
+
+def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
+    """Where the last call's wall went, from its progress lines: when its PPO trials started (seconds into the
+    call), and per PPO trial (a trial with rounds) the seconds from its start to its first round and from its
+    first round to its last. Only trials that started in that call count (a resumed trial's rounds began before
+    it); None if there are none."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return None
+    last_call = text.split(CALL_START)[-1]
+    started: dict[str, int] = {}
+    rounds: dict[str, dict[int, int]] = {}
+    for line in last_call.splitlines():
+        match = PROGRESS_LINE.match(line)
+        if match is None:
+            continue
+        clock, event, trial, round_ = 60 * int(match[1]) + int(match[2]), match[3], match[4], match[5]
+        if event == "started ":
+            started[trial] = clock
+        elif round_ is not None:
+            rounds.setdefault(trial, {})[int(round_)] = clock
+    ppo = [t for t in started if 1 in rounds.get(t, {})]
+    if not ppo:
+        return None
+    return {"ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
+            "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
+            "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
+
+
 def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | None, resume: bool,
            log_file: Path, python: str = sys.executable) -> tuple[float, int]:
     """One `esper-ray ab` call: its wall seconds and exit code. Stopped with SIGTERM after `stop_after` seconds."""
@@ -123,7 +160,7 @@ def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
     return {"gpus": gpus, "visible": visible, "wall_s": round(sum(state["walls"]), 1), "walls_s": state["walls"],
             "calls": len(state["walls"]), "exit_codes": state["codes"], "trials_done": done, "trials": total,
             "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
-            "concurrency": concurrency_line(output / "ab.log")}
+            "concurrency": concurrency_line(output / "ab.log"), "last_call": ppo_timeline(output / "ab.log")}
 
 
 def main() -> None:
