@@ -16,7 +16,8 @@ report yet resumes (`--resume`), the walls of its calls summed (a resume repeats
 run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto the GPUs (training.gpus_per_env F, shared
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
 its envs on the cards. Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
-the wall seconds to the report over all calls, the calls, trials done of all, whether the report was written, the
+the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
+(`cpu_busy`), trials done of all, whether the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
 when its PPO trials started, and each one's first round and the rounds after it, in seconds, from the progress lines).
 """
@@ -121,11 +122,33 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
             "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
 
 
+def cpu_times(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(busy, total) time of all the machine's CPUs since boot, in clock ticks, from the first line of Linux's
+    /proc/stat (user nice system idle iowait irq softirq steal ...; guest time is inside user); None elsewhere."""
+    try:
+        ticks = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total  # idle and iowait are not busy
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time that was busy between two cpu_times readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
 def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | None, resume: bool,
-           log_file: Path, python: str = sys.executable) -> tuple[float, int]:
-    """One `esper-ray ab` call: its wall seconds and exit code. Stopped with SIGTERM after `stop_after` seconds."""
+           log_file: Path, python: str = sys.executable) -> tuple[float, int, float | None]:
+    """One `esper-ray ab` call: its wall seconds, exit code and the share of the machine's CPU time busy meanwhile
+    (is the CPU what a run on more cards waits for?). Stopped with SIGTERM after `stop_after` seconds."""
     command = [python, "-c", AB, "ab", str(experiment), "--output", str(output)] + (["--resume"] if resume else [])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
+    cpu_before = cpu_times()
     start = time.monotonic()
     with log_file.open("a") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -138,7 +161,7 @@ def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | Non
             except subprocess.TimeoutExpired:
                 process.kill()
                 code = process.wait()
-    return time.monotonic() - start, code
+    return time.monotonic() - start, code, busy_share(cpu_before, cpu_times())
 
 
 def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
@@ -151,14 +174,16 @@ def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
     if not state["codes"] or state["codes"][-1] in INTERRUPTED:
         log(f"gpus {gpus} ({visible or 'CPU only'}): {'resuming' if state['walls'] else 'starting'} "
             f"{experiment} into {output} (its progress: {output / 'ab.log'})")
-        wall, code = run_ab(experiment, output / "run", visible, stop_after, resume=bool(state["walls"]),
-                            log_file=output / "ab.log", python=python)
+        wall, code, cpu_busy = run_ab(experiment, output / "run", visible, stop_after, resume=bool(state["walls"]),
+                                      log_file=output / "ab.log", python=python)
         state["walls"].append(round(wall, 1))
         state["codes"].append(code)
+        state.setdefault("cpu_busy", []).append(cpu_busy)
         state_file.write_text(json.dumps(state))
     done, total = trials_done(output / "run")
     return {"gpus": gpus, "visible": visible, "wall_s": round(sum(state["walls"]), 1), "walls_s": state["walls"],
-            "calls": len(state["walls"]), "exit_codes": state["codes"], "trials_done": done, "trials": total,
+            "calls": len(state["walls"]), "exit_codes": state["codes"], "cpu_busy": state.get("cpu_busy"),
+            "trials_done": done, "trials": total,
             "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
             "concurrency": concurrency_line(output / "ab.log"), "last_call": ppo_timeline(output / "ab.log")}
 

@@ -186,6 +186,7 @@ def test_ab_wall_stops_a_run_resumes_it_on_the_first_cards_and_sums_its_walls(tm
     second = ab_wall.measure(experiment, 2, output, stop_after=30.0, python=str(fake))
     assert second["exit_codes"] == [143, 0] and second["report"] and second["trials_done"] == 2
     assert second["wall_s"] == round(sum(second["walls_s"]), 1) and second["concurrency"].startswith("trials at once")
+    assert len(second["cpu_busy"]) == 2 and all(b is None or 0 <= b <= 1 for b in second["cpu_busy"])
     assert ab_wall.measure(experiment, 2, output, stop_after=30.0, python=str(fake))["calls"] == 2  # done: no call
     calls = [json.loads(line) for line in (output / "run" / "calls.jsonl").read_text().splitlines()]
     assert [c["visible"] for c in calls] == ["2,0", "2,0"]
@@ -221,6 +222,19 @@ def test_ab_wall_says_where_the_last_call_went_from_the_progress_lines(tmp_path)
     log.write_text(AB_LOG.split("[  0m05s]")[0])  # a last call with no PPO trial started in it
     assert ab_wall.ppo_timeline(log) is None
     assert ab_wall.ppo_timeline(tmp_path / "absent.log") is None
+
+
+def test_ab_wall_reads_the_machine_s_busy_cpu_share_from_proc_stat(tmp_path):
+    """user nice system idle iowait irq softirq steal (guest after: already in user): busy is all but idle and
+    iowait. Between the two readings: 300 busy ticks of 400."""
+    ab_wall = _ab_wall_module()
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 7 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    before = ab_wall.cpu_times(stat)
+    assert before == (150, 1000)
+    stat.write_text("cpu  300 0 150 880 70 0 0 0 9 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert ab_wall.busy_share(before, ab_wall.cpu_times(stat)) == pytest.approx(300 / 400)
+    assert ab_wall.cpu_times(tmp_path / "absent") is None and ab_wall.busy_share(None, before) is None
 
 
 @pytest.fixture(scope="module")
