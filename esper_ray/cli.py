@@ -320,9 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ab", allow_abbrev=False, parents=[verbose_after],
         help="A/B experiment between controllers or reward modes on Ray Tune, with exact statistics and a report",
         description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
-        "allow, started in a recorded random order. Each PPO arm trains, then every arm runs the same held-out "
-        "evaluation episodes (greedy policy, or the arm's heuristic/none/random controller) and is scored on a test "
-        "split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
+        "allow, started in a recorded random order, PPO trials first (they take longest). Each PPO arm trains, "
+        "then every arm runs the same held-out evaluation episodes (greedy policy, or the arm's "
+        "heuristic/none/random controller) and is scored on a test split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
         "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs. A file made for GPUs runs "
         "on a machine without any too: every trial on the CPUs, said and recorded (envs_on_cpus).",
     )

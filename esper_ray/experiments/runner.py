@@ -1,4 +1,4 @@
-"""`esper-ray ab`: every (arm, seed) trial in one Ray Tune run, started in a recorded random order.
+"""`esper-ray ab`: every (arm, seed) trial in one Ray Tune run, started in a recorded random order (PPO trials first).
 
 Output folder (default esper_runs/<name>):
     experiment.json                 the experiment's settings, the file it came from, the order seed and start order
