@@ -27,6 +27,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
+from esper_ray.experiments.lead_trials import LeadTrialsFirst
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_CPUS_KEY, SALVAGED_PREFIX, TRIAL_DIR_RE,
                                            TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
@@ -412,6 +413,17 @@ def salvaged_continuations(output: Path, to_run: set[tuple[str, int]]) -> dict[t
     return continues
 
 
+def tune_config(spec: ExperimentSpec, ordered: list[TrialSpec]) -> tune.TuneConfig:
+    """Trials in the grid's order (`ordered`), the leading PPO trials all started before Tune creates any other
+    (lead_trials.py), at most the spec's max_concurrent_trials at once."""
+    leads = next((i for i, t in enumerate(ordered) if t.controller is not ControllerKind.PPO), len(ordered))
+    return tune.TuneConfig(
+        num_samples=1,  # the cap goes to the generator: Tune ignores max_concurrent_trials beside one
+        search_alg=LeadTrialsFirst(leads=leads, max_concurrent=spec.max_concurrent_trials or 0),
+        trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+    )
+
+
 def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents,
               continues: dict[tuple[str, int], dict[str, Any]]) -> tune.Tuner:
     trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
@@ -423,10 +435,7 @@ def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save
     return tune.Tuner(
         MorphoTrial,
         param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
-        tune_config=tune.TuneConfig(
-            num_samples=1, max_concurrent_trials=spec.max_concurrent_trials,
-            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
-        ),
+        tune_config=tune_config(spec, ordered),
         run_config=tune.RunConfig(
             name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
