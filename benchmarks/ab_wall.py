@@ -17,7 +17,8 @@ run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto th
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
 its envs on the cards. Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
 the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
-(`cpu_busy`), trials done of all, whether the report was written, the
+(`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
+MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
 when its PPO trials started, and each one's first round and the rounds after it, in seconds, from the progress lines).
 """
@@ -31,6 +32,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,16 +144,52 @@ def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) ->
     return round((after[0] - before[0]) / (after[1] - before[1]), 3)
 
 
+class TuneClock:
+    """Where a call's wall went outside Tune's run, from when its progress lines arrive: the progress clock starts
+    with Tune's run (experiments/runner.py, TrialEvents), so a line stamped C seconds that arrives N seconds into
+    the call says Tune started N - C seconds in (Ray, MPS and the plan before it); the wall after the last progress
+    line is the report, the figures and the exit. Whole seconds, as the lines are stamped."""
+
+    def __init__(self) -> None:
+        self.tune_started_s: float | None = None
+        self.last_event_s: float | None = None
+
+    def see(self, line: str, seconds_into_call: float) -> None:
+        match = PROGRESS_LINE.match(line)
+        if match is None:
+            return
+        if self.tune_started_s is None:
+            self.tune_started_s = round(seconds_into_call - (60 * int(match[1]) + int(match[2])), 1)
+        self.last_event_s = seconds_into_call
+
+    def outside(self, wall: float) -> dict[str, float] | None:
+        if self.tune_started_s is None or self.last_event_s is None:
+            return None
+        return {"before_tune_s": self.tune_started_s, "after_last_event_s": round(wall - self.last_event_s, 1)}
+
+
 def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | None, resume: bool,
-           log_file: Path, python: str = sys.executable) -> tuple[float, int, float | None]:
-    """One `esper-ray ab` call: its wall seconds, exit code and the share of the machine's CPU time busy meanwhile
-    (is the CPU what a run on more cards waits for?). Stopped with SIGTERM after `stop_after` seconds."""
+           log_file: Path, python: str = sys.executable) -> tuple[float, int, float | None, dict[str, float] | None]:
+    """One `esper-ray ab` call: its wall seconds, exit code, the share of the machine's CPU time busy meanwhile
+    (is the CPU what a run on more cards waits for?) and the wall before and after Tune's run (TuneClock).
+    Stopped with SIGTERM after `stop_after` seconds."""
     command = [python, "-c", AB, "ab", str(experiment), "--output", str(output)] + (["--resume"] if resume else [])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
     cpu_before = cpu_times()
+    clock = TuneClock()
     start = time.monotonic()
     with log_file.open("a") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace")
+
+        def copy_lines() -> None:  # into the log as they come, each seen with the time it arrived
+            for line in process.stdout:
+                clock.see(line, time.monotonic() - start)
+                out.write(line)
+                out.flush()
+
+        copier = threading.Thread(target=copy_lines, daemon=True)
+        copier.start()
         try:
             code = process.wait(timeout=stop_after)
         except subprocess.TimeoutExpired:
@@ -161,7 +199,9 @@ def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | Non
             except subprocess.TimeoutExpired:
                 process.kill()
                 code = process.wait()
-    return time.monotonic() - start, code, busy_share(cpu_before, cpu_times())
+        wall = time.monotonic() - start
+        copier.join(timeout=10)  # the rest of the output; a child left holding the pipe must not hold this call
+    return wall, code, busy_share(cpu_before, cpu_times()), clock.outside(wall)
 
 
 def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
@@ -174,15 +214,17 @@ def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
     if not state["codes"] or state["codes"][-1] in INTERRUPTED:
         log(f"gpus {gpus} ({visible or 'CPU only'}): {'resuming' if state['walls'] else 'starting'} "
             f"{experiment} into {output} (its progress: {output / 'ab.log'})")
-        wall, code, cpu_busy = run_ab(experiment, output / "run", visible, stop_after, resume=bool(state["walls"]),
-                                      log_file=output / "ab.log", python=python)
+        wall, code, cpu_busy, outside = run_ab(experiment, output / "run", visible, stop_after,
+                                               resume=bool(state["walls"]), log_file=output / "ab.log", python=python)
         state["walls"].append(round(wall, 1))
         state["codes"].append(code)
         state.setdefault("cpu_busy", []).append(cpu_busy)
+        state.setdefault("outside_tune", []).append(outside)
         state_file.write_text(json.dumps(state))
     done, total = trials_done(output / "run")
     return {"gpus": gpus, "visible": visible, "wall_s": round(sum(state["walls"]), 1), "walls_s": state["walls"],
             "calls": len(state["walls"]), "exit_codes": state["codes"], "cpu_busy": state.get("cpu_busy"),
+            "outside_tune": state.get("outside_tune"),
             "trials_done": done, "trials": total,
             "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
             "concurrency": concurrency_line(output / "ab.log"), "last_call": ppo_timeline(output / "ab.log")}

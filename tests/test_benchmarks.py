@@ -159,6 +159,7 @@ with open(os.path.join(out, "calls.jsonl"), "a") as calls:
     calls.write(json.dumps({"argv": sys.argv[3:], "visible": os.environ["CUDA_VISIBLE_DEVICES"]}) + "\\n")
 resume = "--resume" in sys.argv
 print("trials at once on 2 CPU, 0 GPU: 1 ppo trials at once", flush=True)
+print("[  0m00s] started  ppo/seed0 (1 running, 0/2 done)", flush=True)  # Tune's clock starts about now
 trials = [{"status": "finished"}, {"status": "finished" if resume else "incomplete"}]
 with open(os.path.join(out, "results.json"), "w") as results:
     json.dump({"trials": trials}, results)
@@ -187,6 +188,10 @@ def test_ab_wall_stops_a_run_resumes_it_on_the_first_cards_and_sums_its_walls(tm
     assert second["exit_codes"] == [143, 0] and second["report"] and second["trials_done"] == 2
     assert second["wall_s"] == round(sum(second["walls_s"]), 1) and second["concurrency"].startswith("trials at once")
     assert len(second["cpu_busy"]) == 2 and all(b is None or 0 <= b <= 1 for b in second["cpu_busy"])
+    first_call = second["outside_tune"][0]  # its one progress line came before the sleep that SIGTERM cut
+    assert 0 <= first_call["before_tune_s"] < second["walls_s"][0]
+    assert 0 < first_call["after_last_event_s"] <= second["walls_s"][0]  # the wait for SIGTERM came after the line
+    assert "[  0m00s] started  ppo/seed0" in (output / "ab.log").read_text()  # the output still reaches the log
     assert ab_wall.measure(experiment, 2, output, stop_after=30.0, python=str(fake))["calls"] == 2  # done: no call
     calls = [json.loads(line) for line in (output / "run" / "calls.jsonl").read_text().splitlines()]
     assert [c["visible"] for c in calls] == ["2,0", "2,0"]
@@ -222,6 +227,20 @@ def test_ab_wall_says_where_the_last_call_went_from_the_progress_lines(tmp_path)
     log.write_text(AB_LOG.split("[  0m05s]")[0])  # a last call with no PPO trial started in it
     assert ab_wall.ppo_timeline(log) is None
     assert ab_wall.ppo_timeline(tmp_path / "absent.log") is None
+
+
+def test_ab_wall_places_tunes_start_and_the_report_from_when_the_progress_lines_arrive():
+    """A line stamped 0m05s that arrives 12.0 s into the call: Tune started 7 s in. The last progress line at 80.5 s
+    of a 100.0 s call leaves 19.5 s for the report and the exit. Other lines move nothing."""
+    ab_wall = _ab_wall_module()
+    clock = ab_wall.TuneClock()
+    assert clock.outside(100.0) is None  # no progress line: nothing to say
+    clock.see("esper-ray ab: text: arms ppo (ppo)\n", 3.0)
+    clock.see("[  0m05s] started  ppo/seed0 (1 running, 0/4 done)\n", 12.0)
+    clock.see("[  1m10s]          ppo/seed0 round 1/3: rollout acc 40.0%\n", 77.3)
+    clock.see("[  1m13s] finished ppo/seed0 (1/4 done)\n", 80.5)
+    clock.see("report: /tmp/x/report.md\n", 95.0)
+    assert clock.outside(100.0) == {"before_tune_s": 7.0, "after_last_event_s": 19.5}
 
 
 def test_ab_wall_reads_the_machine_s_busy_cpu_share_from_proc_stat(tmp_path):
