@@ -20,7 +20,8 @@ the wall seconds to the report over all calls, the calls, the share of the machi
 (`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
 MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
-when its PPO trials started, and each one's first round and the rounds after it, in seconds, from the progress lines).
+when its PPO trials started, each one's setup before that (Tune calls a trial started once its setup is done), its
+first round and the rounds after it, in seconds, from the progress lines).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def concurrency_line(log_file: Path) -> str | None:
 
 PROGRESS_LINE = re.compile(r"^\[\s*(\d+)m(\d\d)s\] (started |finished| )\s*(\S+/seed\d+)(?: round (\d+)/\d+)?")
 """`esper-ray ab`'s progress lines (experiments/runner.py, TrialEvents): the clock, the event, the trial, a round."""
+SETUP = re.compile(r"; its setup (\d+) s")
+"""A trial's setup seconds, on its first round's progress line."""
 CALL_START = "esper-ray ab:"
 """The first line `esper-ray ab` prints in each call."""
 
@@ -107,6 +110,7 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
     last_call = text.split(CALL_START)[-1]
     started: dict[str, int] = {}
     rounds: dict[str, dict[int, int]] = {}
+    setups: dict[str, int] = {}
     for line in last_call.splitlines():
         match = PROGRESS_LINE.match(line)
         if match is None:
@@ -116,12 +120,18 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
             started[trial] = clock
         elif round_ is not None:
             rounds.setdefault(trial, {})[int(round_)] = clock
+            setup = SETUP.search(line)
+            if setup is not None:
+                setups[trial] = int(setup[1])
     ppo = [t for t in started if 1 in rounds.get(t, {})]
     if not ppo:
         return None
-    return {"ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
-            "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
-            "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
+    timeline = {"ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
+                "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
+                "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
+    if any(t in setups for t in ppo):  # runs before the setup was printed have none
+        timeline["ppo_setup_s"] = sorted(setups[t] for t in ppo if t in setups)
+    return timeline
 
 
 def cpu_times(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:

@@ -142,7 +142,7 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_comman
     Tune has created only the first trial when it reports round 1 after 20 s: 2 of 8 done -> 60 s left."""
     from esper_ray.experiments import runner
     from esper_ray.experiments.runner import TrialEvents, TrialWork
-    from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
+    from esper_ray.experiments.trial_keys import SETUP_SECONDS, SUMMARY_PREFIX
 
     clock = [1000.0]
     monkeypatch.setattr(runner.time, "time", lambda: clock[0])
@@ -157,6 +157,8 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_comman
     events.on_trial_result(1, [ppo], ppo, result)
     assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; about 1m00s left"
     ppo.last_result = result  # as Tune keeps it
+    events.on_trial_result(1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4})  # a trial's first result has its setup
+    assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s; about 1m00s left"
     none = fake_trial("none", 0, "TERMINATED")
     clock[0] += 10
     events.on_trial_complete(2, [ppo, none], none)  # 2 + 2 of 8 after 30 s

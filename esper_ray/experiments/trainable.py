@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round
-from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
+from esper_ray.experiments.trial_keys import EVAL_PREFIX, SETUP_SECONDS, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
@@ -121,6 +122,7 @@ class MorphoTrial(tune.Trainable):
         return PlacementGroupFactory([bundle])
 
     def setup(self, config: dict[str, Any]) -> None:
+        started = time.monotonic()
         fail_if_asked(f"{config[TRIAL_KEY]['arm']}/{config[TRIAL_KEY]['seed']}")  # tests only (env/faults.py)
         self.cfg = train_config_of(config)
         self.controller = controller_of(config)
@@ -135,8 +137,16 @@ class MorphoTrial(tune.Trainable):
         # a trial of a killed run, continued by --salvage: restored at its first step, unless Tune restores this
         # trial's own checkpoint first (a later resume of this run)
         self.continue_from = config[TRIAL_KEY].get(CONTINUES_KEY, {}).get("checkpoint")
+        self.setup_seconds: float | None = time.monotonic() - started  # reported once, with the first result
 
     def step(self) -> dict[str, Any]:
+        metrics = self._step()
+        if self.setup_seconds is not None:  # where a trial's start goes: Tune calls it started only after setup
+            metrics[SETUP_SECONDS] = round(self.setup_seconds, 1)
+            self.setup_seconds = None
+        return metrics
+
+    def _step(self) -> dict[str, Any]:
         if self.algo is None:
             return self._baseline_step()
         if self.continue_from is not None:

@@ -9,6 +9,8 @@ SUMMARY_PREFIX = "round/"
 """Prefix of a PPO round's summary in a trial's results."""
 EVAL_PREFIX = "eval/"
 """Prefix of the evaluation's metrics in a trial's last result."""
+SETUP_SECONDS = "trial/setup_s"
+"""Seconds the trial's setup took (for a PPO trial: starting its env runners and learner), in its first result."""
 
 
 def per_kparam(accuracy: float, total_params: int) -> float:
