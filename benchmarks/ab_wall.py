@@ -20,8 +20,9 @@ the wall seconds to the report over all calls, the calls, the share of the machi
 (`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
 MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
-when its PPO trials started, each one's setup before that (Tune calls a trial started once its setup is done), its
-first round and the rounds after it, in seconds, from the progress lines).
+when its PPO trials started, each one's setup before that (Tune calls a trial started once its setup is done) with
+when its env runners' processes were up and how long they took to build, its first round and the rounds after it, in
+seconds, from the progress lines).
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def concurrency_line(log_file: Path) -> str | None:
 
 PROGRESS_LINE = re.compile(r"^\[\s*(\d+)m(\d\d)s\] (started |finished| )\s*(\S+/seed\d+)(?: round (\d+)/\d+)?")
 """`esper-ray ab`'s progress lines (experiments/runner.py, TrialEvents): the clock, the event, the trial, a round."""
-SETUP = re.compile(r"; its setup (\d+) s")
-"""A trial's setup seconds, on its first round's progress line."""
+SETUP = re.compile(r"; its setup (\d+) s(?: \(env runners up after (\d+) s, then built in (\d+) s\))?")
+"""A trial's setup seconds, on its first round's progress line, and their split where it was printed."""
 CALL_START = "esper-ray ab:"
 """The first line `esper-ray ab` prints in each call."""
 
@@ -110,7 +111,7 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
     last_call = text.split(CALL_START)[-1]
     started: dict[str, int] = {}
     rounds: dict[str, dict[int, int]] = {}
-    setups: dict[str, int] = {}
+    setups: dict[str, tuple[int, int | None, int | None]] = {}
     for line in last_call.splitlines():
         match = PROGRESS_LINE.match(line)
         if match is None:
@@ -122,15 +123,17 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
             rounds.setdefault(trial, {})[int(round_)] = clock
             setup = SETUP.search(line)
             if setup is not None:
-                setups[trial] = int(setup[1])
+                setups[trial] = (int(setup[1]), *(int(v) if v is not None else None for v in setup.groups()[1:]))
     ppo = [t for t in started if 1 in rounds.get(t, {})]
     if not ppo:
         return None
     timeline = {"ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
                 "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
                 "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
-    if any(t in setups for t in ppo):  # runs before the setup was printed have none
-        timeline["ppo_setup_s"] = sorted(setups[t] for t in ppo if t in setups)
+    for i, key in enumerate(("ppo_setup_s", "ppo_env_runners_up_s", "ppo_env_runner_init_s")):
+        values = sorted(setups[t][i] for t in ppo if t in setups and setups[t][i] is not None)
+        if values:  # runs from before these were printed have none
+            timeline[key] = values
     return timeline
 
 

@@ -206,7 +206,7 @@ esper-ray ab: text: arms ppo (ppo), none (none) x 2 seeds = 4 trials
 [  0m05s] started  ppo/seed0 (1 running, 0/4 done)
 [  0m06s] started  none/seed0 (2 running, 0/4 done)
 [  0m19s]          ppo/seed1 round 2/3: rollout acc 41.0%; about 1m00s left
-[  0m30s]          ppo/seed0 round 1/3: rollout acc 40.5%; its setup 4 s; about 50s left
+[  0m30s]          ppo/seed0 round 1/3: rollout acc 40.5%; its setup 4 s (env runners up after 2 s, then built in 1 s); about 50s left
 [  0m31s]          none/seed0 evaluation: test acc 38.1% over 2 episodes, +0 params
 [  0m31s] finished none/seed0 (1/4 done)
 [  1m12s] started  ppo/seed2 (2 running, 1/4 done)
@@ -224,8 +224,10 @@ def test_ab_wall_says_where_the_last_call_went_from_the_progress_lines(tmp_path)
     log = tmp_path / "ab.log"
     log.write_text(AB_LOG)
     assert ab_wall.ppo_timeline(log) == {"ppo_trials_started_s": [5, 72], "ppo_first_round_s": [8, 25],
-                                         "ppo_later_rounds_s": [55, 80], "ppo_setup_s": [4, 12]}
-    log.write_text(AB_LOG.replace("; its setup 4 s", "").replace("; its setup 12 s", ""))  # a run before setups were printed
+                                         "ppo_later_rounds_s": [55, 80], "ppo_setup_s": [4, 12],
+                                         "ppo_env_runners_up_s": [2], "ppo_env_runner_init_s": [1]}
+    log.write_text(AB_LOG.replace("; its setup 4 s (env runners up after 2 s, then built in 1 s)", "")
+                   .replace("; its setup 12 s", ""))  # a run from before the setups were printed
     assert "ppo_setup_s" not in ab_wall.ppo_timeline(log)
     log.write_text(AB_LOG.split("[  0m05s]")[0])  # a last call with no PPO trial started in it
     assert ab_wall.ppo_timeline(log) is None

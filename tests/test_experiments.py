@@ -406,7 +406,8 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     assert "## Verdict" in (out / "report.md").read_text()
     printed = capsys.readouterr().out
     assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed
-    assert re.search(r"ppo/seed0 round 1/1: rollout acc [0-9.]+%; its setup \d+ s; evaluation", printed)
+    assert re.search(r"ppo/seed0 round 1/1: rollout acc [0-9.]+%; its setup \d+ s \(env runners up after \d+ s, "
+                     r"then built in \d+ s\); evaluation", printed)
     assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed and "no cap" in printed  # smoke sets none
     # --save: every evaluation episode's network, the PPO arm's (sent back by its env runner) and the baseline's
     assert f"networks: 8 grown networks in {out / 'networks'}" in printed

@@ -142,7 +142,7 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_comman
     Tune has created only the first trial when it reports round 1 after 20 s: 2 of 8 done -> 60 s left."""
     from esper_ray.experiments import runner
     from esper_ray.experiments.runner import TrialEvents, TrialWork
-    from esper_ray.experiments.trial_keys import SETUP_SECONDS, SUMMARY_PREFIX
+    from esper_ray.experiments.trial_keys import RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS, SUMMARY_PREFIX
 
     clock = [1000.0]
     monkeypatch.setattr(runner.time, "time", lambda: clock[0])
@@ -159,6 +159,10 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_comman
     ppo.last_result = result  # as Tune keeps it
     events.on_trial_result(1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4})  # a trial's first result has its setup
     assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s; about 1m00s left"
+    events.on_trial_result(1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4, RUNNERS_UP_SECONDS: 20.2,
+                                           RUNNER_INIT_SECONDS: 8.6})  # and its env runners' part of it
+    assert printed[-1] == ("[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s (env runners up "
+                           "after 20 s, then built in 9 s); about 1m00s left")
     none = fake_trial("none", 0, "TERMINATED")
     clock[0] += 10
     events.on_trial_complete(2, [ppo, none], none)  # 2 + 2 of 8 after 30 s

@@ -33,7 +33,8 @@ from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_
                                            TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
-from esper_ray.experiments.trial_keys import EVAL_PREFIX, SETUP_SECONDS, SUMMARY_PREFIX, TRIAL_KEY
+from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
+                                              SUMMARY_PREFIX, TRIAL_KEY)
 from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
@@ -141,7 +142,9 @@ class TrialEvents(tune.Callback):
             parts.append(f"round {int(result[SUMMARY_PREFIX + 'round'])}/{self.rounds}: rollout acc "
                          f"{100 * result[SUMMARY_PREFIX + 'final_accuracy']:.1f}%")
             if SETUP_SECONDS in result:
-                parts.append(f"its setup {result[SETUP_SECONDS]:.0f} s")
+                split = (f" (env runners up after {result[RUNNERS_UP_SECONDS]:.0f} s, then built in "
+                         f"{result[RUNNER_INIT_SECONDS]:.0f} s)" if RUNNERS_UP_SECONDS in result else "")
+                parts.append(f"its setup {result[SETUP_SECONDS]:.0f} s{split}")
             if result[SUMMARY_PREFIX + "failed_env_steps"]:
                 parts.append(f"FAILED env steps {int(result[SUMMARY_PREFIX + 'failed_env_steps'])} (episodes lost; tracebacks "
                              f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")

@@ -29,10 +29,12 @@ from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round
-from esper_ray.experiments.trial_keys import EVAL_PREFIX, SETUP_SECONDS, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
+from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
+                                              SUMMARY_PREFIX, TRIAL_KEY, per_kparam)
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
+from esper_ray.train.env_runner import runner_start_seconds
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
 from esper_ray.train.manifest import MANIFEST_FILE, write_manifest
@@ -132,7 +134,9 @@ class MorphoTrial(tune.Trainable):
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
         if self.controller is not ControllerKind.PPO:
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
+        build_began = time.time()
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
+        self.setup_split = runner_start_seconds(self.algo.env_runner_group, build_began) if self.algo else None
         self.evaluated = False
         # a trial of a killed run, continued by --salvage: restored at its first step, unless Tune restores this
         # trial's own checkpoint first (a later resume of this run)
@@ -143,6 +147,8 @@ class MorphoTrial(tune.Trainable):
         metrics = self._step()
         if self.setup_seconds is not None:  # where a trial's start goes: Tune calls it started only after setup
             metrics[SETUP_SECONDS] = round(self.setup_seconds, 1)
+            if self.setup_split is not None:
+                metrics[RUNNERS_UP_SECONDS], metrics[RUNNER_INIT_SECONDS] = (round(v, 1) for v in self.setup_split)
             self.setup_seconds = None
         return metrics
 

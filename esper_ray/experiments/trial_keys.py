@@ -11,6 +11,10 @@ EVAL_PREFIX = "eval/"
 """Prefix of the evaluation's metrics in a trial's last result."""
 SETUP_SECONDS = "trial/setup_s"
 """Seconds the trial's setup took (for a PPO trial: starting its env runners and learner), in its first result."""
+RUNNERS_UP_SECONDS = "trial/env_runners_up_s"
+"""Of a PPO trial's setup: seconds until the last env runner's process was up with its imports done."""
+RUNNER_INIT_SECONDS = "trial/env_runner_init_s"
+"""Of a PPO trial's setup: the longest env runner's own init after that (its env, GPU share and policy)."""
 
 
 def per_kparam(accuracy: float, total_params: int) -> float:

@@ -37,6 +37,7 @@ from esper_ray.train.step_failures import StepFailureRecorder, record_step_failu
 class CpuPolicyEnvRunner(SingleAgentEnvRunner):
     @override(SingleAgentEnvRunner)
     def __init__(self, *args: Any, config: AlgorithmConfig, **kwargs: Any) -> None:
+        started = time.time()  # wall clock: the trial compares it with its own (runner_start_seconds)
         spread_gpu()  # before anything starts CUDA in this process
         # RLlib would build the policy and its connectors on the runner's GPU: told it has none, it keeps them on the
         # CPU (and never maps Ray's GPU id to a device, which spread_gpu may have moved); the env still takes the
@@ -45,6 +46,7 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         cpu_policy.num_gpus_per_env_runner = 0
         super().__init__(*args, config=cpu_policy, **kwargs)
         torch.backends.cudnn.deterministic = bool(self.config.env_config.get("cudnn_deterministic", False))
+        self.init_stamps = (started, time.time())  # its process was up (imports done) at the first, built at the second
 
     @override(SingleAgentEnvRunner)
     def make_env(self) -> None:
@@ -60,3 +62,14 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
             self.metrics.log_value(key, seconds, reduce=reduce)
         return episodes
+
+
+def runner_start_seconds(env_runner_group: Any, since: float) -> tuple[float, float] | None:
+    """Where a trial's start went, from its remote runners' init_stamps: seconds from `since` (time.time() when the
+    algorithm's build began) until the last runner's process was up with its imports done, and the longest runner
+    init after that (env, GPU share, policy). None without remote CpuPolicyEnvRunners."""
+    stamps = [s for s in env_runner_group.foreach_env_runner(lambda runner: getattr(runner, "init_stamps", None),
+                                                              local_env_runner=False) if s is not None]
+    if not stamps:
+        return None
+    return max(start for start, _ in stamps) - since, max(end - start for start, end in stamps)
