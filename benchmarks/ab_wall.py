@@ -196,10 +196,13 @@ def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | Non
                                    errors="replace")
 
         def copy_lines() -> None:  # into the log as they come, each seen with the time it arrived
-            for line in process.stdout:
-                clock.see(line, time.monotonic() - start)
-                out.write(line)
-                out.flush()
+            try:
+                for line in process.stdout:
+                    clock.see(line, time.monotonic() - start)
+                    out.write(line)
+                    out.flush()
+            except ValueError:  # the log closed after the join below gave up on a pipe a grandchild still holds
+                return
 
         copier = threading.Thread(target=copy_lines, daemon=True)
         copier.start()
