@@ -15,7 +15,8 @@ and the rounds done), so a per-call time limit loses nothing: run the same comma
 report yet resumes (`--resume`), the walls of its calls summed (a resume repeats the interrupted rounds, so a split
 run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto the GPUs (training.gpus_per_env F, shared
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
-its envs on the cards. Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
+its envs on the cards. `--warmup` first runs the experiment with 1 round, not counted, so that runs on a fresh
+machine and on one that ran the task before are measured alike (warm compile caches). Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
 the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
 (`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
 MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
@@ -246,6 +247,17 @@ def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
             "concurrency": concurrency_line(output / "ab.log"), "last_call": ppo_timeline(output / "ab.log")}
 
 
+def warm_up(source: Path, output: Path, gpus: int, gpus_per_env: float | None, stop_after: float | None,
+            python: str = sys.executable) -> dict[str, Any]:
+    """Run the experiment once with 1 round on `gpus` cards into `output` (not counted): the runs measured after it
+    find the machine as one that ran the task before does (Inductor's and Triton's compile caches, Ray's files in
+    the page cache). A fresh machine's first A/B paid about 15 s more in each PPO trial's first round and a slower
+    Ray start (docs/performance.md)."""
+    copy = experiment_copy(source, output, rounds=1, gpus_per_env=gpus_per_env)
+    figures = measure(copy, gpus, output, stop_after, python=python)
+    return {"gpus": gpus, "wall_s": figures["wall_s"], "report": figures["report"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,6 +268,9 @@ def main() -> None:
                         help="put every trial's envs on this share of a GPU (MPS on), in a copy of the file")
     parser.add_argument("--stop-after", type=float, help="stop each run after this many seconds; run again to resume")
     parser.add_argument("--output", type=Path, default=Path("/tmp/ab_wall"), help="results folder (default %(default)s)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="first run the experiment with 1 round on the most GPUs asked, into OUTPUT/warmup and not "
+                             "counted, so every measured run finds the compile caches warm (once per OUTPUT)")
     args = parser.parse_args()
     if not args.experiment.is_file():
         parser.error(f"experiment file {args.experiment}: not found")
@@ -271,10 +286,15 @@ def main() -> None:
     if args.rounds is not None or args.gpus_per_env is not None:
         experiment = experiment_copy(args.experiment, args.output, args.rounds, args.gpus_per_env)
     command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
+    warmup = (warm_up(args.experiment, args.output / "warmup", max(args.gpus), args.gpus_per_env, args.stop_after)
+              if args.warmup else None)
+    if warmup is not None and not warmup["report"]:
+        log(f"the warm-up has not ended yet ({warmup['wall_s']} s so far): run the same command again")
+        return
     for gpus in args.gpus:
         figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)
         setup = {"experiment": str(args.experiment), "rounds": args.rounds, "gpus_per_env": args.gpus_per_env,
-                 "command": command}
+                 "warmup": warmup, "command": command}
         print(json.dumps({"machine": machine(), "setup": setup, **figures}), flush=True)
 
 

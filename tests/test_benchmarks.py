@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -197,6 +198,25 @@ def test_ab_wall_stops_a_run_resumes_it_on_the_first_cards_and_sums_its_walls(tm
     assert [c["visible"] for c in calls] == ["2,0", "2,0"]
     assert calls[0]["argv"] == ["ab", str(experiment), "--output", str(output / "run")]
     assert calls[1]["argv"] == calls[0]["argv"] + ["--resume"]
+
+
+def test_ab_wall_warms_up_on_a_one_round_copy_in_its_own_folder_once(tmp_path, monkeypatch):
+    """The warm-up runs a copy of the file with rounds 1 on the cards asked, in OUTPUT/warmup; a finished one is not
+    run again."""
+    ab_wall = _ab_wall_module()
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!{sys.executable}\n" + FAKE_AB.replace("if not resume:", "if False:"))  # runs to its end
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    warm = tmp_path / "warmup"
+    first = ab_wall.warm_up(REPO / "tune_configs" / "smoke.yaml", warm, 2, None, stop_after=30.0, python=str(fake))
+    assert first["gpus"] == 2 and first["report"] and first["wall_s"] > 0
+    calls = [json.loads(line) for line in (warm / "run" / "calls.jsonl").read_text().splitlines()]
+    copy = warm / "smoke_rounds1.yaml"
+    assert [c["argv"][1] for c in calls] == [str(copy)] and calls[0]["visible"] == "0,1"
+    assert yaml.safe_load(copy.read_text())["rounds"] == 1
+    assert ab_wall.warm_up(REPO / "tune_configs" / "smoke.yaml", warm, 2, None, 30.0, python=str(fake)) == first
+    assert len((warm / "run" / "calls.jsonl").read_text().splitlines()) == 1  # done: not run again
 
 
 AB_LOG = """esper-ray ab: text: arms ppo (ppo), none (none) x 2 seeds = 4 trials
