@@ -100,6 +100,11 @@ CALL_START = "esper-ray ab:"
 """The first line `esper-ray ab` prints in each call."""
 
 
+def clock_seconds(progress: re.Match[str]) -> int:
+    """The seconds of a PROGRESS_LINE match's clock ([ 1m05s] -> 65)."""
+    return 60 * int(progress[1]) + int(progress[2])
+
+
 def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
     """Where the last call's wall went, from its progress lines: when its PPO trials started (seconds into the
     call), and per PPO trial (a trial with rounds) the seconds from its start to its first round and from its
@@ -117,7 +122,7 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
         match = PROGRESS_LINE.match(line)
         if match is None:
             continue
-        clock, event, trial, round_ = 60 * int(match[1]) + int(match[2]), match[3], match[4], match[5]
+        clock, event, trial, round_ = clock_seconds(match), match[3], match[4], match[5]
         if event == "started ":
             started[trial] = clock
         elif round_ is not None:
@@ -173,7 +178,7 @@ class TuneClock:
         if match is None:
             return
         if self.tune_started_s is None:
-            self.tune_started_s = round(seconds_into_call - (60 * int(match[1]) + int(match[2])), 1)
+            self.tune_started_s = round(seconds_into_call - clock_seconds(match), 1)
         self.last_event_s = seconds_into_call
 
     def outside(self, wall: float) -> dict[str, float] | None:

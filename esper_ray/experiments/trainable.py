@@ -124,7 +124,7 @@ class MorphoTrial(tune.Trainable):
         return PlacementGroupFactory([bundle])
 
     def setup(self, config: dict[str, Any]) -> None:
-        started = time.monotonic()
+        started = time.time()  # wall clock: the env runners' stamps (runner_start_seconds) are compared with it
         fail_if_asked(f"{config[TRIAL_KEY]['arm']}/{config[TRIAL_KEY]['seed']}")  # tests only (env/faults.py)
         self.cfg = train_config_of(config)
         self.controller = controller_of(config)
@@ -136,20 +136,19 @@ class MorphoTrial(tune.Trainable):
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
         build_began = time.time()
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
-        self.setup_split = runner_start_seconds(self.algo.env_runner_group, build_began) if self.algo else None
+        split = runner_start_seconds(self.algo.env_runner_group, build_began) if self.algo else None
         self.evaluated = False
         # a trial of a killed run, continued by --salvage: restored at its first step, unless Tune restores this
         # trial's own checkpoint first (a later resume of this run)
         self.continue_from = config[TRIAL_KEY].get(CONTINUES_KEY, {}).get("checkpoint")
-        self.setup_seconds: float | None = time.monotonic() - started  # reported once, with the first result
+        # where the trial's start went (Tune calls a trial started only after its setup): in its first result only
+        self.setup_report = {SETUP_SECONDS: round(time.time() - started, 1)}
+        if split is not None:
+            self.setup_report.update({RUNNERS_UP_SECONDS: round(split[0], 1), RUNNER_INIT_SECONDS: round(split[1], 1)})
 
     def step(self) -> dict[str, Any]:
-        metrics = self._step()
-        if self.setup_seconds is not None:  # where a trial's start goes: Tune calls it started only after setup
-            metrics[SETUP_SECONDS] = round(self.setup_seconds, 1)
-            if self.setup_split is not None:
-                metrics[RUNNERS_UP_SECONDS], metrics[RUNNER_INIT_SECONDS] = (round(v, 1) for v in self.setup_split)
-            self.setup_seconds = None
+        metrics = {**self._step(), **self.setup_report}
+        self.setup_report = {}
         return metrics
 
     def _step(self) -> dict[str, Any]:
