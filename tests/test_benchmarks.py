@@ -210,7 +210,8 @@ def test_ab_wall_warms_up_on_a_one_round_copy_in_its_own_folder_once(tmp_path, m
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     warm = tmp_path / "warmup"
     first = ab_wall.warm_up(REPO / "tune_configs" / "smoke.yaml", warm, 2, None, stop_after=30.0, python=str(fake))
-    assert first["gpus"] == 2 and first["report"] and first["wall_s"] > 0
+    assert first["gpus"] == 2 and first["report"]
+    assert json.loads((warm / ab_wall.STATE).read_text())["walls"] == [first["wall_s"]]  # its one call's wall, kept
     calls = [json.loads(line) for line in (warm / "run" / "calls.jsonl").read_text().splitlines()]
     copy = warm / "smoke_rounds1.yaml"
     assert [c["argv"][1] for c in calls] == [str(copy)] and calls[0]["visible"] == "0,1"
