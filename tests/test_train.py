@@ -65,6 +65,11 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
         assert algo.env_runner_group.foreach_env_runner(_cudnn_deterministic, local_env_runner=False) == [False, False]
         for _ in range(2):
             results.append(algo.train())
+        # the observation filter merged every runner's new features once a round (the env-to-module pipeline sees
+        # each episode's reset and each step's observation): 2 rounds x (12 steps + 2 resets); its mean is checked
+        # against numpy in test_feature_filter.py
+        merged = feature_filter_of(algo.env_runner._env_to_module, "local")._filters[None].running_stats
+        assert merged.n == 2 * (12 + 2)
     finally:
         algo.stop()
     for result in results:

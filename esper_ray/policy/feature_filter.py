@@ -4,6 +4,16 @@ It is RLlib's MeanStdFilter connector (running statistics, clipping, state merge
 round and saved in checkpoints) restricted to the Box `features`: in Ray 2.60 the stock connector fails on a
 Dict observation that also holds discrete parts. Like the stock connector, it writes the normalised
 observation back into the episode, so the learner trains on exactly the input the policy acted on.
+
+It also mends how the stock connector merges the env runners' statistics (Ray 2.60). Every round RLlib gathers each
+runner's state, merges them into the driver's and sends the result back. The stock merge adds what each
+runner's `RunningStat` counts as new since the last merge (`num_pushes_delta`, `mean_delta_array`), and that
+bookkeeping is right only for a statistic that started empty: once a runner has been sent the merged statistics,
+its "new mean" grows by (x - running mean) / all pushes, not by (x - new mean) / new pushes, so from the second
+round on the merged mean decays towards 0 and the std grows (constant data of mean 5 and std 1 over 2 runners:
+merged mean 2.5 after round 2, 0.9 after round 8; std 2.7, then 3.4). Here each runner keeps the features it
+pushed since it was last sent the merged statistics in a statistic of their own (`new_since_sync`, started empty
+at every set_state, where RLlib's own update is exact) and the merge adds those alone.
 """
 
 from __future__ import annotations
@@ -14,8 +24,12 @@ import numpy as np
 from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.filter import MeanStdFilter as RunningMeanStd
+from ray.rllib.utils.filter import RunningStat
+from ray.rllib.utils.typing import StateDict
 
 FEATURES = "features"
+NEW_SINCE_SYNC = "new_since_sync"
+"""The state's key for the features a runner pushed since it was last sent the merged statistics."""
 
 
 class FeatureMeanStdFilter(MeanStdFilter):
@@ -33,11 +47,40 @@ class FeatureMeanStdFilter(MeanStdFilter):
         """(features - running mean) / running std, clipped; `update` adds them to the statistics first."""
         if self._filters is None:
             self._init_new_filters()
+        if update:
+            features = np.asarray(features)
+            for row in features if features.ndim > len(self._shape()) else [features]:  # a batch, row by row as RLlib
+                self._new_since_sync.push(row)
         return self._filters[None](features, update=update)
 
     @override(MeanStdFilter)
+    def get_state(self, *args: Any, **kwargs: Any) -> StateDict:
+        state = super().get_state(*args, **kwargs)
+        state[None][NEW_SINCE_SYNC] = self._new_since_sync.to_state()
+        return state
+
+    @override(MeanStdFilter)
+    def set_state(self, state: StateDict) -> None:
+        super().set_state(state)
+        self._new_since_sync = RunningStat(self._shape())
+
+    @override(MeanStdFilter)
+    def merge_states(self, states: list[StateDict]) -> StateDict:
+        """The merged statistics (this filter's) plus what each runner pushed since it was last sent them."""
+        if self._filters is None:
+            self._init_new_filters()
+        merged = self._filters[None].running_stats
+        for state in states:
+            merged.update(RunningStat.from_state(state[None][NEW_SINCE_SYNC]))
+        return self.get_state()
+
+    @override(MeanStdFilter)
     def _init_new_filters(self) -> None:
-        shape = np.array(self.input_observation_space[FEATURES].shape)  # type: ignore[index]
+        shape = np.array(self._shape())
         self._filters = {
             None: RunningMeanStd(shape, demean=self.de_mean_to_zero, destd=self.de_std_to_one, clip=self.clip_by_value)
         }
+        self._new_since_sync = RunningStat(self._shape())
+
+    def _shape(self) -> tuple[int, ...]:
+        return tuple(self.input_observation_space[FEATURES].shape)  # type: ignore[index]
