@@ -3,6 +3,9 @@ runner's state gathered, merged into the driver's, the result sent back), agains
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -70,3 +73,16 @@ def test_a_merge_with_nothing_new_changes_nothing():
     assert after[0] == before[0]
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_array_equal(after[2], before[2])
+
+
+def test_ray_own_merge_drifts_where_ours_holds():
+    """measurements/filter_merge.py: Ray 2.60's merge pulls the mean of data of mean 5 towards 0 and inflates its std
+    from round 2 on (the reason for our merge; if a Ray upgrade mends it, this fails and ours may go)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "measurements"))
+    from filter_merge import merged_by_round
+
+    common = dict(rounds=4, runners=2, steps=40, mean=5.0, std=1.0, seed=3)
+    stock, ours = merged_by_round(True, **common), merged_by_round(False, **common)
+    assert abs(stock[0][1] - ours[0][1]) < 1e-9  # the first round, from empty statistics, is right in both
+    assert stock[-1][1] < 2.5 and stock[-1][2] > 2.0
+    assert abs(ours[-1][1] - 5.0) < 0.2 and abs(ours[-1][2] - 1.0) < 0.15
