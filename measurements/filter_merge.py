@@ -58,11 +58,13 @@ def main() -> None:
     parser.add_argument("--std", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    common = dict(rounds=args.rounds, runners=args.runners, steps=args.steps, mean=args.mean, std=args.std, seed=args.seed)
+    common = dict(rounds=args.rounds, runners=args.runners, steps=args.steps, mean=args.mean, std=args.std,
+                  seed=args.seed)
     stock, ours = merged_by_round(True, **common), merged_by_round(False, **common)
     print(f"data: mean {args.mean}, std {args.std}; {args.runners} runners x {args.steps} features a round")
     for r, ((n, m1, s1), (_, m2, s2)) in enumerate(zip(stock, ours), 1):
-        print(f"round {r}: n {n}; Ray 2.60's merge: mean {m1:.3f} std {s1:.3f}; esper-ray's: mean {m2:.3f} std {s2:.3f}")
+        print(f"round {r}: n {n}; Ray 2.60's merge: mean {m1:.3f} std {s1:.3f}; "
+              f"esper-ray's: mean {m2:.3f} std {s2:.3f}")
     print(json.dumps({"setup": vars(args), "ray_merge": stock, "esper_ray_merge": ours}))
 
 

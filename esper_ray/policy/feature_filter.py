@@ -11,9 +11,9 @@ runner's `RunningStat` counts as new since the last merge (`num_pushes_delta`, `
 bookkeeping is right only for a statistic that started empty: once a runner has been sent the merged statistics,
 its "new mean" grows by (x - running mean) / all pushes, not by (x - new mean) / new pushes, so from the second
 round on the merged mean decays towards 0 and the std grows (data of mean 5 and std 1 over 2 runners: merged mean
-2.5 after round 2, 0.9 after round 8; std 2.8, then 3.4; measurements/filter_merge.py). Here each runner keeps the features it
-pushed since it was last sent the merged statistics in a statistic of their own (`new_since_sync`, started empty
-at every set_state, where RLlib's own update is exact) and the merge adds those alone.
+2.5 after round 2, 0.9 after round 8; std 2.8, then 3.4; measurements/filter_merge.py). Here each runner keeps the
+features it pushed since it was last sent the merged statistics in a statistic of their own (`new_since_sync`,
+started empty at every set_state, where RLlib's own update is exact) and the merge adds those alone.
 """
 
 from __future__ import annotations
