@@ -84,8 +84,10 @@ class TrialEvents(tune.Callback):
     with an estimate of the time left once this command has done some work.
 
     Work is counted in episodes (TrialWork, by (arm, seed)): the estimate assumes the episodes left take as long,
-    on average, as those done since this command started. A trial's rounds and its evaluation count as they
-    report. Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called
+    on average, as those done since this command's first trial started (Tune calls a trial started once its setup
+    is done: Ray's start, the plan and the first trials' setups, tens of seconds on a GPU machine, would otherwise
+    count as time spent on the first episodes and inflate the early estimates). A trial's rounds and its
+    evaluation count as they report. Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called
     at the start of every fit, restarts the clock, and the count of done trials is read from the trials'
     statuses. (A run started before `work` existed restores without it: its lines carry no estimate.)
     """
@@ -100,6 +102,7 @@ class TrialEvents(tune.Callback):
 
     def setup(self, **info: Any) -> None:
         self.start = time.time()
+        self.first_start: float | None = None  # when this command's first trial started: the estimate's clock
         self.ended: set[str] = set()
         self.work_at_start: int | None = None  # episodes done before this command (a resume), read at its first event
 
@@ -119,19 +122,21 @@ class TrialEvents(tune.Callback):
     def _left(self, trials: list[Any], trial: Any, result: dict[str, Any] | None = None) -> str:
         """`; about 3m05s left`, or nothing before this command has done any work. Tune creates trials as it
         goes, so the total comes from the experiment, and trials it has not created yet have done nothing."""
-        if not self.work:
+        if not self.work or self.first_start is None:
             return ""
         done = sum(self._work_done(t, result if t is trial else None) for t in trials)
         total = sum(w.total(self.rounds) for w in self.work.values())
         if self.work_at_start is None:
             self.work_at_start = done
-        left = time_left(time.time() - self.start, done - self.work_at_start, total - self.work_at_start)
+        left = time_left(time.time() - self.first_start, done - self.work_at_start, total - self.work_at_start)
         return f"; {left}" if left else ""
 
     def _line(self, text: str) -> None:
         self.print(f"{clock_stamp(time.time() - self.start)} {text}", flush=True)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.first_start is None:
+            self.first_start = time.time()
         running = len({t.trial_id for t in trials if t.status == "RUNNING"} | {trial.trial_id})
         self._line(f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done"
                    f"{self._left(trials, trial)})")
