@@ -137,23 +137,37 @@ def fake_trial(arm: str, seed: int, status: str, last_result: dict | None = None
                            last_result=last_result or {})
 
 
-def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_first_trial_started(monkeypatch):
-    """A PPO trial of 2 rounds x 2 episodes + 2 evaluation episodes (6) and a baseline trial of 2 (8 in all);
-    Tune has created only the first trial when it reports round 1 after 20 s: 2 of 8 done -> 60 s left."""
+def ab_events(monkeypatch) -> tuple[list[float], list[str], Any]:
+    """TrialEvents for a PPO trial of 2 rounds x 2 episodes + 2 evaluation episodes (6) and a baseline trial of 2 (8
+    in all), on a clock the test moves; returns (clock, printed lines, events)."""
     from esper_ray.experiments import runner
     from esper_ray.experiments.runner import TrialEvents, TrialWork
-    from esper_ray.experiments.trial_keys import RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS, SUMMARY_PREFIX
 
     clock = [1000.0]
     monkeypatch.setattr(runner.time, "time", lambda: clock[0])
     printed: list[str] = []
     events = TrialEvents(2, 2, {("ppo", 0): TrialWork(2, 2), ("none", 0): TrialWork(0, 2)},
                          print_fn=lambda text, flush: printed.append(text))
+    return clock, printed, events
+
+
+def round_one() -> dict:
+    from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
+
+    return {SUMMARY_PREFIX + "round": 1, SUMMARY_PREFIX + "final_accuracy": 0.5, SUMMARY_PREFIX + "failed_env_steps": 0}
+
+
+def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_first_trial_started(monkeypatch):
+    """A PPO trial of 2 rounds x 2 episodes + 2 evaluation episodes (6) and a baseline trial of 2 (8 in all);
+    Tune has created only the first trial when it reports round 1 after 20 s: 2 of 8 done -> 60 s left."""
+    from esper_ray.experiments.trial_keys import RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS
+
+    clock, printed, events = ab_events(monkeypatch)
     ppo = fake_trial("ppo", 0, "RUNNING")
     events.on_trial_start(0, [ppo], ppo)
     assert printed[-1] == "[  0m00s] started  ppo/seed0 (1 running, 0/2 done)"  # nothing done yet: no estimate
     clock[0] += 20
-    result = {SUMMARY_PREFIX + "round": 1, SUMMARY_PREFIX + "final_accuracy": 0.5, SUMMARY_PREFIX + "failed_env_steps": 0}
+    result = round_one()
     events.on_trial_result(1, [ppo], ppo, result)
     assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; about 1m00s left"
     ppo.last_result = result  # as Tune keeps it
@@ -172,20 +186,11 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_first_
 def test_ab_estimates_count_time_from_the_first_trial_start_not_from_ray_and_the_setups(monkeypatch):
     """Ray, Tune and the first trials' setup take 40 s before Tune calls a trial started; round 1 (2 of 8 episodes)
     reports 20 s later: the episodes left take 60 s at that pace, not 3 minutes (as 60 s for 2 episodes would say)."""
-    from esper_ray.experiments import runner
-    from esper_ray.experiments.runner import TrialEvents, TrialWork
-    from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
-
-    clock = [1000.0]
-    monkeypatch.setattr(runner.time, "time", lambda: clock[0])
-    printed: list[str] = []
-    events = TrialEvents(2, 2, {("ppo", 0): TrialWork(2, 2), ("none", 0): TrialWork(0, 2)},
-                         print_fn=lambda text, flush: printed.append(text))
+    clock, printed, events = ab_events(monkeypatch)
     ppo = fake_trial("ppo", 0, "RUNNING")
     clock[0] += 40
     events.on_trial_start(0, [ppo], ppo)
     assert printed[-1] == "[  0m40s] started  ppo/seed0 (1 running, 0/2 done)"
     clock[0] += 20
-    result = {SUMMARY_PREFIX + "round": 1, SUMMARY_PREFIX + "final_accuracy": 0.5, SUMMARY_PREFIX + "failed_env_steps": 0}
-    events.on_trial_result(1, [ppo], ppo, result)
+    events.on_trial_result(1, [ppo], ppo, round_one())
     assert printed[-1] == "[  1m00s]          ppo/seed0 round 1/2: rollout acc 50.0%; about 1m00s left"
