@@ -11,9 +11,10 @@ runner's `RunningStat` counts as new since the last merge (`num_pushes_delta`, `
 bookkeeping is right only for a statistic that started empty: once a runner has been sent the merged statistics,
 its "new mean" grows by (x - running mean) / all pushes, not by (x - new mean) / new pushes, so from the second
 round on the merged mean decays towards 0 and the std grows (data of mean 5 and std 1 over 2 runners: merged mean
-2.5 after round 2, 0.9 after round 8; std 2.8, then 3.4; measurements/filter_merge.py). Here each runner keeps the
-features it pushed since it was last sent the merged statistics in a statistic of their own (`new_since_sync`,
-started empty at every set_state, where RLlib's own update is exact) and the merge adds those alone.
+2.5 after round 2, 0.9 after round 8; std 2.8, then 3.4; measurements/filter_merge.py). Here each runner reports
+the features it pushed since it was last sent the merged statistics (`new_since_sync`: the filter's own `buffer`,
+which RLlib pushes beside the running statistics, emptied at every set_state, so RLlib's own update of it is
+exact) and the merge adds those alone.
 """
 
 from __future__ import annotations
@@ -47,22 +48,18 @@ class FeatureMeanStdFilter(MeanStdFilter):
         """(features - running mean) / running std, clipped; `update` adds them to the statistics first."""
         if self._filters is None:
             self._init_new_filters()
-        if update:
-            features = np.asarray(features)
-            for row in features if features.ndim > len(self._shape()) else [features]:  # a batch, row by row as RLlib
-                self._new_since_sync.push(row)
         return self._filters[None](features, update=update)
 
     @override(MeanStdFilter)
     def get_state(self, *args: Any, **kwargs: Any) -> StateDict:
         state = super().get_state(*args, **kwargs)
-        state[None][NEW_SINCE_SYNC] = self._new_since_sync.to_state()
+        state[None][NEW_SINCE_SYNC] = self._filters[None].buffer.to_state()
         return state
 
     @override(MeanStdFilter)
     def set_state(self, state: StateDict) -> None:
         super().set_state(state)
-        self._new_since_sync = RunningStat(self._shape())
+        self._filters[None].reset_buffer()  # what it pushes from here on is what the next merge adds
 
     @override(MeanStdFilter)
     def merge_states(self, states: list[StateDict]) -> StateDict:
@@ -76,11 +73,7 @@ class FeatureMeanStdFilter(MeanStdFilter):
 
     @override(MeanStdFilter)
     def _init_new_filters(self) -> None:
-        shape = np.array(self._shape())
+        shape = np.array(self.input_observation_space[FEATURES].shape)  # type: ignore[index]
         self._filters = {
             None: RunningMeanStd(shape, demean=self.de_mean_to_zero, destd=self.de_std_to_one, clip=self.clip_by_value)
         }
-        self._new_since_sync = RunningStat(self._shape())
-
-    def _shape(self) -> tuple[int, ...]:
-        return tuple(self.input_observation_space[FEATURES].shape)  # type: ignore[index]
