@@ -16,8 +16,8 @@ report yet resumes (`--resume`), the walls of its calls summed (a resume repeats
 run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto the GPUs (training.gpus_per_env F, shared
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
 its envs on the cards. `--warmup` first runs the experiment with 1 round, not counted, so that runs on a fresh
-machine and on one that ran the task before are measured alike (warm compile caches). Progress goes to stderr; one JSON line a G on stdout: the card and commit, the command,
-the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
+machine and on one that ran the task before are measured alike (warm compile caches). Progress goes to stderr; one
+JSON line a G on stdout: the card and commit, the command, the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
 (`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
 MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:

@@ -87,9 +87,9 @@ class TrialEvents(tune.Callback):
     on average, as those done since this command's first trial started (Tune calls a trial started once its setup
     is done: Ray's start, the plan and the first trials' setups, tens of seconds on a GPU machine, would otherwise
     count as time spent on the first episodes and inflate the early estimates). A trial's rounds and its
-    evaluation count as they report. Tune pickles its callbacks with the experiment and restores them on --resume; `setup`, called
-    at the start of every fit, restarts the clock, and the count of done trials is read from the trials'
-    statuses. (A run started before `work` existed restores without it: its lines carry no estimate.)
+    evaluation count as they report. Tune pickles its callbacks with the experiment and restores them on --resume;
+    `setup`, called at the start of every fit, restarts the clock, and the count of done trials is read from the
+    trials' statuses. (A run started before `work` existed restores without it: its lines carry no estimate.)
     """
 
     work: dict[tuple[str, int], TrialWork] = {}
