@@ -5,6 +5,7 @@
     python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
     python benchmarks/throughput.py --gpu --mps           # the same with a private MPS daemon
     python benchmarks/throughput.py --gpu --overlap       # the train half with TrainConfig.overlap
+    python benchmarks/throughput.py --gpu --lead          # ... and TrainConfig.lead (implies --overlap)
 
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
 controller (`--bare-controller none`: the host alone, no germination, so after the warm-up no step captures a
@@ -19,6 +20,10 @@ after the slowest runner is done, and the driver's work after sampling (sending 
 observation filters and its results). Its samples/s count each round's `algo.train()` call, as they always have;
 `train_wall_samples_per_s` counts the same rounds by the driver's clock, with the work between two calls (the
 metrics file, TensorBoard, the next round's start on every runner), and `train_wall_over_bare` is its ratio.
+With --lead a round's sampling starts in the round before (each runner starts round k+1 once done with round k), so
+a round's `algo.train()` call no longer holds all of its sampling: the train half's samples/s then count the
+steady rounds from the moment the first round's episodes reached the driver (when the runners began the second) to
+the last round's end, and `round_led_share` says how many runners' rounds were sampled ahead.
 Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
@@ -70,6 +75,8 @@ class Setup:
     cpus_per_env: float | None = None
     overlap: bool = False
     """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
+    lead: bool = False
+    """The train half's env runners start each next round once done with their own (TrainConfig.lead)."""
     extra_env: tuple[tuple[str, Any], ...] = ()
     """Further env settings for both halves (--env KEY=VALUE)."""
     bare_controller: str = "random"
@@ -231,7 +238,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
                       episodes_per_env=setup.episodes_per_env, rounds=setup.rounds, gpus_per_env=setup.gpus_per_env,
                       cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
                       learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, overlap=setup.overlap,
-                      checkpoint_every=0, env=env)
+                      lead=setup.lead, checkpoint_every=0, env=env)
     results: list[dict] = []
     ended: list[float] = []  # when each round's result reached the driver's loop
 
@@ -241,6 +248,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as folder:
         outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=record)
+    from esper_ray.contracts import metrics as m
     from esper_ray.train.round_summary import flatten_numbers
 
     last = flatten_numbers(results[-1])
@@ -257,6 +265,15 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
         wall = ended[-1] - ended[0]
         figures.update(wall_env_steps_per_s=steps / wall, wall_samples_per_s=steps * samples_per_step / wall,
                        between_rounds_share=(wall - seconds) / wall)
+    if setup.lead and len(ended) > 1:
+        # the steady rounds' sampling began when the first round's episodes reached the driver (its runners then
+        # started the second), before that round's train() call ended: counted from there, not from that end
+        first = flatten_numbers(results[0])
+        began = ended[0] - outcome.rounds[0].seconds + first[m.DRIVER_SAMPLING_SECONDS]
+        wall = ended[-1] - began
+        figures.update(env_steps_per_s=steps / wall, samples_per_s=steps * samples_per_step / wall,
+                       round_led_share=sum(flatten_numbers(r)[f"{m.ENV_RUNNERS}/{m.RUNNER_ROUND_LED}"]
+                                           for r in results[1:]) / len(results[1:]))
     return figures
 
 
@@ -376,7 +393,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
                        train_runner_sample_seconds_max=round(train_rate["runner_sample_seconds_max"], 3),
                        train_waiting_for_the_slowest_share=round(train_rate["waiting_for_the_slowest_share"], 3))
         for key in ("collecting_episodes_share", "after_sampling_share", "weight_send_share", "between_rounds_share",
-                    "wall_samples_per_s"):
+                    "wall_samples_per_s", "round_led_share"):
             if key in train_rate:
                 figures[f"train_{key}"] = round(train_rate[key], 3 if key.endswith("share") else None)
     if "bare" in halves and "train" in halves:
@@ -397,6 +414,8 @@ def main() -> None:
     parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
     parser.add_argument("--mps-only", action="store_true", help="measure only under a private MPS daemon")
     parser.add_argument("--overlap", action="store_true", help="the train half overlaps learner updates with sampling")
+    parser.add_argument("--lead", action="store_true",
+                        help="the train half's env runners start each next round once done with theirs (implies --overlap)")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting for both halves (repeatable)")
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
@@ -421,7 +440,8 @@ def main() -> None:
                       batch_size=512, max_epochs=args.max_epochs or 20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
-                      overlap=args.overlap, extra_env=extra_env, bare_controller=args.bare_controller)
+                      overlap=args.overlap or args.lead, lead=args.lead, extra_env=extra_env,
+                      bare_controller=args.bare_controller)
     else:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -434,7 +454,7 @@ def main() -> None:
                       batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=args.max_epochs or default.max_epochs,
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
-                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap,
+                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap or args.lead, lead=args.lead,
                       extra_env=extra_env, bare_controller=args.bare_controller)
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.morphogenetic_env import resolve_amp

@@ -39,6 +39,19 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     assert 0 <= figures["train_between_rounds_share"] < 1
 
 
+@pytest.mark.expensive
+def test_throughput_with_lead_counts_each_round_from_when_its_runners_began_it():
+    """--lead: every steady round was sampled ahead by every runner, so its samples/s count from when the first
+    round's episodes reached the driver (the runners began the second then), before that round's train() ended."""
+    run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--rounds", "3", "--max-epochs", "5", "--lead",
+                          "--only", "train"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(run.stdout.strip().splitlines()[-1])["without_mps"]
+    assert figures["train_round_led_share"] == 1
+    assert 0 < figures["train_samples_per_s"] < figures["train_wall_samples_per_s"]
+
+
 # ------------------------------------------------------------------------------------------ benchmarks/roofline.py
 # The cifar10 host by hand (HOST_PRESETS["cifar10"]): 3x3 convolutions 3->8 at 32x32, 8->16 at 16x16, 16->32 at 8x8
 # (each block pooled 2x2 after), then a linear head 32->10 on the pooled features.

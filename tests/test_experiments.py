@@ -108,6 +108,7 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     ({"arms": {"a": {}, "b/c": {}}}, r"arms.b/c='b/c': the arm name must be a plain folder name"),
     ({"arms": {"a": {}, "..": {}}}, r"arms...='\.\.': the arm name"),
     ({"seeds": [0, 2**32]}, r"seed=4294967296: must be below 2\*\*32 - envs"),
+    ({"arms": {"a": {"overlap": True, "lead": True}, "b": {}}}, r"arms.a: lead=true does nothing in an A/B"),
 ])
 def test_bad_experiment_files_fail_before_anything_runs(change, match):
     with pytest.raises(ValueError, match=match):

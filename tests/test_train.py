@@ -20,11 +20,11 @@ from esper_ray.contracts import metrics as m
 from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, encode_joint
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import decode_action
-from esper_ray.policy.feature_filter import FeatureMeanStdFilter
+from esper_ray.policy.feature_filter import FeatureMeanStdFilter, feature_filter_of
 from esper_ray.train.checkpoints import checkpoint_dir, partial_checkpoint_dir, record_checkpoint, resolve_checkpoint
 from esper_ray.train.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.algorithm_host import AlgorithmDriver
-from esper_ray.train.evaluate import feature_filter_of, load_policy
+from esper_ray.train.evaluate import load_policy
 from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
 from esper_ray.train.ppo_config import build_ppo_config
 from esper_ray.train.round_summary import summarize_round
@@ -166,6 +166,36 @@ def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_th
     assert [r.round for r in resumed.rounds] == [4, 5]
     for replayed, original in zip(resumed.rounds, whole.rounds[3:]):
         assert {k: getattr(replayed, k) for k in keys} == {k: getattr(original, k) for k in keys}
+
+
+def test_leading_runners_sample_each_round_with_the_state_sent_two_rounds_before_and_a_resume_replays_the_run(
+        ray_local, tmp_path):
+    """lead=True: a runner done with round k samples round k+1 at once, with the state it holds (the weights and
+    filter sent after round k-1; what the driver sends meanwhile is held until round k+1 is handed over), except
+    into the round after a save. The filter still counts each observation once, and a resume from the save
+    replays the rounds after it."""
+    results: list[dict] = []
+    cfg = small(tmp_path, overlap=True, lead=True, learners=0, rounds=5, checkpoint_every=3)
+    whole = run_training(cfg, Path(cfg.output), log=lambda _: None, on_result=results.append)
+    runners = [r[m.ENV_RUNNERS] for r in results]
+    # round 1 has no round before it to lead from; round 4 follows round 3's save
+    assert [r[m.RUNNER_ROUND_LED] for r in runners] == [0, 1, 1, 0, 1]
+    # overlap alone gives [0, 0, 1, 3, 3] (test above): the update hidden in round 2 reached round 3 there; here
+    # round 3 was already sampling when it was sent, so it acts with the initial weights like rounds 1 and 2
+    assert [r[WEIGHTS_SEQ_NO] for r in runners] == [0, 0, 0, 3, 3]
+    _, saved_filter = load_policy(whole.checkpoint)  # the merged statistics: 5 rounds x 2 runners x (6 steps + 1 reset)
+    assert whole.checkpoint.name == "round_00005" and saved_filter._filters[None].running_stats.n == 5 * 2 * (6 + 1)
+
+    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None)
+    keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
+    assert [r.round for r in resumed.rounds] == [4, 5]
+    for replayed, original in zip(resumed.rounds, whole.rounds[3:]):
+        assert {k: getattr(replayed, k) for k in keys} == {k: getattr(original, k) for k in keys}
+
+
+def test_lead_needs_overlap():
+    with pytest.raises(ValueError, match="lead=True needs overlap=True"):
+        TrainConfig(lead=True)
 
 
 class KnownAnswerEnv(ShardedMorphogeneticEnv):

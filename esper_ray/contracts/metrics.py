@@ -42,6 +42,9 @@ RUNNER_SAMPLE_SECONDS_MIN = "esper/runner_sample_seconds_min"
 RUNNER_SAMPLE_SECONDS_MAX = "esper/runner_sample_seconds_max"
 """Wall seconds of each env runner's sample call this round (mean, min and max over runners): the round waits for
 the slowest, so max - mean is the time the others stand idle, a cost bare envs never pay."""
+RUNNER_ROUND_LED = "esper/runner_round_led"
+"""Share of the env runners whose episodes of this round were sampled ahead, started as soon as they were done
+with the round before (TrainConfig.lead)."""
 DRIVER_SAMPLING_SECONDS = "esper/driver_sampling_seconds"
 """Wall seconds from the start of the round's sampling until the driver holds every runner's episodes (overlap only)."""
 DRIVER_WEIGHT_SYNC_SECONDS = "esper/driver_weight_sync_seconds"

@@ -61,6 +61,13 @@ class TrainConfig:
     learner update (about 1 s a round on a GPU) no longer stops the envs, and the runners act with weights one
     update older. Off by default: it changes what is learned, and it pays only where the learner has a GPU share
     or cores of its own."""
+    lead: bool = False
+    """With `overlap`: an env runner done with round k starts round k+1 at once, without waiting for the other
+    runners and the driver (train/env_runner.py): the slowest runner, the collection of the episodes and the
+    weight send no longer stop the others. Round k+1 then samples with the weights and observation filter sent
+    after round k-1 (one update older than with `overlap` alone), always the same ones, so runs replay. No runner
+    leads into the round after a checkpoint (every `checkpoint_every` rounds) or past the last. Off by default: it
+    changes what is learned."""
     placement: str = "PACK"
     """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
     seed: int = 0
@@ -138,6 +145,9 @@ class TrainConfig:
         if self.mps and self.gpus_per_env == 0:
             raise ValueError("mps=True shares a GPU between env processes, but gpus_per_env=0 gives them none; "
                              "set --gpus-per-env (0.25 puts four envs on a GPU) or leave --mps out")
+        if self.lead and not self.overlap:
+            raise ValueError("lead=True needs overlap=True (the runners lead while the learner trains on the round "
+                             "before); add --overlap or leave --lead out")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:

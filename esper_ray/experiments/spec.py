@@ -154,7 +154,10 @@ class ExperimentSpec:
                                  + (" and it has none" if kind is ControllerKind.FIXED else ""))
         object.__setattr__(self, "compare", self._checked_compare())
         for trial in self.trials():
-            TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+            cfg = TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+            if cfg.lead:  # a runner never leads into the round after a save, and a trial saves after every round
+                raise ValueError(f"arms.{trial.arm}: lead=true does nothing in an A/B (Tune checkpoints a trial "
+                                 "after every round, and no env runner leads past a checkpoint); leave it out")
 
     def _checked_compare(self) -> tuple[tuple[str, str], ...] | None:
         if self.compare is None:

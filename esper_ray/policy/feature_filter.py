@@ -59,7 +59,12 @@ class FeatureMeanStdFilter(MeanStdFilter):
     @override(MeanStdFilter)
     def set_state(self, state: StateDict) -> None:
         super().set_state(state)
-        self._filters[None].reset_buffer()  # what it pushes from here on is what the next merge adds
+        self.start_next_report()
+
+    def start_next_report(self) -> None:
+        """Count what it pushes from here on as new for the next merge (what it pushed so far has been reported)."""
+        if self._filters is not None:
+            self._filters[None].reset_buffer()
 
     @override(MeanStdFilter)
     def merge_states(self, states: list[StateDict]) -> StateDict:
@@ -77,3 +82,11 @@ class FeatureMeanStdFilter(MeanStdFilter):
         self._filters = {
             None: RunningMeanStd(shape, demean=self.de_mean_to_zero, destd=self.de_std_to_one, clip=self.clip_by_value)
         }
+
+
+def feature_filter_of(pipeline: Any, where: str) -> FeatureMeanStdFilter:
+    """The one FeatureMeanStdFilter of an env-to-module connector pipeline; `where` names the pipeline in the error."""
+    filters = [c for c in pipeline.connectors if isinstance(c, FeatureMeanStdFilter)]
+    if len(filters) != 1:
+        raise ValueError(f"{where}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}")
+    return filters[0]

@@ -29,6 +29,8 @@ class AlgorithmDriver:
 
     def __init__(self, cfg: TrainConfig, resume: str | None, progress_actor: str | None = None) -> None:
         self.algo = build_ppo_config(cfg, progress_actor).build_algo()
+        if cfg.lead:
+            self.algo.plan_leads(cfg.rounds, cfg.checkpoint_every)
         if resume is not None:
             restore(self.algo, resume)
 

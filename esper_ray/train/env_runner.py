@@ -17,6 +17,14 @@ wraps its env so that each failure's error and traceback reach the driver (step_
 
 Each sample call's wall time is logged (min, mean and max over the round's runners): a round ends with its
 slowest runner, so max - mean is what the synchronous round costs the others, which bare envs never pay.
+
+With TrainConfig.lead the driver asks for a round through `sample_round`, which may also start the next round
+in a background thread of the runner, so that it samples while the others finish, the driver collects the
+episodes and sends new weights. For runs to replay, what a leading round samples must not depend on timing:
+it runs with the state the runner holds when it starts, that is the state sent after the round before the one
+just finished; whatever the driver sends while it runs (weights, the merged observation filter) is held and put
+in place when the round it leads is handed over; and the driver's filter merge reads the features of the round
+handed over, not those of the round being sampled ahead.
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ from typing import Any
 
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core import COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.annotations import override
 
 from esper_ray.contracts import metrics as m
+from esper_ray.policy.feature_filter import feature_filter_of
+from esper_ray.train.background import InBackground
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
 
@@ -46,6 +57,13 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         cpu_policy.num_gpus_per_env_runner = 0
         super().__init__(*args, config=cpu_policy, **kwargs)
         torch.backends.cudnn.deterministic = bool(self.config.env_config.get("cudnn_deterministic", False))
+        self._lead: InBackground | None = None
+        """The next round, sampled ahead (TrainConfig.lead); None when none runs."""
+        self._lead_round = 0
+        self._held: list[dict[str, Any]] = []
+        """States the driver sent while a round was sampled ahead, in order: put in place when it is handed over."""
+        self._reported: dict[str, Any] | None = None
+        """The connector states as the last round handed over ended, for the driver's filter merge of that round."""
         self.init_stamps = (started, time.time())  # its process was up (imports done) at the first, built at the second
 
     @override(SingleAgentEnvRunner)
@@ -62,6 +80,60 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
             self.metrics.log_value(key, seconds, reduce=reduce)
         return episodes
+
+    # -------------------------------------------------------------------- leading rounds (TrainConfig.lead)
+    def sample_round(self, lead_round: int | None) -> tuple[list[Any], dict[str, Any]]:
+        """This round's episodes and metrics, as sample() then get_metrics() give them; the episodes come from the
+        round sampled ahead if one runs. With `lead_round`, that round's sampling then starts in the background."""
+        led = self._lead is not None
+        if self._lead is not None:
+            lead, self._lead = self._lead, None
+            episodes = lead.result()  # re-raises what stopped it
+        else:
+            episodes = self.sample()
+        self.metrics.log_value(m.RUNNER_ROUND_LED, float(led), reduce="mean")
+        metrics = self.get_metrics()
+        self._reported = super().get_state(components=[COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR])
+        feature_filter_of(self._env_to_module, f"env runner {self.worker_index}").start_next_report()
+        held, self._held = self._held, []
+        for state in held:
+            super().set_state(state)
+        if lead_round is not None:
+            self.start_round(lead_round)
+            self._lead_round = lead_round
+            self._lead = InBackground(self.sample, "esper-ray-lead")
+        return episodes, metrics
+
+    def start_round(self, round_: int) -> None:
+        """Start the envs on training round `round_` (train/rounds.py); a no-op for the round already sampled ahead."""
+        if self._lead is not None:
+            if round_ != self._lead_round:
+                raise RuntimeError(f"asked to start round {round_} while sampling round {self._lead_round} ahead")
+            return
+        for env in self.env.unwrapped.envs:
+            env.unwrapped.start_round(round_)
+
+    @override(SingleAgentEnvRunner)
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self._lead is not None:
+            self._held.append(state)  # put in place when the round sampled ahead is handed over
+            return
+        if COMPONENT_ENV_TO_MODULE_CONNECTOR in state:
+            self._reported = None  # the merge it reported for has been sent back
+        super().set_state(state)
+
+    @override(SingleAgentEnvRunner)
+    def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
+        if self._reported is None:
+            return super().get_state(components, not_components=not_components, **kwargs)
+        # the connectors as the last round handed over ended (a round sampled ahead may be pushing into them now)
+        connectors = [COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR]
+        skipped = [*connectors, *([not_components] if isinstance(not_components, str) else not_components or [])]
+        state = super().get_state(components, not_components=skipped, **kwargs)
+        for key in connectors:
+            if self._check_component(key, components, not_components):
+                state[key] = self._reported[key]
+        return state
 
 
 def runner_start_seconds(env_runner_group: Any, since: float) -> tuple[float, float] | None:

@@ -33,7 +33,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.baselines import NoGrowthController, RandomController
-from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter
+from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feature_filter_of
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
 from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
@@ -115,13 +115,6 @@ def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndar
         },
         Columns.STATE_IN: state,
     }
-
-
-def feature_filter_of(pipeline: ConnectorPipelineV2, where: str) -> FeatureMeanStdFilter:
-    filters = [c for c in pipeline.connectors if isinstance(c, FeatureMeanStdFilter)]
-    if len(filters) != 1:
-        raise ValueError(f"{where}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}")
-    return filters[0]
 
 
 def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:

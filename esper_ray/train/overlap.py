@@ -15,13 +15,17 @@ while it samples.
 
 It pays where the learner has a GPU share or cores of its own (H100, 4 envs: 0.91 -> 0.958 of the envs' bare
 speed); on 2 CPU cores the update only moves from between the rounds into them (0.580 -> 0.584).
+
+With a lead plan (TrainConfig.lead, `plan_leads`) each env runner also starts round k+1 as soon as it is done
+with round k (train/env_runner.py, `sample_round`), with the state sent after round k-1: the rounds then act two
+updates behind. No runner leads into the round after a save or past the last round, so a resume from a save
+samples what the uninterrupted run sampled.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -41,36 +45,24 @@ from ray.rllib.utils.metrics import (
 )
 
 from esper_ray.contracts import metrics as m
+from esper_ray.train.background import InBackground
 
 UPDATE_HIDDEN_TIMER = "learner_update_hidden_timer"
 """Seconds of this round's learner update that ran while the env runners sampled (0 when nothing was pending)."""
 
 
-class _InBackground:
-    """`fn()` in a daemon thread (a Ctrl-C must never wait for it at exit); result() re-raises its error."""
+@dataclass(frozen=True)
+class LeadPlan:
+    """Which rounds the env runners may start before the driver asks: every round but the one after a save."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.finished_at = 0.0
+    rounds: int
+    checkpoint_every: int
 
-        def run() -> None:
-            try:
-                self._value = fn()
-            except BaseException as error:  # noqa: BLE001 - handed to the caller by result()
-                self._error = error
-            finally:
-                self.finished_at = time.perf_counter()
-                self._done.set()
-
-        threading.Thread(target=run, name="esper-ray-sample", daemon=True).start()
-
-    def result(self) -> Any:
-        self._done.wait()  # interruptible: a Ctrl-C reaches the main thread here
-        if self._error is not None:
-            raise self._error
-        return self._value
+    def lead_after(self, round_: int) -> int | None:
+        """The round a runner starts once done with `round_`, or None: none after the last round or a save."""
+        if round_ >= self.rounds or (self.checkpoint_every and round_ % self.checkpoint_every == 0):
+            return None
+        return round_ + 1
 
 
 class OverlappedPPO(PPO):
@@ -79,12 +71,18 @@ class OverlappedPPO(PPO):
     def setup(self, config: Any) -> None:
         self._pending: list[Any] = []
         """Episodes sampled in the last round, not yet learned from."""
+        self._lead_plan: LeadPlan | None = None
         super().setup(config)
+
+    def plan_leads(self, rounds: int, checkpoint_every: int) -> None:
+        """Let the env runners start each next round on their own (TrainConfig.lead): a run of `rounds` rounds that
+        saves every `checkpoint_every` (0: only at its end)."""
+        self._lead_plan = LeadPlan(rounds, checkpoint_every)
 
     def training_step(self) -> None:
         pending, self._pending = self._pending, []  # taken before the update starts: an interrupted one is never redone
         started = time.perf_counter()
-        sampling = _InBackground(self._sample)  # only this thread talks to the env runners until it is done
+        sampling = InBackground(self._sample, "esper-ray-sample")  # only this thread talks to the env runners until it is done
         update_seconds = 0.0
         weights = None
         if pending:
@@ -118,6 +116,12 @@ class OverlappedPPO(PPO):
 
     # ------------------------------------------------------------------ PPO.training_step's parts
     def _sample(self) -> tuple[list[Any], list[dict[str, Any]]]:
+        if self._lead_plan is not None:
+            lead_round = self._lead_plan.lead_after(self.iteration + 1)  # this round is iteration + 1
+            results = self.env_runner_group.foreach_env_runner(
+                lambda runner: runner.sample_round(lead_round), local_env_runner=False,
+                timeout_seconds=self.config.sample_timeout_s)
+            return [episode for episodes, _ in results for episode in episodes], [metrics for _, metrics in results]
         return synchronous_parallel_sample(
             worker_set=self.env_runner_group,
             max_env_steps=self.config.total_train_batch_size,

@@ -13,9 +13,8 @@ from typing import Any
 
 
 def start_round_on(runner: Any, round_: int) -> None:
-    """Runs inside an env runner: start its envs on round `round_`."""
-    for env in runner.env.unwrapped.envs:
-        env.unwrapped.start_round(round_)
+    """Runs inside an env runner: start its envs on round `round_` (unless it already samples that round ahead)."""
+    runner.start_round(round_)
 
 
 def train_round(algo: Any) -> dict[str, Any]:
