@@ -82,7 +82,7 @@ class OverlappedPPO(PPO):
     def training_step(self) -> None:
         pending, self._pending = self._pending, []  # taken before the update starts: an interrupted one is never redone
         started = time.perf_counter()
-        sampling = InBackground(self._sample, "esper-ray-sample")  # only this thread talks to the env runners until it is done
+        sampling = InBackground(self._sample, "esper-ray-sample")  # the only thread talking to the runners until done
         update_seconds = 0.0
         weights = None
         if pending:
