@@ -11,7 +11,7 @@ from ray import tune
 from ray.tune.experiment import Experiment, Trial
 
 from esper_ray.contracts.controllers import ControllerKind
-from esper_ray.experiments.lead_trials import LeadTrialsFirst
+from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.runner import tune_config
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 
@@ -53,21 +53,42 @@ def test_the_cap_holds_trials_back_until_one_completes():
     assert gen.next_trial().config["i"] == 2
 
 
-def test_a_restored_generator_creates_each_trial_once_and_holds_nothing():
-    gen = generator(leads=2, trials=4)
-    lead_a, lead_b = gen.next_trial(), gen.next_trial()
+def test_a_restored_generator_creates_each_trial_once_and_holds_back_until_its_restored_leads_start():
+    gen = generator(leads=3, trials=5)
+    lead_a, lead_b = gen.next_trial(), gen.next_trial()  # the run stops before its third lead was created
     lead_a.set_status(Trial.RUNNING)
-    lead_b.set_status(Trial.RUNNING)
-    assert gen.next_trial().config["i"] == 2
     state = cloudpickle.loads(cloudpickle.dumps(gen.get_state()))  # as Tune's experiment checkpoint keeps it
     assert "_lead_trials" not in state
 
-    restored = LeadTrialsFirst(leads=2)
+    restored = LeadTrialsFirst(leads=3)
     restored.set_state(state)
-    assert restored.created == 3
-    assert restored.next_trial().config["i"] == 3
+    assert restored.created == 2
+    ShowTrials(restored).on_step_begin(iteration=0, trials=[lead_a, lead_b])  # Tune's restored trials, each step
+    lead_c = restored.next_trial()
+    assert lead_c.config["i"] == 2  # the last lead, once
+    assert restored.next_trial() is None  # lead_b is still pending, and so is lead_c
+    lead_b.set_status(Trial.RUNNING)
+    lead_c.set_status(Trial.RUNNING)
+    assert [restored.next_trial().config["i"] for _ in range(2)] == [3, 4]
     assert restored.next_trial() is None and restored.is_finished()
-    assert cloudpickle.loads(cloudpickle.dumps(gen))._lead_trials == []  # the tuner's pickle holds no live trial
+
+
+def test_the_tuners_pickle_keeps_the_callback_on_its_generator_and_holds_no_live_trial():
+    gen = generator(leads=1, trials=2)
+    gen.next_trial()
+    search_alg, callback = cloudpickle.loads(cloudpickle.dumps((gen, ShowTrials(gen))))  # as tuner.pkl holds them
+    assert callback.generator is search_alg and search_alg._lead_trials == []
+    assert len(search_alg._lead_ids) == 1
+
+
+def test_a_generator_pickled_before_lead_ids_were_kept_holds_nothing_back():
+    gen = generator(leads=1, trials=2)
+    gen.next_trial()
+    old = cloudpickle.loads(cloudpickle.dumps(gen))
+    del old.__dict__["_lead_ids"]
+    restored = cloudpickle.loads(cloudpickle.dumps(old))
+    ShowTrials(restored).on_step_begin(iteration=0, trials=[])
+    assert restored.next_trial().config["i"] == 1
 
 
 def test_leads_must_be_a_count():

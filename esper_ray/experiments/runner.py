@@ -27,7 +27,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
-from esper_ray.experiments.lead_trials import LeadTrialsFirst
+from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_CPUS_KEY, SALVAGED_PREFIX, TRIAL_DIR_RE,
                                            TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
@@ -442,10 +442,11 @@ def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save
     for trial in trials:
         if (trial["arm"], trial["seed"]) in continues:
             trial[CONTINUES_KEY] = continues[(trial["arm"], trial["seed"])]
+    config = tune_config(spec, ordered)
     return tune.Tuner(
         MorphoTrial,
         param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
-        tune_config=tune_config(spec, ordered),
+        tune_config=config,
         run_config=tune.RunConfig(
             name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
@@ -453,6 +454,6 @@ def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save
             # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
             # this copies them into its folder under tune/ with each checkpoint.
             sync_config=tune.SyncConfig(sync_artifacts=True),
-            callbacks=[events], verbose=0,
+            callbacks=[events, ShowTrials(config.search_alg)], verbose=0,
         ),
     )
