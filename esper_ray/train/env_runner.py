@@ -85,13 +85,9 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
     def sample_round(self, lead_round: int | None) -> tuple[list[Any], dict[str, Any]]:
         """This round's episodes and metrics, as sample() then get_metrics() give them; the episodes come from the
         round sampled ahead if one runs. With `lead_round`, that round's sampling then starts in the background."""
-        led = self._lead is not None
-        if self._lead is not None:
-            lead, self._lead = self._lead, None
-            episodes = lead.result()  # re-raises what stopped it
-        else:
-            episodes = self.sample()
-        self.metrics.log_value(m.RUNNER_ROUND_LED, float(led), reduce="mean")
+        lead, self._lead = self._lead, None
+        episodes = lead.result() if lead is not None else self.sample()  # result() re-raises what stopped it
+        self.metrics.log_value(m.RUNNER_ROUND_LED, float(lead is not None), reduce="mean")
         metrics = self.get_metrics()
         self._reported = super().get_state(components=[COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR])
         feature_filter_of(self._env_to_module, f"env runner {self.worker_index}").start_next_report()
