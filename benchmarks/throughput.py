@@ -24,6 +24,11 @@ With --lead a round's sampling starts in the round before (each runner starts ro
 a round's `algo.train()` call no longer holds all of its sampling: the train half's samples/s then count the
 steady rounds from the moment the first round's episodes reached the driver (when the runners began the second) to
 the last round's end, and `round_led_share` says how many runners' rounds were sampled ahead.
+The two halves' envs train the networks their controllers grow: the random controller's in the bare half, the policy's
+in the train half. Both count what their episodes asked of the envs (CUDA graphs captured and epochs that ended with a
+seed, per episode) and a step's milliseconds in the env's phases (`ms_per_step_in_env`; the train half also the rest
+of its runners' sample calls: the policy, RLlib's connectors and episodes, the resets): where these differ, train /
+bare measures the two controllers' networks as well as the RL overhead.
 Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
@@ -173,6 +178,7 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     # Where the wall goes besides plain steps: resets, and steps that captured a new train or validation graph.
     episodes, reset_s, capture_s, captures = 0, 0.0, 0.0, 0
+    seed_epochs, in_env_s = 0, 0.0  # what the steps asked of the GPU besides the host, and their seconds in the env's phases
     while time.perf_counter() - start < setup.bare_seconds:
         before, t0 = graph_captures(env), time.perf_counter()
         obs, _, terminated, _, info = env.step(controller.act(obs))
@@ -180,6 +186,8 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
         if new_graphs:
             capture_s, captures = capture_s + time.perf_counter() - t0, captures + new_graphs
         steps, samples = steps + 1, samples + int(info["train_total"])
+        seed_epochs += info["seed_params"] > 0
+        in_env_s += sum(v for k, v in info.items() if k.startswith("time/"))
         if terminated:
             t0 = time.perf_counter()
             obs, _ = env.reset()
@@ -187,7 +195,9 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     wall = time.perf_counter() - start
     results.put((shard, steps, samples, wall, (time.process_time() - cpu_start) / wall,
                  {"reset_share": reset_s / wall, "capturing_steps_share": capture_s / wall,
-                  "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1)}))
+                  "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1),
+                  "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
+                  "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1)}))
 
 
 def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
@@ -260,7 +270,8 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     steps = sum(r.env_steps for r in steady)
     samples_per_step = setup.train_size / setup.envs
     figures = {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
-               "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds)}
+               "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds),
+               **episode_work(results[-len(steady):], setup)}
     if len(ended) > 1:  # the same rounds by the driver's clock: also the work between two algo.train() calls
         wall = ended[-1] - ended[0]
         figures.update(wall_env_steps_per_s=steps / wall, wall_samples_per_s=steps * samples_per_step / wall,
@@ -275,6 +286,26 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
                        round_led_share=sum(flatten_numbers(r)[f"{m.ENV_RUNNERS}/{m.RUNNER_ROUND_LED}"]
                                            for r in results[1:]) / len(results[1:]))
     return figures
+
+
+def episode_work(results: list[dict], setup: Setup) -> dict[str, float]:
+    """What the episodes of `results` (the steady rounds) asked of the envs, as the bare half counts it: CUDA graphs
+    captured and epochs with a seed, per episode (a policy that grows other seeds than the bare half's random controller
+    trains another network: train / bare then measures more than overhead), and a step's milliseconds in the env's
+    phases against the rest of the runner's sample call (the policy, RLlib's connectors and episodes, the resets)."""
+    from esper_ray.contracts import metrics as m
+    from esper_ray.train.round_summary import flatten_numbers
+
+    rows = [flatten_numbers(r) for r in results]
+
+    def mean(key: str) -> float:
+        return sum(row[f"{m.ENV_RUNNERS}/{key}"] for row in rows) / len(rows)
+
+    in_env = sum(mean(key.removeprefix(f"{m.ENV_RUNNERS}/")) for key in rows[0]
+                 if key.startswith(f"{m.ENV_RUNNERS}/{m.PHASE_TIME_PREFIX}")) / setup.max_epochs
+    per_step = mean(m.RUNNER_SAMPLE_SECONDS) / (setup.episodes_per_env * setup.max_epochs)
+    return {"captures_per_episode": mean(m.GRAPH_CAPTURES), "seed_epochs_per_episode": mean(m.SEED_EPOCHS),
+            "ms_per_step_in_env": 1e3 * in_env, "ms_per_step_outside_env": 1e3 * (per_step - in_env)}
 
 
 def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
@@ -377,7 +408,9 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
                        bare_reset_share=round(bare_rate["reset_share"], 3),
                        bare_capturing_steps_share=round(bare_rate["capturing_steps_share"], 3),
                        bare_captures_per_episode=round(bare_rate["captures_per_episode"], 2),
-                       bare_ms_per_reset=round(bare_rate["ms_per_reset"], 1))
+                       bare_ms_per_reset=round(bare_rate["ms_per_reset"], 1),
+                       bare_seed_epochs_per_episode=round(bare_rate["seed_epochs_per_episode"], 2),
+                       bare_ms_per_step_in_env=round(bare_rate["ms_per_step_in_env"], 2))
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
@@ -396,6 +429,8 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
                     "wall_samples_per_s", "round_led_share"):
             if key in train_rate:
                 figures[f"train_{key}"] = round(train_rate[key], 3 if key.endswith("share") else None)
+        for key in ("captures_per_episode", "seed_epochs_per_episode", "ms_per_step_in_env", "ms_per_step_outside_env"):
+            figures[f"train_{key}"] = round(train_rate[key], 2)
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
         if "wall_env_steps_per_s" in train_rate:

@@ -37,6 +37,10 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     # by the driver's clock the same rounds take longer: it also counts the work between two algo.train() calls
     assert 0 < figures["train_wall_samples_per_s"] <= figures["train_samples_per_s"]
     assert 0 <= figures["train_between_rounds_share"] < 1
+    # what the episodes asked of the envs, counted alike in both halves (no CUDA graphs on a CPU)
+    assert figures["train_captures_per_episode"] == 0
+    assert 0 <= figures["train_seed_epochs_per_episode"] <= 5 and 0 <= figures["bare_seed_epochs_per_episode"] <= 5
+    assert figures["train_ms_per_step_in_env"] > 0 and figures["bare_ms_per_step_in_env"] > 0
 
 
 @pytest.mark.expensive
@@ -110,6 +114,22 @@ def test_a_rounds_wall_splits_into_the_slowest_runner_collecting_and_the_driver_
     assert waits["weight_send_share"] == pytest.approx(0.2 / 10)
     del row["esper/driver_sampling_seconds"]  # RLlib's own PPO (no overlap) is not timed by the driver
     assert "after_sampling_share" not in _throughput_module().runner_waits([row], seconds=5.0)
+
+
+def test_a_steady_rounds_episode_work_splits_a_runners_step_into_the_env_and_the_rest():
+    """episode_work on two constructed rounds (episodes of 10 epochs, 2 per env): a runner's sample call took 3 s, so
+    a step 150 ms; its episodes spent 0.9 s (train) + 0.3 s (val) in the env's phases, 120 ms a step; captures and
+    seed epochs are the rounds' means."""
+    module = _throughput_module()
+    setup = module.Setup(envs=2, gpus=0, task="synthetic", train_size=100, val_size=None, batch_size=10, max_epochs=10,
+                         episodes_per_env=2, rounds=3, bare_seconds=0.0, slots=("r0c1",), model="cpu")
+    rows = [{"env_runners": {"esper/runner_sample_seconds": 3.0, "esper/time_train": 0.9, "esper/time_val": 0.3,
+                             "esper/graph_captures": captures, "esper/seed_epochs": seeds}}
+            for captures, seeds in ((4.0, 6.0), (6.0, 8.0))]
+    work = module.episode_work(rows, setup)
+    assert work["ms_per_step_in_env"] == pytest.approx(120.0)
+    assert work["ms_per_step_outside_env"] == pytest.approx(30.0)
+    assert work["captures_per_episode"] == 5.0 and work["seed_epochs_per_episode"] == 7.0
 
 
 def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_another_checkout(tmp_path):

@@ -84,6 +84,8 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
         assert runners[m.EPISODES] == 2 and runners[m.ENV_STEPS_SAMPLED] == 12
         assert sum(runners[m.OP_COUNT_PREFIX + op.name.lower()] for op in Op) == 6  # decisions per episode of 6 steps
         assert runners[m.PHASE_TIME_PREFIX + "train"] > 0
+        assert runners[m.GRAPH_CAPTURES] == 0  # CUDA graphs only on a GPU
+        assert 0 <= runners[m.SEED_EPOCHS] <= 6
         # each runner's sample call timed: the round's mean lies between its fastest and its slowest runner
         assert 0 < runners[m.RUNNER_SAMPLE_SECONDS_MIN] <= runners[m.RUNNER_SAMPLE_SECONDS] <= runners[m.RUNNER_SAMPLE_SECONDS_MAX]
         # seeds by blueprint: every usable blueprint logged, summing to the seeds per episode; the round's summary has them
@@ -335,6 +337,7 @@ def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_onl
         algo.stop()
     assert [r[m.EPISODES] for r in sampled] == [2, 2]
     assert sampled[0][m.SEEDS_GERMINATED] >= 1 and sampled[1][m.SEEDS_GERMINATED] == 0, sampled  # per episode
+    assert sampled[0][m.SEED_EPOCHS] >= 1 and sampled[1][m.SEED_EPOCHS] == 0, sampled  # a planted seed trains an epoch
     germinated = []
     for checkpoint in (checkpoint_dir(out, 1), checkpoint_dir(out, 2)):
         assert main(["eval", "--checkpoint", str(checkpoint), "--episodes", "3", "--json"]) == 0

@@ -35,6 +35,12 @@ BLUEPRINT_COUNT_PREFIX = "esper/by_blueprint_"
 episodes): which seed the policy plants and which it keeps, round by round."""
 PHASE_TIME_PREFIX = "esper/time_"
 """Seconds per episode, by phase of the env step (summed over the episode's steps, a mean over the round's episodes)."""
+GRAPH_CAPTURES = "esper/graph_captures"
+"""CUDA graphs captured per episode in its steps (train steps and validation passes; a mean over the round's
+episodes): each is an eager step and a capture, which a replayed step does not pay (0 off a GPU)."""
+SEED_EPOCHS = "esper/seed_epochs"
+"""Epochs per episode that ended with a seed in the model, on probation or committed (a mean over the round's
+episodes): with the captures, what a round's episodes asked of the GPU besides the host."""
 GRAD_SCALE_MIN = "esper/grad_scale_min"
 GRAD_SCALE_MAX = "esper/grad_scale_max"
 RUNNER_SAMPLE_SECONDS = "esper/runner_sample_seconds"

@@ -491,6 +491,7 @@ class MorphogeneticEnv(gym.Env):
             "last_op": self.last_op.name if self.last_op is not None else "NONE",
             "action_success": self.last_success,
             "rollback": rollback_reason,
+            "graph_captures": self.graphs.captures + self.val_graphs.captures,  # over the env's life
             **{f"count/{k}": v for k, v in self.counts.items()},
             **self.flops.as_info(),
             **{f"time/{k}": v for k, v in timings.items()},

@@ -1,7 +1,7 @@
 """Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's
 MetricsLogger (so they reach Tune and TensorBoard): final accuracy of the committed model (mean/min/max) and with the
 seeds on probation, perplexity on text, the network's size at the start and end, parameters kept and on probation,
-seeds per outcome (and by blueprint), op counts, per-phase seconds summed over all epochs of the episode (each a mean over the round's
+seeds per outcome (and by blueprint), op counts, CUDA graphs captured and epochs with a seed, per-phase seconds summed over all epochs of the episode (each a mean over the round's
 episodes), rollbacks (a sum over the round), and each env's GradScaler scale (min/max across envs)."""
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class MorphoMetrics(RLlibCallback):
         ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
         for op in Op:
             log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="mean")  # per episode, like the seed counts
+        log(m.GRAPH_CAPTURES, final["graph_captures"] - first["graph_captures"], reduce="mean")  # the steps', not reset's
+        log(m.SEED_EPOCHS, sum(info["seed_params"] > 0 for info in infos[1:]), reduce="mean")
         phases: Counter[str] = Counter()
         for info in infos[1:]:
             phases.update({k.removeprefix("time/"): v for k, v in info.items() if k.startswith("time/")})
