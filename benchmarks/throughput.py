@@ -28,7 +28,8 @@ The two halves' envs train the networks their controllers grow: the random contr
 in the train half. Both count what their episodes asked of the envs (CUDA graphs captured and epochs that ended with a
 seed, per episode) and a step's milliseconds in the env's phases (`ms_per_step_in_env`; the train half also the rest
 of its runners' sample calls: the policy, RLlib's connectors and episodes, the resets): where these differ, train /
-bare measures the two controllers' networks as well as the RL overhead.
+bare measures the two controllers' networks as well as the RL overhead. `--env max_seeds=0` masks germination in
+both halves, so both train the host alone: train / bare is then the RL stack's overhead on the same work.
 Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar

@@ -43,6 +43,7 @@ def test_gymnasium_env_checker_passes():
     ({"slots": ["r0c9"]}, "slot 'r0c9' does not exist"),
     ({"shard": 3, "num_shards": 3}, "shard=3: must be < num_shards=3"),
     ({"host_lr": -1.0}, "host_lr=-1.0: must be a number > 0"),
+    ({"max_seeds": -1}, "max_seeds=-1: must be an integer >= 0"),
 ])
 def test_bad_config_names_the_key_and_what_is_allowed(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -69,6 +70,26 @@ def test_random_legal_policy_for_200_steps_never_trips_the_mask_check():
         if terminated or truncated:
             obs, _ = env.reset()
     assert {"WAIT", "GERMINATE", "ADVANCE", "PRUNE"} <= ops_seen
+
+
+def test_max_seeds_0_masks_germination_so_a_random_controller_keeps_the_host_alone():
+    """max_seeds=0: GERMINATE is never legal, so a controller that picks uniformly among the legal actions (every
+    other op too, where legal) grows nothing; with the default max_seeds the same controller grows."""
+    grew = {}
+    for max_seeds in (0, None):
+        env = MorphogeneticEnv({"task": "digits", "max_epochs": 8, "num_shards": 6, "max_seeds": max_seeds})
+        env.action_space.seed(0)
+        obs, _ = env.reset(seed=1)
+        germinate = [encode_joint(Op.GERMINATE, i, len(env.slot_ids)) for i in range(len(env.slot_ids))]
+        legal, seed_epochs = 0, 0
+        for _ in range(16):
+            legal += int(obs["action_mask"][head_offsets(len(env.slot_ids))["op_slot"]][germinate].sum())
+            obs, _, terminated, _, info = env.step(env.action_space.sample())
+            seed_epochs += info["seed_params"] > 0
+            if terminated:
+                obs, _ = env.reset()
+        grew[max_seeds] = (legal, seed_epochs)
+    assert grew[0] == (0, 0) and grew[None][0] > 0 and grew[None][1] > 0, grew
 
 
 def test_a_masked_action_raises_and_names_the_op():

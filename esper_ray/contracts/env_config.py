@@ -124,7 +124,8 @@ class EnvConfig:
     auto_forward: bool = True
     """Advance seeds through the lifecycle when gates pass; masks the ADVANCE op when on."""
     max_seeds: int | None = None
-    """Most live seeds at once; None = one per enabled slot."""
+    """Most live seeds at once; None = one per enabled slot. 0 masks GERMINATE: the host alone, whatever the
+    controller (what `benchmarks/throughput.py --env max_seeds=0` uses to give both of its halves the same work)."""
     val_batch_size: int | None = None
     """Validation samples (text: sequences) per fused forward chunk, each chunk running every counterfactual
     configuration; None takes the task default (10,000 for cifar10 and synthetic, 1,024 for the others)."""
@@ -160,9 +161,9 @@ class EnvConfig:
             raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {list(allowed_hosts)}")
         if self.shard >= self.num_shards:
             raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
-        for name in ("batch_size", "max_seeds", "val_batch_size"):
+        for name, least in (("batch_size", 1), ("max_seeds", 0), ("val_batch_size", 1)):
             if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1)
+                check_int(name, getattr(self, name), least)
         for name in ("host_lr", "seed_lr", "blended_seed_lr", "max_grad_norm"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
