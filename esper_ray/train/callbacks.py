@@ -1,8 +1,9 @@
 """Per-episode metrics (and the step count behind the progress bar), logged from each env runner through RLlib's
 MetricsLogger (so they reach Tune and TensorBoard): final accuracy of the committed model (mean/min/max) and with the
 seeds on probation, perplexity on text, the network's size at the start and end, parameters kept and on probation,
-seeds per outcome (and by blueprint), op counts, CUDA graphs captured and epochs with a seed, per-phase seconds summed over all epochs of the episode (each a mean over the round's
-episodes), rollbacks (a sum over the round), and each env's GradScaler scale (min/max across envs)."""
+seeds per outcome (and by blueprint), op counts, CUDA graphs captured and epochs with a seed, per-phase seconds
+summed over all epochs of the episode (each a mean over the round's episodes), rollbacks (a sum over the round), and
+each env's GradScaler scale (min/max across envs)."""
 
 from __future__ import annotations
 
