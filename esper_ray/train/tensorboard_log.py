@@ -65,6 +65,8 @@ NAMED: dict[str, str] = {
     _RUNNERS + m.SEEDS_PRUNED: "seeds/pruned_per_episode",
     _RUNNERS + m.PARAMS_ADDED: "seeds/params_added_per_episode",
     _RUNNERS + m.PARAMS_ON_PROBATION: "seeds/params_on_probation_per_episode",
+    _RUNNERS + m.SEED_EPOCHS: "seeds/epochs_with_a_seed_per_episode",
+    _RUNNERS + m.GRAPH_CAPTURES: "speed/graph_captures_per_episode",
     "time_this_iter_s": "speed/seconds_per_round",
 }
 """Result path -> tag, for the figures with fixed names."""
