@@ -297,13 +297,12 @@ def episode_work(results: list[dict], setup: Setup) -> dict[str, float]:
     from esper_ray.contracts import metrics as m
     from esper_ray.train.round_summary import flatten_numbers
 
-    rows = [flatten_numbers(r) for r in results]
+    rows = [{k.removeprefix(f"{m.ENV_RUNNERS}/"): v for k, v in flatten_numbers(r).items()} for r in results]
 
     def mean(key: str) -> float:
-        return sum(row[f"{m.ENV_RUNNERS}/{key}"] for row in rows) / len(rows)
+        return sum(row[key] for row in rows) / len(rows)
 
-    in_env = sum(mean(key.removeprefix(f"{m.ENV_RUNNERS}/")) for key in rows[0]
-                 if key.startswith(f"{m.ENV_RUNNERS}/{m.PHASE_TIME_PREFIX}")) / setup.max_epochs
+    in_env = sum(mean(key) for key in rows[0] if key.startswith(m.PHASE_TIME_PREFIX)) / setup.max_epochs
     per_step = mean(m.RUNNER_SAMPLE_SECONDS) / (setup.episodes_per_env * setup.max_epochs)
     return {"captures_per_episode": mean(m.GRAPH_CAPTURES), "seed_epochs_per_episode": mean(m.SEED_EPOCHS),
             "ms_per_step_in_env": 1e3 * in_env, "ms_per_step_outside_env": 1e3 * (per_step - in_env)}

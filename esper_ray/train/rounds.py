@@ -12,15 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def start_round_on(runner: Any, round_: int) -> None:
-    """Runs inside an env runner: start its envs on round `round_` (unless it already samples that round ahead)."""
-    runner.start_round(round_)
-
-
 def train_round(algo: Any) -> dict[str, Any]:
-    """algo.train() for the next round, with every env runner started on it first."""
+    """algo.train() for the next round, with every env runner started on it first (a runner already sampling that
+    round ahead leaves it be: CpuPolicyEnvRunner.start_round)."""
     round_ = algo.iteration + 1
-    algo.env_runner_group.foreach_env_runner(lambda runner: start_round_on(runner, round_), local_env_runner=False)
+    algo.env_runner_group.foreach_env_runner(lambda runner: runner.start_round(round_), local_env_runner=False)
     return algo.train()
 
 
