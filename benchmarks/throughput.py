@@ -30,6 +30,9 @@ seed, per episode) and a step's milliseconds in the env's phases (`ms_per_step_i
 of its runners' sample calls: the policy, RLlib's connectors and episodes, the resets): where these differ, train /
 bare measures the two controllers' networks as well as the RL overhead. `--env max_seeds=0` masks germination in
 both halves, so both train the host alone: train / bare is then the RL stack's overhead on the same work.
+train / bare splits into two factors: `train_sampling_over_bare`, the envs' pace while their runners sample (a
+step's env phases and RLlib's work, the card shared with runners that are sampling) over bare, and
+`train_outside_sampling_share`, the share of that pace the rounds lose (runners outside their sample calls).
 Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
@@ -286,7 +289,16 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
         figures.update(env_steps_per_s=steps / wall, samples_per_s=steps * samples_per_step / wall,
                        round_led_share=sum(flatten_numbers(r)[f"{m.ENV_RUNNERS}/{m.RUNNER_ROUND_LED}"]
                                            for r in results[1:]) / len(results[1:]))
-    return figures
+    return {**figures, **sampling_split(figures, setup)}
+
+
+def sampling_split(figures: dict[str, float], setup: Setup) -> dict[str, float]:
+    """The train half's pace split in two: the envs' steps/s while their runners sample (each runner's steps a round
+    over its mean sample call: the env's phases and RLlib's work of each step, the card shared with the other
+    runners), and the share of that pace lost outside the sample calls (the rounds: waiting for the slowest,
+    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share)."""
+    sampling = setup.envs * setup.episodes_per_env * setup.max_epochs / figures["runner_sample_seconds_mean"]
+    return {"sampling_env_steps_per_s": sampling, "outside_sampling_share": 1 - figures["env_steps_per_s"] / sampling}
 
 
 def episode_work(results: list[dict], setup: Setup) -> dict[str, float]:
@@ -431,8 +443,10 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
                 figures[f"train_{key}"] = round(train_rate[key], 3 if key.endswith("share") else None)
         for key in ("captures_per_episode", "seed_epochs_per_episode", "ms_per_step_in_env", "ms_per_step_outside_env"):
             figures[f"train_{key}"] = round(train_rate[key], 2)
+        figures["train_outside_sampling_share"] = round(train_rate["outside_sampling_share"], 3)
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
+        figures["train_sampling_over_bare"] = round(train_rate["sampling_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
         if "wall_env_steps_per_s" in train_rate:
             figures["train_wall_over_bare"] = round(train_rate["wall_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
     return figures

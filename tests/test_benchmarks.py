@@ -41,6 +41,10 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     assert figures["train_captures_per_episode"] == 0
     assert 0 <= figures["train_seed_epochs_per_episode"] <= 5 and 0 <= figures["bare_seed_epochs_per_episode"] <= 5
     assert figures["train_ms_per_step_in_env"] > 0 and figures["bare_ms_per_step_in_env"] > 0
+    # train / bare = (the pace while sampling / bare) x (1 - the share the rounds lose), to the figures' rounding
+    assert 0 <= figures["train_outside_sampling_share"] < 1
+    assert figures["train_sampling_over_bare"] * (1 - figures["train_outside_sampling_share"]) == pytest.approx(
+        figures["train_over_bare"], abs=0.005)
 
 
 @pytest.mark.expensive
@@ -130,6 +134,17 @@ def test_a_steady_rounds_episode_work_splits_a_runners_step_into_the_env_and_the
     assert work["ms_per_step_in_env"] == pytest.approx(120.0)
     assert work["ms_per_step_outside_env"] == pytest.approx(30.0)
     assert work["captures_per_episode"] == 5.0 and work["seed_epochs_per_episode"] == 7.0
+
+
+def test_the_train_halfs_pace_splits_into_sampling_and_what_the_rounds_lose():
+    """sampling_split on constructed figures: 4 envs, 2 episodes of 10 epochs a round, so 20 steps a sample call of
+    2.5 s on average: 32 steps/s while sampling; the rounds made 28.8 steps/s, 10 % less."""
+    module = _throughput_module()
+    setup = module.Setup(envs=4, gpus=0, task="synthetic", train_size=100, val_size=None, batch_size=10, max_epochs=10,
+                         episodes_per_env=2, rounds=3, bare_seconds=0.0, slots=("r0c1",), model="cpu")
+    split = module.sampling_split({"runner_sample_seconds_mean": 2.5, "env_steps_per_s": 28.8}, setup)
+    assert split["sampling_env_steps_per_s"] == pytest.approx(32.0)
+    assert split["outside_sampling_share"] == pytest.approx(0.1)
 
 
 def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_another_checkout(tmp_path):

@@ -193,6 +193,25 @@ def test_module_never_samples_a_masked_action_and_values_have_shape_b_t():
     assert len(set(actions[:, 0].tolist())) > 1  # it explores among the legal ones
 
 
+def test_acting_needs_no_eval_mode_because_no_layer_depends_on_the_mode():
+    """forward_exploration and forward_inference skip RLlib's eval()/train() switch (a cost every step in an env
+    runner): sound only while the module computes the same in both modes and acting leaves its mode alone."""
+    module, env = _module()
+    obs, _ = env.reset(seed=0)
+    module.train()
+    with torch.no_grad():
+        acting = [module.forward_exploration(_batch(obs, module, batch=2)), module.forward_inference(_batch(obs, module, batch=2))]
+        assert module.training  # acting did not switch it
+        module.eval()
+        evaluating = [module._forward(_batch(obs, module, batch=2)) for _ in acting]
+    for got, want in zip(acting, evaluating):
+        torch.testing.assert_close(got[Columns.ACTION_DIST_INPUTS], want[Columns.ACTION_DIST_INPUTS], rtol=0, atol=0)
+        for key in ("h", "c"):
+            torch.testing.assert_close(got[Columns.STATE_OUT][key], want[Columns.STATE_OUT][key], rtol=0, atol=0)
+    mode_dependent = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
+    assert not [name for name, layer in module.named_modules() if isinstance(layer, mode_dependent)]
+
+
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_one_step_at_a_time_gives_what_the_whole_sequence_gives(preset):
     """Sampling steps the LSTM one cell call at a time on the CPU; the learner runs nn.LSTM over whole episodes.

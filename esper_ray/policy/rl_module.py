@@ -102,6 +102,17 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
             Columns.EMBEDDINGS: embeddings,
         }
 
+    # No layer here acts differently in training and in evaluation (no dropout, no batch norm: tests/test_policy.py),
+    # so acting skips RLlib's eval() and train() around every call, which walk all the submodules twice a step: 0.3 of
+    # the 4.4 ms RLlib spends a step in an env runner (benchmarks/probes/env_runner_overhead.py --model gpu).
+    @override(TorchRLModule)
+    def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_exploration(batch, **kwargs)
+
+    @override(TorchRLModule)
+    def forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_inference(batch, **kwargs)
+
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         outputs = self._outputs(batch)
