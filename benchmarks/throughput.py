@@ -33,7 +33,10 @@ both halves, so both train the host alone: train / bare is then the RL stack's o
 train / bare splits into two factors: `train_sampling_over_bare`, the envs' pace while their runners sample (a
 step's env phases and RLlib's work, the card shared with runners that are sampling) over bare, and
 `train_outside_sampling_share`, the share of that pace the rounds lose (runners outside their sample calls).
-Progress goes to stderr; the last stdout line is one JSON object.
+`--profile-runners DIR` has the train half's runners profile their sample calls (cProfile, so the Python parts read
+slower than they run) and merges the steady rounds' into DIR/with_mps/steady.txt (or without_mps): where a step's
+time off the card goes inside a real run, beside `benchmarks/probes/env_runner_overhead.py --replay-env` (RLlib's
+loop alone). Progress goes to stderr; the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
 -x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
@@ -44,10 +47,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import multiprocessing as mp
 import os
 import platform
+import pstats
 import queue
 import sys
 import tempfile
@@ -350,15 +355,18 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def local_ray(mps: bool, gpus: int):  # type: ignore[no-untyped-def]
-    """A local Ray for the train half that sees `gpus` GPUs (with the MPS environment when asked); the bare half
-    needs none."""
+def local_ray(mps: bool, gpus: int, profiles: Path | None = None):  # type: ignore[no-untyped-def]
+    """A local Ray for the train half that sees `gpus` GPUs (with the MPS environment when asked; with `profiles`,
+    its env runners profile their sample calls into that folder); the bare half needs none."""
     import ray
 
+    from esper_ray.train.env_runner import PROFILE_ENV
     from esper_ray.train.gpu_spread import NODE_GPUS_ENV
     from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 
     env = mps_environment(new_run_id()) if mps else {}
+    if profiles is not None:
+        env = {**env, PROFILE_ENV: str(profiles.resolve())}
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus:
         ids = ",".join(gpu_ids(before, gpus))
@@ -406,8 +414,28 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
                 os.environ[k] = v
 
 
-def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[str, Any]:
-    """The figures of the halves asked for (a half not measured is left out, and so is the ratio)."""
+def profile_summary(folder: Path, first_call: int = 2, lines: int = 40) -> str:
+    """The env runners' profiles in `folder` (one file a sample call: esper_ray/train/env_runner.py) from call
+    `first_call` on (call 1 is the first round, with its captures), merged: the functions by cumulative and by own
+    time."""
+    files = sorted(p for p in folder.glob("runner_*_call_*.prof") if int(p.stem.rsplit("_", 1)[1]) >= first_call)
+    if not files:
+        return f"no sample call profiles from call {first_call} on in {folder}"
+    stats = pstats.Stats(str(files[0]), stream=io.StringIO())
+    for path in files[1:]:
+        stats.add(str(path))
+    runners = len({p.stem.split("_call_")[0] for p in files})
+    out = io.StringIO()
+    out.write(f"{len(files)} sample calls of {runners} env runners (calls {first_call} on), merged\n")
+    stats.stream = out  # type: ignore[attr-defined]
+    stats.sort_stats("cumulative").print_stats(lines)
+    stats.sort_stats("tottime").print_stats(lines)
+    return out.getvalue()
+
+
+def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles: Path | None = None) -> dict[str, Any]:
+    """The figures of the halves asked for (a half not measured is left out, and so is the ratio). With `profiles`,
+    the train half's runners profile their sample calls there and the steady rounds' summary goes to steady.txt."""
     figures: dict[str, Any] = {}
     if "bare" in halves:
         log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
@@ -427,9 +455,12 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES) -> dict[s
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
         log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
-        with local_ray(mps, setup.gpus):
+        with local_ray(mps, setup.gpus, profiles):
             train_rate = train(setup, mps)
         log(f"train: {train_rate}")
+        if profiles is not None:
+            (profiles / "steady.txt").write_text(profile_summary(profiles))
+            log(f"train: the runners' profiles of the steady rounds in {profiles / 'steady.txt'}")
         figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
                        train_samples_per_s=round(train_rate["samples_per_s"]),
                        train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
@@ -473,6 +504,9 @@ def main() -> None:
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
+    parser.add_argument("--profile-runners", type=Path, metavar="DIR",
+                        help="the train half's env runners profile their sample calls (cProfile, one file a call) into "
+                             "DIR/with_mps or DIR/without_mps; the steady rounds' merged summary goes to steady.txt there")
     parser.add_argument("--bare-controller", choices=("random", "none"), default="random",
                         help="the bare envs' controller (default random; none: the host alone, so no step after the "
                              "warm-up captures a graph: what the envs make without capture costs)")
@@ -513,9 +547,11 @@ def main() -> None:
     report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env,
                                                               "precision": precision}}
     if not args.mps_only:
-        report["without_mps"] = measure(setup, mps=False, halves=halves)
+        report["without_mps"] = measure(setup, mps=False, halves=halves,
+                                        profiles=args.profile_runners and args.profile_runners / "without_mps")
     if args.mps or args.mps_only:
-        report["with_mps"] = measure(setup, mps=True, halves=halves)
+        report["with_mps"] = measure(setup, mps=True, halves=halves,
+                                     profiles=args.profile_runners and args.profile_runners / "with_mps")
     print(json.dumps(report))
 
 

@@ -147,6 +147,25 @@ def test_the_train_halfs_pace_splits_into_sampling_and_what_the_rounds_lose():
     assert split["outside_sampling_share"] == pytest.approx(0.1)
 
 
+def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_merges_the_steady_ones(tmp_path, monkeypatch):
+    """ESPER_RAY_PROFILE_SAMPLING makes an env runner profile each sample call into one file; profile_summary merges
+    the calls from the second on (the first round captures graphs) and reads like pstats."""
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.env_runner import PROFILE_ENV, CpuPolicyEnvRunner
+    from esper_ray.train.ppo_config import build_ppo_config
+
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
+    cfg = TrainConfig(max_epochs=2)
+    runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=1, num_workers=cfg.envs)
+    for _ in range(3):
+        runner.sample(num_episodes=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"runner_1_call_{n}.prof" for n in (1, 2, 3)]
+    summary = _throughput_module().profile_summary(tmp_path)
+    assert summary.startswith("2 sample calls of 1 env runners (calls 2 on)")
+    assert "_sample" in summary and "function calls" in summary
+    assert "no sample call profiles" in _throughput_module().profile_summary(tmp_path, first_call=4)
+
+
 def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_another_checkout(tmp_path):
     """A copy of the tree made with `git archive | tar -x` inside another checkout (as the side-by-side runs do) has
     no commit of its own: naming the outer checkout's would put the wrong code's name on its figures."""

@@ -18,6 +18,10 @@ wraps its env so that each failure's error and traceback reach the driver (step_
 Each sample call's wall time is logged (min, mean and max over the round's runners): a round ends with its
 slowest runner, so max - mean is what the synchronous round costs the others, which bare envs never pay.
 
+With ESPER_RAY_PROFILE_SAMPLING set to a folder, each runner profiles its sample calls (cProfile) and writes one
+file a call there (runner_<index>_call_<n>.prof): where a step's time off the card goes inside a real run
+(`benchmarks/throughput.py --profile-runners`).
+
 With TrainConfig.lead the driver asks for a round through `sample_round`, which may also start the next round
 in a background thread of the runner, so that it samples while the others finish, the driver collects the
 episodes and sends new weights. For runs to replay, what a leading round samples must not depend on timing:
@@ -29,7 +33,10 @@ handed over, not those of the round being sampled ahead.
 
 from __future__ import annotations
 
+import cProfile
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +50,9 @@ from esper_ray.policy.feature_filter import feature_filter_of
 from esper_ray.train.background import InBackground
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
+
+PROFILE_ENV = "ESPER_RAY_PROFILE_SAMPLING"
+"""A folder: every env runner profiles each sample call into it (see the module doc)."""
 
 
 class CpuPolicyEnvRunner(SingleAgentEnvRunner):
@@ -65,6 +75,8 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         self._reported: dict[str, Any] | None = None
         """The connector states as the last round handed over ended, for the driver's filter merge of that round."""
         self.init_stamps = (started, time.time())  # its process was up (imports done) at the first, built at the second
+        self._profiles = Path(os.environ[PROFILE_ENV]) if os.environ.get(PROFILE_ENV) else None
+        self._sample_calls = 0
 
     @override(SingleAgentEnvRunner)
     def make_env(self) -> None:
@@ -74,9 +86,14 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
 
     @override(SingleAgentEnvRunner)
     def sample(self, *args: Any, **kwargs: Any) -> Any:
+        self._sample_calls += 1
+        profile = cProfile.Profile() if self._profiles is not None else None
         started = time.perf_counter()
-        episodes = super().sample(*args, **kwargs)
+        episodes = profile.runcall(super().sample, *args, **kwargs) if profile else super().sample(*args, **kwargs)
         seconds = time.perf_counter() - started
+        if profile is not None and self._profiles is not None:
+            self._profiles.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(self._profiles / f"runner_{self.worker_index}_call_{self._sample_calls}.prof")
         for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
             self.metrics.log_value(key, seconds, reduce=reduce)
         return episodes
