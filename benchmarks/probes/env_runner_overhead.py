@@ -8,7 +8,9 @@ Builds the env runner `esper-ray train` uses (the default train settings; env ru
 adds per step (connectors, policy inference, action sampling, episode bookkeeping, callbacks). With
 --replay-env the env trains nothing: each step returns the outputs of one real step again (an episode still
 ends after max_epochs steps), so the sample's time is RLlib's alone, without the env's noise on a shared
-machine. Prints one JSON line.
+machine. `policy_forward_seconds_per_step` is the policy network's share (its forward pass reads the `gpu` preset's
+12 MB of weights a step, which a real env step between two of them pushes out of the CPU's caches). Prints one JSON
+line.
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def main() -> None:
             env_seconds += time.perf_counter() - start
             env_steps += 1
 
+    forward_seconds, act = 0.0, runner.module.forward_exploration
+
+    def timed_forward(batch, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal forward_seconds
+        start = time.perf_counter()
+        try:
+            return act(batch, **kwargs)
+        finally:
+            forward_seconds += time.perf_counter() - start
+
+    runner.module.forward_exploration = timed_forward  # type: ignore[method-assign]
     MorphogeneticEnv.step = timed_step  # type: ignore[method-assign]
     start = time.perf_counter()
     runner.sample(num_episodes=args.episodes)
@@ -70,6 +83,7 @@ def main() -> None:
         "sample_seconds_per_step": round(sample_seconds / env_steps, 5),
         "env_seconds_per_step": round(env_seconds / env_steps, 5),
         "rllib_seconds_per_step": round((sample_seconds - env_seconds) / env_steps, 5),
+        "policy_forward_seconds_per_step": round(forward_seconds / env_steps, 5),
     }))
 
 
