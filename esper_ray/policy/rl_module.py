@@ -103,8 +103,8 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         }
 
     # No layer here acts differently in training and in evaluation (no dropout, no batch norm: tests/test_policy.py),
-    # so acting skips RLlib's eval() and train() around every call, which walk all the submodules twice a step: 0.3 of
-    # the 4.4 ms RLlib spends a step in an env runner (benchmarks/probes/env_runner_overhead.py --model gpu).
+    # so acting skips RLlib's eval() and train() around every call, which walk all the submodules twice a step: about
+    # 0.3 ms of RLlib's 3 ms loop a step (benchmarks/probes/env_runner_overhead.py --model gpu --replay-env).
     @override(TorchRLModule)
     def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self._forward_exploration(batch, **kwargs)
