@@ -203,8 +203,8 @@ def test_acting_needs_no_eval_mode_because_no_layer_depends_on_the_mode():
         acting = [module.forward_exploration(_batch(obs, module, batch=2)), module.forward_inference(_batch(obs, module, batch=2))]
         assert module.training  # acting did not switch it
         module.eval()
-        evaluating = [module._forward(_batch(obs, module, batch=2)) for _ in acting]
-    for got, want in zip(acting, evaluating):
+        want = module._forward(_batch(obs, module, batch=2))
+    for got in acting:
         torch.testing.assert_close(got[Columns.ACTION_DIST_INPUTS], want[Columns.ACTION_DIST_INPUTS], rtol=0, atol=0)
         for key in ("h", "c"):
             torch.testing.assert_close(got[Columns.STATE_OUT][key], want[Columns.STATE_OUT][key], rtol=0, atol=0)
