@@ -47,7 +47,7 @@ from ray.rllib.utils.annotations import override
 
 from esper_ray.contracts import metrics as m
 from esper_ray.policy.feature_filter import feature_filter_of
-from esper_ray.train.background import InBackground
+from esper_ray.train.background import InBackground, WorkerThread
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
 
@@ -70,6 +70,8 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         self._lead: InBackground | None = None
         """The next round, sampled ahead (TrainConfig.lead); None when none runs."""
         self._lead_round = 0
+        self._lead_thread: WorkerThread | None = None
+        """Where every round sampled ahead runs: one thread for all of them (see WorkerThread)."""
         self._held: list[dict[str, Any]] = []
         """States the driver sent while a round was sampled ahead, in order: put in place when it is handed over."""
         self._reported: dict[str, Any] | None = None
@@ -114,7 +116,9 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         if lead_round is not None:
             self.start_round(lead_round)
             self._lead_round = lead_round
-            self._lead = InBackground(self.sample, "esper-ray-lead")
+            if self._lead_thread is None:
+                self._lead_thread = WorkerThread("esper-ray-lead")
+            self._lead = InBackground(self.sample, "esper-ray-lead", self._lead_thread)
         return episodes, metrics
 
     def start_round(self, round_: int) -> None:
