@@ -67,7 +67,7 @@ class TrainConfig:
     weight send no longer stop the others. Round k+1 then samples with the weights and observation filter sent
     after round k-1 (one update older than with `overlap` alone), always the same ones, so runs replay. No runner
     leads into the round after a checkpoint (every `checkpoint_every` rounds) or past the last. Off by default: it
-    changes what is learned, and with the envs on GPUs it gained nothing measurable (docs/performance.md)."""
+    changes what is learned (with the envs on GPUs it gains most on several cards: docs/performance.md)."""
     placement: str = "PACK"
     """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
     seed: int = 0
