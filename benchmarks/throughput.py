@@ -36,7 +36,8 @@ step's env phases and RLlib's work, the card shared with runners that are sampli
 `--profile-runners DIR` has the train half's runners profile their sample calls (cProfile, so the Python parts read
 slower than they run) and merges the steady rounds' into DIR/with_mps/steady.txt (or without_mps): where a step's
 time off the card goes inside a real run, beside `benchmarks/probes/env_runner_overhead.py --replay-env` (RLlib's
-loop alone). Progress goes to stderr; the last stdout line is one JSON object.
+loop alone); DIR/with_mps/steady.prof holds them merged (`python -m pstats` for callers). Progress goes to stderr;
+the last stdout line is one JSON object.
 
 To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
 -x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
@@ -414,16 +415,18 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
                 os.environ[k] = v
 
 
-def profile_summary(folder: Path, first_call: int = 2, lines: int = 40) -> str:
+def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Path | None = None) -> str:
     """The env runners' profiles in `folder` (one file a sample call: esper_ray/train/env_runner.py) from call
     `first_call` on (call 1 is the first round, with its captures), merged: the functions by cumulative and by own
-    time."""
+    time. With `dump`, the merged profile is also written there, for pstats' callers and callees."""
     files = sorted(p for p in folder.glob("runner_*_call_*.prof") if int(p.stem.rsplit("_", 1)[1]) >= first_call)
     if not files:
         return f"no sample call profiles from call {first_call} on in {folder}"
     stats = pstats.Stats(str(files[0]), stream=io.StringIO())
     for path in files[1:]:
         stats.add(str(path))
+    if dump is not None:
+        stats.dump_stats(str(dump))
     runners = len({p.stem.split("_call_")[0] for p in files})
     out = io.StringIO()
     out.write(f"{len(files)} sample calls of {runners} env runners (calls {first_call} on), merged\n")
@@ -459,8 +462,8 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
             train_rate = train(setup, mps)
         log(f"train: {train_rate}")
         if profiles is not None:
-            (profiles / "steady.txt").write_text(profile_summary(profiles))
-            log(f"train: the runners' profiles of the steady rounds in {profiles / 'steady.txt'}")
+            (profiles / "steady.txt").write_text(profile_summary(profiles, dump=profiles / "steady.prof"))
+            log(f"train: the runners' profiles of the steady rounds in {profiles / 'steady.txt'} (merged: steady.prof)")
         figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
                        train_samples_per_s=round(train_rate["samples_per_s"]),
                        train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pstats
 import re
 import subprocess
 import sys
@@ -160,9 +161,12 @@ def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_m
     for _ in range(3):
         runner.sample(num_episodes=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"runner_1_call_{n}.prof" for n in (1, 2, 3)]
-    summary = _throughput_module().profile_summary(tmp_path)
+    summary = _throughput_module().profile_summary(tmp_path, dump=tmp_path / "steady.prof")
     assert summary.startswith("2 sample calls of 1 env runners (calls 2 on)")
     assert "_sample" in summary and "function calls" in summary
+    merged = pstats.Stats(str(tmp_path / "steady.prof"))  # the two steady calls, callers and all
+    samples = [v for (_, _, name), v in merged.stats.items() if name == "_sample"]  # type: ignore[attr-defined]
+    assert samples and samples[0][0] == 2 and samples[0][4]  # called twice, with its callers
     assert "no sample call profiles" in _throughput_module().profile_summary(tmp_path, first_call=4)
 
 
