@@ -9,9 +9,10 @@
 
 `bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
 controller (`--bare-controller none`: the host alone, no germination, so after the warm-up no step captures a
-graph: the envs' pace with no capture cost), started together; `train`: `esper-ray train` with the same N envs
-and GPU shares, steady state (every round after the first). Both report env steps/s and host training samples/s summed over the envs;
-their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
+graph: the envs' pace with no capture cost), started together, each with the machine's cores over the envs as torch
+threads (`--bare-threads N` to set them; a train runner's env has one a CPU it was given, 1 by default); `train`:
+`esper-ray train` with the same N envs and GPU shares, steady state (every round after the first). Both report env
+steps/s and host training samples/s summed over the envs; their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
 share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
 splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
 and the slowest's) and the share of its wall the others waited for the slowest: a round ends with its slowest
@@ -96,6 +97,9 @@ class Setup:
     """Further env settings for both halves (--env KEY=VALUE)."""
     bare_controller: str = "random"
     """The bare envs' controller: random, or none (the host alone, never a capture after the warm-up)."""
+    bare_threads: int | None = None
+    """torch threads of each bare env process; None: the machine's cores over the envs (a train runner has one a CPU
+    it was given: 1 by default)."""
 
     @property
     def gpus_per_env(self) -> float:
@@ -207,7 +211,7 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
                  {"reset_share": reset_s / wall, "capturing_steps_share": capture_s / wall,
                   "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1),
                   "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
-                  "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1)}))
+                  "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1), "threads_per_env": torch.get_num_threads()}))
 
 
 def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
@@ -235,7 +239,7 @@ def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tup
 
 
 def bare(setup: Setup) -> dict[str, float]:
-    threads = max(1, (os.cpu_count() or 1) // setup.envs)
+    threads = setup.bare_threads or max(1, (os.cpu_count() or 1) // setup.envs)
     outcomes = run_processes(_bare_worker, setup.envs, lambda k: (setup, k, threads))
     seconds = max(o[3] for o in outcomes)
     figures = {"env_steps_per_s": sum(o[1] for o in outcomes) / seconds, "samples_per_s": sum(o[2] for o in outcomes) / seconds,
@@ -448,6 +452,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
                        bare_samples_per_s=round(bare_rate["samples_per_s"]),
                        bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2),
+                       bare_threads_per_env=bare_rate["threads_per_env"],
                        bare_reset_share=round(bare_rate["reset_share"], 3),
                        bare_capturing_steps_share=round(bare_rate["capturing_steps_share"], 3),
                        bare_captures_per_episode=round(bare_rate["captures_per_episode"], 2),
@@ -510,6 +515,9 @@ def main() -> None:
     parser.add_argument("--profile-runners", type=Path, metavar="DIR",
                         help="the train half's env runners profile their sample calls (cProfile, one file a call) into "
                              "DIR/with_mps or DIR/without_mps; the steady rounds' merged summary goes to steady.txt there")
+    parser.add_argument("--bare-threads", type=int, default=None,
+                        help="torch threads of each bare env process (default: the cores over the envs; a train runner "
+                             "has one a CPU it was given, 1 by default)")
     parser.add_argument("--bare-controller", choices=("random", "none"), default="random",
                         help="the bare envs' controller (default random; none: the host alone, so no step after the "
                              "warm-up captures a graph: what the envs make without capture costs)")
@@ -527,7 +535,7 @@ def main() -> None:
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
                       model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
                       overlap=args.overlap or args.lead, lead=args.lead, extra_env=extra_env,
-                      bare_controller=args.bare_controller)
+                      bare_controller=args.bare_controller, bare_threads=args.bare_threads)
     else:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -541,7 +549,7 @@ def main() -> None:
                       episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
                       bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap or args.lead, lead=args.lead,
-                      extra_env=extra_env, bare_controller=args.bare_controller)
+                      extra_env=extra_env, bare_controller=args.bare_controller, bare_threads=args.bare_threads)
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.morphogenetic_env import resolve_amp
 

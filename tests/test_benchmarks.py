@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.expensive
 def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--rounds", "2", "--bare-seconds", "2",
-                          "--max-epochs", "5"], cwd=REPO,
+                          "--max-epochs", "5", "--bare-threads", "2"], cwd=REPO,
                          capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
@@ -31,6 +31,7 @@ def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     for key in ("bare_env_steps_per_s", "bare_samples_per_s", "train_env_steps_per_s", "train_samples_per_s", "train_over_bare"):
         assert figures[key] > 0, key
     assert 0 <= figures["bare_reset_share"] < 1
+    assert figures["bare_threads_per_env"] == 2  # as asked (the default on 2 cores and 2 envs would be 1)
     assert figures["bare_capturing_steps_share"] == figures["bare_captures_per_episode"] == 0  # no CUDA graphs on a CPU
     # the train half's rounds wait for their slowest env runner: its share of the wall is what bare envs never pay
     assert 0 < figures["train_runner_sample_seconds_mean"] <= figures["train_runner_sample_seconds_max"]
