@@ -12,9 +12,9 @@ controller (`--bare-controller none`: the host alone, no germination, so after t
 graph: the envs' pace with no capture cost), started together, each with the machine's cores over the envs as torch
 threads (`--bare-threads N` to set them; a train runner's env has one a CPU it was given, 1 by default); `train`:
 `esper-ray train` with the same N envs and GPU shares, steady state (every round after the first). Both report env
-steps/s and host training samples/s summed over the envs; their ratio is the RL overhead (1.0 = free). The bare half also says where its wall went besides plain steps: the
-share in resets and in steps that captured a CUDA graph, and the captures an episode (benchmarks/probes/capture_costs.py
-splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
+steps/s and host training samples/s summed over the envs; their ratio is the RL overhead (1.0 = free). The bare
+half also says where its wall went besides plain steps: the share in resets and in steps that captured a CUDA
+graph, and the captures an episode (benchmarks/probes/capture_costs.py splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
 and the slowest's) and the share of its wall the others waited for the slowest: a round ends with its slowest
 runner, which bare envs never wait for. With --overlap it also splits the rest of a round: collecting the episodes
 after the slowest runner is done, and the driver's work after sampling (sending the new weights, RLlib's merge of the

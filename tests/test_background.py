@@ -21,10 +21,10 @@ def test_jobs_put_to_one_worker_thread_all_run_there_in_order():
 
 def test_without_a_worker_each_job_gets_a_thread_of_its_own():
     # what a leading round did before WorkerThread: torch's per-thread caches started empty every round
-    idents = [InBackground(threading.get_ident, "job").result() for _ in range(3)]
-    assert threading.get_ident() not in idents
+    threads = [InBackground(threading.current_thread, "job").result() for _ in range(3)]
+    assert len(set(threads)) == 3 and threading.current_thread() not in threads
     worker = WorkerThread("test-worker")
-    assert len({InBackground(threading.get_ident, "job", worker).result() for _ in range(3)}) == 1
+    assert {InBackground(threading.current_thread, "job", worker).result() for _ in range(3)} == {worker.thread}
 
 
 def test_a_failed_job_reraises_to_its_caller_and_the_worker_runs_the_next():

@@ -10,8 +10,8 @@ from typing import Any
 
 
 class InBackground:
-    """`fn()` in a daemon thread (a Ctrl-C must never wait for it at exit); result() re-raises its error. With
-    `thread`, it runs there (after what was handed to it before) instead of in a thread of its own."""
+    """`fn()` in a daemon thread named `name` (a Ctrl-C must never wait for it at exit); result() re-raises its
+    error. With `thread`, it runs there (after what was handed to it before) instead of in a thread of its own."""
 
     def __init__(self, fn: Callable[[], Any], name: str, thread: WorkerThread | None = None) -> None:
         self._done = threading.Event()

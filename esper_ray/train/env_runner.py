@@ -24,11 +24,11 @@ file a call there (runner_<index>_call_<n>.prof): where a step's time off the ca
 
 With TrainConfig.lead the driver asks for a round through `sample_round`, which may also start the next round
 in a background thread of the runner (the same thread for every round: background.WorkerThread), so that it
-samples while the others finish, the driver collects the episodes and sends new weights. For runs to replay, what a leading round samples must not depend on timing:
-it runs with the state the runner holds when it starts, that is the state sent after the round before the one
-just finished; whatever the driver sends while it runs (weights, the merged observation filter) is held and put
-in place when the round it leads is handed over; and the driver's filter merge reads the features of the round
-handed over, not those of the round being sampled ahead.
+samples while the others finish, the driver collects the episodes and sends new weights. For runs to replay, what
+a leading round samples must not depend on timing: it runs with the state the runner holds when it starts, that
+is the state sent after the round before the one just finished; whatever the driver sends while it runs
+(weights, the merged observation filter) is held and put in place when the round it leads is handed over; and the
+driver's filter merge reads the features of the round handed over, not those of the round being sampled ahead.
 """
 
 from __future__ import annotations
