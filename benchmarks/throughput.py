@@ -14,9 +14,10 @@ threads (`--bare-threads N` to set them; a train runner's env has one a CPU it w
 `esper-ray train` with the same N envs and GPU shares, steady state (every round after the first). Both report env
 steps/s and host training samples/s summed over the envs; their ratio is the RL overhead (1.0 = free). The bare
 half also says where its wall went besides plain steps: the share in resets and in steps that captured a CUDA
-graph, and the captures an episode (benchmarks/probes/capture_costs.py splits those steps further). The train half says how long its env runners' sample calls took (the mean runner's
-and the slowest's) and the share of its wall the others waited for the slowest: a round ends with its slowest
-runner, which bare envs never wait for. With --overlap it also splits the rest of a round: collecting the episodes
+graph, and the captures an episode (benchmarks/probes/capture_costs.py splits those steps further). The train half
+says how long its env runners' sample calls took (the mean runner's and the slowest's) and the share of its wall
+the others waited for the slowest: a round ends with its slowest runner, which bare envs never wait for.
+With --overlap it also splits the rest of a round: collecting the episodes
 after the slowest runner is done, and the driver's work after sampling (sending the new weights, RLlib's merge of the
 observation filters and its results). Its samples/s count each round's `algo.train()` call, as they always have;
 `train_wall_samples_per_s` counts the same rounds by the driver's clock, with the work between two calls (the
