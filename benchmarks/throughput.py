@@ -35,6 +35,8 @@ both halves, so both train the host alone: train / bare is then the RL stack's o
 train / bare splits into two factors: `train_sampling_over_bare`, the envs' pace while their runners sample (a
 step's env phases and RLlib's work, the card shared with runners that are sampling) over bare, and
 `train_outside_sampling_share`, the share of that pace the rounds lose (runners outside their sample calls).
+With envs on GPUs, `train_runner_sample_seconds_by_gpu` gives the mean runner's sample call by card and
+`train_learner_gpu` the learner's card: a card whose runners are slower has other work on it (the learner's update).
 `--profile-runners DIR` has the train half's runners profile their sample calls (cProfile, so the Python parts read
 slower than they run) and merges the steady rounds' into DIR/with_mps/steady.txt (or without_mps): where a step's
 time off the card goes inside a real run, beside `benchmarks/probes/env_runner_overhead.py --replay-env` (RLlib's
@@ -89,6 +91,8 @@ class Setup:
     model: str
     cuda_graphs: bool = True
     learner_gpus: float = 0.0
+    learner_cpus: float | None = None
+    """CPUs of the train half's learner (its torch threads; TrainConfig.learner_cpus): a learner on the CPU needs some."""
     cpus_per_env: float | None = None
     overlap: bool = False
     """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
@@ -262,7 +266,8 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     cfg = TrainConfig(task=setup.task, slots=setup.slots, max_epochs=setup.max_epochs, envs=setup.envs,
                       episodes_per_env=setup.episodes_per_env, rounds=setup.rounds, gpus_per_env=setup.gpus_per_env,
                       cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
-                      learners=1, learner_gpus=setup.learner_gpus, model=setup.model, mps=mps, overlap=setup.overlap,
+                      learners=1, learner_gpus=setup.learner_gpus, learner_cpus=setup.learner_cpus, model=setup.model,
+                      mps=mps, overlap=setup.overlap,
                       lead=setup.lead, checkpoint_every=0, env=env)
     results: list[dict] = []
     ended: list[float] = []  # when each round's result reached the driver's loop
@@ -286,7 +291,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     samples_per_step = setup.train_size / setup.envs
     figures = {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
                "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds),
-               **episode_work(results[-len(steady):], setup)}
+               **episode_work(results[-len(steady):], setup), **cards(results[-len(steady):])}
     if len(ended) > 1:  # the same rounds by the driver's clock: also the work between two algo.train() calls
         wall = ended[-1] - ended[0]
         figures.update(wall_env_steps_per_s=steps / wall, wall_samples_per_s=steps * samples_per_step / wall,
@@ -348,6 +353,27 @@ def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
                      after_sampling_share=(seconds - sampling) / seconds,
                      weight_send_share=sum(row[m.DRIVER_WEIGHT_SYNC_SECONDS] for row in rows) / seconds)
     return waits
+
+
+def cards(results: list[dict]) -> dict[str, Any]:
+    """Over `results` (the steady rounds): the mean runner's sample call by the GPU its envs train on, and the GPU the
+    learner updates on, where the rounds carry them (envs on GPUs; a learner on one). A card whose runners are slower
+    than the others' is one where something else runs: the learner's update, for one."""
+    from esper_ray.contracts import metrics as m
+    from esper_ray.train.round_summary import flatten_numbers
+
+    rows = [flatten_numbers(r) for r in results]
+    prefix = f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS_ON_GPU}"
+    out: dict[str, Any] = {}
+    keys = sorted({key for row in rows for key in row if key.startswith(prefix)})
+    if keys:
+        out["runner_sample_seconds_by_gpu"] = {
+            key.removeprefix(prefix): sum(row[key] for row in rows if key in row) / sum(key in row for row in rows)
+            for key in keys}
+    learner = [v for row in rows for k, v in row.items() if k.startswith(f"{m.LEARNERS}/") and k.endswith("/" + m.LEARNER_GPU)]
+    if learner:
+        out["learner_gpu"] = str(int(learner[-1]))
+    return out
 
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
@@ -484,6 +510,11 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         for key in ("captures_per_episode", "seed_epochs_per_episode", "ms_per_step_in_env", "ms_per_step_outside_env"):
             figures[f"train_{key}"] = round(train_rate[key], 2)
         figures["train_outside_sampling_share"] = round(train_rate["outside_sampling_share"], 3)
+        if "runner_sample_seconds_by_gpu" in train_rate:
+            figures["train_runner_sample_seconds_by_gpu"] = {
+                gpu: round(seconds, 3) for gpu, seconds in train_rate["runner_sample_seconds_by_gpu"].items()}
+        if "learner_gpu" in train_rate:
+            figures["train_learner_gpu"] = train_rate["learner_gpu"]
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
         figures["train_sampling_over_bare"] = round(train_rate["sampling_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
@@ -500,6 +531,9 @@ def main() -> None:
     parser.add_argument("--learner-gpus", type=float, default=None,
                         help="GPU share of the learner with --gpu (default 0.2 on one GPU; 0.1 on several, so that the "
                              "envs' share, (1 - this) / envs per GPU, leaves no room for one more env per GPU)")
+    parser.add_argument("--learner-cpus", type=float, default=None,
+                        help="CPUs of the learner with --gpu, its torch threads (default none reserved: one thread); "
+                             "with --learner-gpus 0 the learner updates on these")
     parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
     parser.add_argument("--mps-only", action="store_true", help="measure only under a private MPS daemon")
     parser.add_argument("--overlap", action="store_true", help="the train half overlaps learner updates with sampling")
@@ -534,7 +568,8 @@ def main() -> None:
         setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, val_size=10_000,
                       batch_size=512, max_epochs=args.max_epochs or 20,
                       episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
-                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus, cpus_per_env=args.cpus_per_env,
+                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus,
+                      learner_cpus=args.learner_cpus, cpus_per_env=args.cpus_per_env,
                       overlap=args.overlap or args.lead, lead=args.lead, extra_env=extra_env,
                       bare_controller=args.bare_controller, bare_threads=args.bare_threads)
     else:

@@ -138,6 +138,19 @@ def test_a_steady_rounds_episode_work_splits_a_runners_step_into_the_env_and_the
     assert work["captures_per_episode"] == 5.0 and work["seed_epochs_per_episode"] == 7.0
 
 
+def test_the_steady_rounds_name_each_cards_runner_pace_and_the_learners_card():
+    """cards on three constructed rounds of a 2-GPU run: the runners on GPU 0 took 5.2, 5.4 and 5.3 s, those on GPU 1
+    4.9 s each, except that the last round has none on GPU 1; the learner updated on GPU 0. A CPU run has neither."""
+    module = _throughput_module()
+    rows = [{"env_runners": {"esper/runner_sample_seconds_gpu_0": a, **({"esper/runner_sample_seconds_gpu_1": b} if b else {})},
+             "learners": {"default_policy": {"esper/learner_gpu": 0.0}}}
+            for a, b in ((5.2, 4.9), (5.4, 4.9), (5.3, None))]
+    found = module.cards(rows)
+    assert found["runner_sample_seconds_by_gpu"] == {"0": pytest.approx(5.3), "1": pytest.approx(4.9)}
+    assert found["learner_gpu"] == "0"
+    assert module.cards([{"env_runners": {"esper/runner_sample_seconds": 3.0}}]) == {}
+
+
 def test_the_train_halfs_pace_splits_into_sampling_and_what_the_rounds_lose():
     """sampling_split on constructed figures: 4 envs, 2 episodes of 10 epochs a round, so 20 steps a sample call of
     2.5 s on average: 32 steps/s while sampling; the rounds made 28.8 steps/s, 10 % less."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from esper_ray.train.gpu_spread import claim, least_loaded, spread_gpu
+from esper_ray.train.gpu_spread import claim, least_loaded, single_visible_gpu, spread_gpu
 
 
 @pytest.fixture()
@@ -61,6 +61,15 @@ def test_a_process_claiming_again_replaces_its_entry(tmp_path: Path) -> None:
     assert len(json.loads((tmp_path / "ledger.json").read_text())) == 1
 
 
+@pytest.mark.parametrize("visible, expected", [("3", "3"), (" 1 ", "1"), ("0,1", None), ("", None), (None, None)])
+def test_the_one_visible_gpu_names_a_processs_card_and_none_for_none_or_several(monkeypatch, visible, expected) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert single_visible_gpu() == expected
+
+
 @pytest.fixture(scope="module")
 def ray_four_gpus(tmp_path_factory):
     """A local Ray that declares 4 GPUs; its workers keep their ledger in a temp folder of this test."""
@@ -73,19 +82,19 @@ def ray_four_gpus(tmp_path_factory):
 
 @ray.remote(num_cpus=0)
 class EnvProcess:
-    def place(self) -> tuple[list[str], str | None, str]:
+    def place(self) -> tuple[list[str], str | None, str, str | None]:
         ray_pick = [str(g) for g in ray.get_gpu_ids()]
-        return ray_pick, spread_gpu(), os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return ray_pick, spread_gpu(), os.environ.get("CUDA_VISIBLE_DEVICES", ""), single_visible_gpu()
 
 
 def test_fractional_gpu_actors_spread_over_the_nodes_gpus(ray_four_gpus) -> None:
     actors = [EnvProcess.options(num_gpus=1 / 16).remote() for _ in range(8)]
     placed = ray.get([a.place.remote() for a in actors])
-    assert {tuple(ray_pick) for ray_pick, _, _ in placed} == {("0",)}  # what Ray alone does: all on GPU 0
-    assert collections.Counter(visible for _, _, visible in placed) == {"0": 2, "1": 2, "2": 2, "3": 2}
-    assert all(chosen == visible for _, chosen, visible in placed)
+    assert {tuple(ray_pick) for ray_pick, _, _, _ in placed} == {("0",)}  # what Ray alone does: all on GPU 0
+    assert collections.Counter(visible for _, _, visible, _ in placed) == {"0": 2, "1": 2, "2": 2, "3": 2}
+    assert all(chosen == visible == named for _, chosen, visible, named in placed)  # the card its metrics name
     whole = EnvProcess.options(num_gpus=1).remote()
-    ray_pick, chosen, visible = ray.get(whole.place.remote())
-    assert chosen is None and visible == ray_pick[0]  # a whole GPU keeps Ray's pick
+    ray_pick, chosen, visible, named = ray.get(whole.place.remote())
+    assert chosen is None and visible == named == ray_pick[0]  # a whole GPU keeps Ray's pick
     for a in [*actors, whole]:
         ray.kill(a)

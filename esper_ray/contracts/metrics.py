@@ -48,6 +48,11 @@ RUNNER_SAMPLE_SECONDS_MIN = "esper/runner_sample_seconds_min"
 RUNNER_SAMPLE_SECONDS_MAX = "esper/runner_sample_seconds_max"
 """Wall seconds of each env runner's sample call this round (mean, min and max over runners): the round waits for
 the slowest, so max - mean is the time the others stand idle, a cost bare envs never pay."""
+RUNNER_SAMPLE_SECONDS_ON_GPU = "esper/runner_sample_seconds_gpu_"
+"""Followed by a GPU id: the mean sample call of the env runners whose envs train on that GPU, so a card whose
+runners are slower (another process's kernels on it, the learner's) shows against the others."""
+LEARNER_GPU = "esper/learner_gpu"
+"""The id of the GPU the learner updates on (a number; absent for a learner on the CPU)."""
 RUNNER_ROUND_LED = "esper/runner_round_led"
 """Share of the env runners whose episodes of this round were sampled ahead, started as soon as they were done
 with the round before (TrainConfig.lead)."""

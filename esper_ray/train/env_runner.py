@@ -48,7 +48,7 @@ from ray.rllib.utils.annotations import override
 from esper_ray.contracts import metrics as m
 from esper_ray.policy.feature_filter import feature_filter_of
 from esper_ray.train.background import InBackground, WorkerThread
-from esper_ray.train.gpu_spread import spread_gpu
+from esper_ray.train.gpu_spread import single_visible_gpu, spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
 
 PROFILE_ENV = "ESPER_RAY_PROFILE_SAMPLING"
@@ -60,6 +60,8 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
     def __init__(self, *args: Any, config: AlgorithmConfig, **kwargs: Any) -> None:
         started = time.time()  # wall clock: the trial compares it with its own (runner_start_seconds)
         spread_gpu()  # before anything starts CUDA in this process
+        self._gpu = single_visible_gpu() if config.num_gpus_per_env_runner > 0 else None
+        """The GPU its envs train on, by id (None on the CPU): its sample calls are also timed under that id."""
         # RLlib would build the policy and its connectors on the runner's GPU: told it has none, it keeps them on the
         # CPU (and never maps Ray's GPU id to a device, which spread_gpu may have moved); the env still takes the
         # runner's GPU share through its own `device` setting.
@@ -98,6 +100,8 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
             profile.dump_stats(self._profiles / f"runner_{self.worker_index}_call_{self._sample_calls}.prof")
         for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
             self.metrics.log_value(key, seconds, reduce=reduce)
+        if self._gpu is not None:
+            self.metrics.log_value(m.RUNNER_SAMPLE_SECONDS_ON_GPU + self._gpu, seconds, reduce="mean")
         return episodes
 
     # -------------------------------------------------------------------- leading rounds (TrainConfig.lead)

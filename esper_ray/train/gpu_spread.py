@@ -85,6 +85,12 @@ def node_gpu_ids() -> list[str]:
     return [str(i) for i in range(int(total))]
 
 
+def single_visible_gpu() -> str | None:
+    """The one GPU id this process sees (CUDA_VISIBLE_DEVICES, as Ray or spread_gpu set it); None for none or several."""
+    ids = [gpu.strip() for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    return ids[0] if len(ids) == 1 else None
+
+
 def spread_gpu() -> str | None:
     """In a Ray worker holding one fractional GPU: point CUDA_VISIBLE_DEVICES at the node's least-loaded GPU and
     return its id; None where Ray's pick stands (no GPU, whole GPUs, CUDA already started, one GPU on the node)."""

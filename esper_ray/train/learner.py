@@ -32,7 +32,9 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.annotations import override
 from ray.train._internal.worker_group import RayTrainWorker
 
+from esper_ray.contracts import metrics as m
 from esper_ray.policy.distribution import CausalFactoredDistribution
+from esper_ray.train.gpu_spread import single_visible_gpu
 from esper_ray.train.reward_normalizer import RewardStdNormalizer
 
 ENTROPY_PREFIX = "entropy_"
@@ -53,6 +55,9 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
         if self.config.learner_config_dict.get("reward_normalization", False) and self._learner_connector is not None:
             self.reward_normalizer = RewardStdNormalizer()
             self._learner_connector.insert_before(GeneralAdvantageEstimation, self.reward_normalizer)
+        gpu = single_visible_gpu() if self._device.type == "cuda" else None
+        self._gpu_id = float(gpu) if gpu is not None and gpu.isdigit() else None
+        """The GPU it updates on, as a number for the metrics (m.LEARNER_GPU)."""
 
     @override(PPOTorchLearner)
     def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
@@ -97,6 +102,8 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
                 metrics[ENTROPY_PREFIX + name] = masked_mean(value)
             if self.reward_normalizer is not None:
                 metrics[REWARD_STD_KEY] = torch.tensor(self.reward_normalizer.running.std)
+            if self._gpu_id is not None:
+                metrics[m.LEARNER_GPU] = torch.tensor(self._gpu_id)
             self.metrics.log_dict(metrics, key=module_id, window=1)
         return loss
 
