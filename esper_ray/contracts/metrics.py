@@ -52,7 +52,7 @@ RUNNER_SAMPLE_SECONDS_ON_GPU = "esper/runner_sample_seconds_gpu_"
 """Followed by a GPU id: the mean sample call of the env runners whose envs train on that GPU, so a card whose
 runners are slower (another process's kernels on it, the learner's) shows against the others."""
 LEARNER_GPU = "esper/learner_gpu"
-"""The id of the GPU the learner updates on (a number; absent for a learner on the CPU)."""
+"""The id of the GPU the learner updates on (a number; absent for a learner on the CPU, and for several learners)."""
 RUNNER_ROUND_LED = "esper/runner_round_led"
 """Share of the env runners whose episodes of this round were sampled ahead, started as soon as they were done
 with the round before (TrainConfig.lead)."""

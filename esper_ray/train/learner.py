@@ -55,9 +55,10 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
         if self.config.learner_config_dict.get("reward_normalization", False) and self._learner_connector is not None:
             self.reward_normalizer = RewardStdNormalizer()
             self._learner_connector.insert_before(GeneralAdvantageEstimation, self.reward_normalizer)
-        gpu = single_visible_gpu() if self._device.type == "cuda" else None
+        gpu = single_visible_gpu() if self._device.type == "cuda" and self.config.num_learners <= 1 else None
         self._gpu_id = float(gpu) if gpu is not None and gpu.isdigit() else None
-        """The GPU it updates on, as a number for the metrics (m.LEARNER_GPU)."""
+        """The GPU it updates on, as a number for the metrics (m.LEARNER_GPU); None for several learners, whose
+        metrics RLlib averages."""
 
     @override(PPOTorchLearner)
     def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
