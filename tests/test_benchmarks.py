@@ -184,6 +184,26 @@ def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_m
     assert "no sample call profiles" in _throughput_module().profile_summary(tmp_path, first_call=4)
 
 
+def test_a_runner_given_a_gpu_times_its_sample_calls_under_that_cards_id_and_one_without_does_not(monkeypatch):
+    """The card a runner's envs train on is the one GPU it sees (here declared: this runner samples on the CPU); its
+    sample calls are logged under that id beside the runner-wide mean, which one call makes the same figure."""
+    from esper_ray.contracts import metrics as m
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.ppo_config import build_ppo_config
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    for gpus, expected in ((0.25, [m.RUNNER_SAMPLE_SECONDS_ON_GPU + "1"]), (0.0, [])):
+        cfg = TrainConfig(max_epochs=2, gpus_per_env=gpus)
+        runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=1, num_workers=cfg.envs)
+        runner.sample(num_episodes=1)
+        stats = runner.get_metrics()  # the runner's own statistics, before the driver reduces them over runners
+        assert [k for k in stats if k.startswith(m.RUNNER_SAMPLE_SECONDS_ON_GPU)] == expected
+        for key in expected:
+            assert stats[key].peek() == pytest.approx(stats[m.RUNNER_SAMPLE_SECONDS].peek()) and stats[key].peek() > 0
+        runner.stop()
+
+
 def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_another_checkout(tmp_path):
     """A copy of the tree made with `git archive | tar -x` inside another checkout (as the side-by-side runs do) has
     no commit of its own: naming the outer checkout's would put the wrong code's name on its figures."""
