@@ -370,7 +370,8 @@ def cards(results: list[dict]) -> dict[str, Any]:
         out["runner_sample_seconds_by_gpu"] = {
             key.removeprefix(prefix): sum(row[key] for row in rows if key in row) / sum(key in row for row in rows)
             for key in keys}
-    learner = [v for row in rows for k, v in row.items() if k.startswith(f"{m.LEARNERS}/") and k.endswith("/" + m.LEARNER_GPU)]
+    learner_key = f"{m.LEARNERS}/{m.DEFAULT_MODULE}/{m.LEARNER_GPU}"  # logged per module (learner.py)
+    learner = [row[learner_key] for row in rows if learner_key in row]
     if learner:
         out["learner_gpu"] = str(int(learner[-1]))
     return out
@@ -380,7 +381,9 @@ def gpu_ids(visible: str | None, gpus: int) -> list[str]:
     """The GPU ids both halves use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1). The train half's Ray
     must see only these, or its env processes spread over every card of the machine (esper_ray/train/gpu_spread.py):
     `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
-    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(gpus)]
+    from esper_ray.train.gpu_spread import gpu_list
+
+    ids = gpu_list(visible) if visible else [str(i) for i in range(gpus)]
     if len(ids) < gpus:
         raise ValueError(f"--gpus {gpus}: only {len(ids)} GPU(s) visible (CUDA_VISIBLE_DEVICES={visible!r})")
     return ids[:gpus]

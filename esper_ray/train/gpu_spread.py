@@ -75,11 +75,16 @@ def claim(folder: Path, pid: int, share: float, candidates: Sequence[str], prefe
     return gpu
 
 
+def gpu_list(ids: str | None) -> list[str]:
+    """The GPU ids of a comma-separated list such as CUDA_VISIBLE_DEVICES ("0, 2" -> ["0", "2"]; none for None)."""
+    return [gpu.strip() for gpu in (ids or "").split(",") if gpu.strip()]
+
+
 def node_gpu_ids() -> list[str]:
     """This node's GPU ids as Ray names them (module docstring)."""
-    named = os.environ.get(NODE_GPUS_ENV, "").strip()
+    named = gpu_list(os.environ.get(NODE_GPUS_ENV))
     if named:
-        return [gpu.strip() for gpu in named.split(",") if gpu.strip()]
+        return named
     node = ray.get_runtime_context().get_node_id()
     total = next((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), 0.0)
     return [str(i) for i in range(int(total))]
@@ -87,7 +92,7 @@ def node_gpu_ids() -> list[str]:
 
 def single_visible_gpu() -> str | None:
     """The one GPU id this process sees (CUDA_VISIBLE_DEVICES, as Ray or spread_gpu set it); None for none or several."""
-    ids = [gpu.strip() for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    ids = gpu_list(os.environ.get("CUDA_VISIBLE_DEVICES"))
     return ids[0] if len(ids) == 1 else None
 
 
