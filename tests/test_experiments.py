@@ -152,7 +152,7 @@ def test_yaml_mistakes_name_the_file_and_line(tmp_path):
         ExperimentSpec.from_yaml(broken)
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("*.yaml")))
+@pytest.mark.parametrize("path", sorted((REPO / "tune_configs").glob("**/*.yaml")))
 def test_shipped_experiment_files_are_valid(path):
     spec = ExperimentSpec.from_yaml(path)
     assert len(spec.arms) >= 2 and spec.seeds
@@ -162,13 +162,13 @@ def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
     controllers = ExperimentSpec.from_yaml(REPO / "tune_configs" / "controllers.yaml")
     assert {controllers.controller(a) for a in controllers.arms} >= {ControllerKind.PPO, ControllerKind.HEURISTIC, ControllerKind.NONE}
     assert len(controllers.seeds) >= 8 and controllers.training["task"] == "digits-impaired"
-    rewards = ExperimentSpec.from_yaml(REPO / "tune_configs" / "reward_modes.yaml")
+    rewards = ExperimentSpec.from_yaml(REPO / "tune_configs" / "studies" / "reward_modes.yaml")
     assert {s["reward_mode"] for s in rewards.arms.values() if "reward_mode" in s} == {"shaped", "simplified", "sparse"}
     assert len(rewards.seeds) >= 8
     assert ControllerKind.FIXED in {controllers.controller(a) for a in controllers.arms}  # growth read against size
 
 
-@pytest.mark.parametrize("name", ["controllers", "reward_modes", "text", "precision"])
+@pytest.mark.parametrize("name", ["controllers", "studies/reward_modes", "text", "studies/precision"])
 def test_shipped_comparisons_can_reach_alpha_after_holm_over_their_family(name):
     """Holm multiplies the smallest p by the number of pairs the verdict tests (`compare`, or all pairs): 8 seeds
     (p >= 2/2^8) allow at most 6."""

@@ -223,7 +223,7 @@ def test_ppo_learns_the_one_rewarded_action_of_a_constructed_env_on_every_seed(r
     settings (200 transitions and 16 passes a round) the rewarded action's share of steps grows about as fast as
     PPO's clip (0.2) lets a probability grow, ~1.2x a round: seeds 0-2 gave 0.08-0.13 in round 1 and 0.49-0.61
     in round 8 (2 cores). The bounds leave room for any CPU's arithmetic. Whether PPO learns to grow real hosts
-    is an A/B claim (docs/results/controllers): one seed's 16-round prune rate on digits-impaired fell to
+    is an A/B claim (docs/results/studies/committed_reward): one seed's 16-round prune rate on digits-impaired fell to
     0.12-0.88 of its start over 12 seeds, too spread for a unit test."""
     cfg = TrainConfig(seed=seed, rounds=8, cpus_per_env=0.5, output=str(tmp_path / "known"), checkpoint_every=0)
     config = build_ppo_config(cfg).environment(KnownAnswerEnv, env_config=cfg.env_config())
