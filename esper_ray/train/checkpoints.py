@@ -104,7 +104,13 @@ def read_latest(output: Path) -> tuple[int, Path] | None:
         raise ValueError(f"{latest}: expected {{\"round\": N, \"path\": \"round_NNNNN\"}}, found {str(raw)[:200]}; "
                          f"{_fallback(latest.parent, None)}")
     stored = Path(raw["path"])
-    return raw["round"], stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
+    checkpoint = stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
+    # A resume writes into the folder its checkpoint lies in: latest.json may name only one of its own run's
+    # checkpoints, never one through `..`, a link or an absolute path elsewhere (it would continue that run).
+    if checkpoint.resolve().parent != latest.parent.resolve():
+        raise ValueError(f"{latest}: path={raw['path']!r} lies outside {latest.parent}; it may name only a checkpoint "
+                         f"of this run (round_NNNNN); {_fallback(latest.parent, None)}")
+    return raw["round"], checkpoint
 
 
 def latest_round(output: Path) -> int | None:
