@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -194,7 +195,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
           flush=True)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
-    resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
+    resume_hint = f"resume with: {ab_resume_command(args.experiment, output)}"
     try:
         outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
                                  source=experiment_source(Path(args.experiment)), save_networks=args.save,
@@ -214,6 +215,11 @@ def _cmd_ab(args: argparse.Namespace) -> int:
               + "; ".join(outcome.failed), file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def ab_resume_command(experiment: str | Path, output: Path) -> str:
+    """The command that resumes an A/B run, quoted for a POSIX shell so that it works as pasted (spaces, quotes)."""
+    return shlex.join(["esper-ray", "ab", str(experiment), "--output", str(output), "--resume"])
 
 
 def shared_name(path: Path, cwd: Path | None = None) -> str:

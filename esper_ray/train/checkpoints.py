@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def _fallback(checkpoints: Path, before: int | None) -> str:
     complete = next((p for p in earlier if damage_of(p) is None), None)
     if complete is None:
         return f"no earlier complete checkpoint is in {checkpoints}"
-    return f"the newest complete one is {complete}: resume from it with --resume {complete}"
+    return f"the newest complete one is {complete}: resume from it with --resume {shlex.quote(str(complete))}"
 
 
 def read_latest(output: Path) -> tuple[int, Path] | None:
@@ -191,7 +192,7 @@ def fresh_run_folder(output: Path, numbered: bool) -> Path:
     if not holds_a_run(output):
         return output
     if not numbered:
-        raise FileExistsError(f"{output} already holds a run: add --resume {output} to continue it, or choose another --output")
+        raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output")
     n = 2
     while holds_a_run(output.with_name(f"{output.name}-{n}")):
         n += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import textwrap
 import time
 from collections.abc import Callable
@@ -190,7 +191,7 @@ def format_outcome(outcome: TrainingOutcome) -> str:
         if failed:
             lines.append(f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}")
     if outcome.checkpoint is not None:
-        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {outcome.output} --rounds N)")
+        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)")
     else:
         lines.append("  no round finished: nothing was saved")
     lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}")
