@@ -222,14 +222,11 @@ def ab_resume_command(experiment: str | Path, output: Path) -> str:
     return shlex.join(["esper-ray", "ab", str(experiment), "--output", str(output), "--resume"])
 
 
-def shared_name(path: Path, cwd: Path | None = None) -> str:
-    """How a file meant for sharing names a path: relative to the folder the command ran in, else by its last three
-    parts (RUN/checkpoints/round_NNNNN), never as an absolute path of this machine (it would carry the user's home)."""
-    resolved = path.expanduser().resolve()
-    try:
-        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
-    except ValueError:
-        return "/".join(resolved.parts[-3:])
+def shared_name(checkpoint: Path) -> str:
+    """How a file meant for sharing (summary.md, architecture.json) names a checkpoint: by the run folder's name and
+    the path inside it (RUN/checkpoints/round_NNNNN), wherever the command ran. Never relative to the current folder
+    (run from / that is the whole path, with the user's name from /home) nor an absolute path of this machine."""
+    return "/".join(checkpoint.expanduser().resolve().parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:

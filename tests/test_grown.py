@@ -214,12 +214,16 @@ def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
     assert "esper_ray.load_grown('grown')" in (folder / "summary.md").read_text()
 
 
-def test_an_eval_save_names_its_checkpoint_without_this_machines_paths(tmp_path):
+@pytest.mark.parametrize("cwd", ["tmp", "runs", "/"])
+def test_an_eval_save_names_its_checkpoint_by_its_run_wherever_the_command_ran(tmp_path, monkeypatch, cwd):
+    """From / a name relative to the current folder is the whole path, a user's name from /home included
+    (issue 69, item 10): the run folder's name and the path inside it, from anywhere."""
     from esper_ray.cli import shared_name
 
     checkpoint = tmp_path / "runs" / "digits" / "checkpoints" / "round_00020"
-    assert shared_name(checkpoint, cwd=tmp_path) == "runs/digits/checkpoints/round_00020"
-    assert shared_name(checkpoint, cwd=tmp_path / "elsewhere") == "digits/checkpoints/round_00020"
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir({"tmp": tmp_path, "runs": tmp_path / "runs", "/": Path("/")}[cwd])
+    assert shared_name(checkpoint) == "digits/checkpoints/round_00020"
 
 
 def test_a_flex_attention_seed_loads_where_it_cannot_train():
