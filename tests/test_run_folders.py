@@ -4,8 +4,12 @@ commands stop before it, or the part that would start it is a stand-in."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,88 @@ def test_printed_resume_commands_are_shell_quoted(tmp_path, capsys, monkeypatch)
     assert shlex.split(command) == ["esper-ray", "train", "--resume", str(output), "--rounds", "N"]
     tensorboard = printed.split("TensorBoard: ", 1)[1].split(" (", 1)[0]
     assert shlex.split(tensorboard) == ["tensorboard", "--logdir", str(output / "tensorboard")]
+
+
+class RayWouldStart(Exception):
+    """Raised by the stand-in for Ray's start: the command got past every check of its folder."""
+
+
+def _second_writer_while_ray_starts(monkeypatch, where: str, second: list[str]) -> dict:
+    """The first command's Ray start runs `second` (another command on the same folder, started meanwhile) and
+    records how it ended; the second command reaching Ray's start too fails the test."""
+    seen: dict = {}
+
+    def connect(*args, **kwargs):
+        if seen:
+            raise AssertionError("a second writer of the run folder went on to start Ray")
+        seen["started"] = True
+        with pytest.raises(SystemExit) as exit_info:
+            main(second)
+        seen["code"] = exit_info.value.code
+        raise RayWouldStart()
+
+    monkeypatch.setattr(where, connect)
+    return seen
+
+
+def test_a_second_train_on_a_run_folder_is_refused_naming_the_process_that_holds_it(tmp_path, capsys, monkeypatch):
+    """Two `train --output same` 1 s apart both ran, one's metrics lost (issue 69, item 3)."""
+    out = tmp_path / "run"
+    args = ["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)]
+    seen = _second_writer_while_ray_starts(monkeypatch, "esper_ray.train.runner.connect_ray", args)
+    with pytest.raises(RayWouldStart):
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert seen["code"] == 2 and len(err) == 1, err
+    assert f"{out} is in use: process {os.getpid()} is writing a run there" in err[0]
+
+
+def test_a_second_ab_on_a_run_folder_is_refused_naming_the_process_that_holds_it(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    args = ["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)]
+    seen = _second_writer_while_ray_starts(monkeypatch, "esper_ray.experiments.runner.connect_ray", args)
+    with pytest.raises(RayWouldStart):
+        main(args)
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "esper-ray ab: error" in line]
+    assert seen["code"] == 2 and len(err) == 1 and f"process {os.getpid()} is writing a run there" in err[0], err
+    assert not (out / "tune").exists()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
+    """kill -9 leaves run.lock behind, naming a process that no longer runs: the next command takes it over."""
+    out = tmp_path / "run"
+    holder = subprocess.run([sys.executable, "-c", "import os, signal, sys; from pathlib import Path; "
+                             "from esper_ray.train.run_lock import run_folder_lock; "
+                             "cm = run_folder_lock(Path(sys.argv[1])); cm.__enter__(); print(os.getpid(), flush=True); "
+                             "os.kill(os.getpid(), signal.SIGKILL)", str(out)], capture_output=True, text=True)
+    dead = int(holder.stdout)
+    assert holder.returncode == -signal.SIGKILL and (out / "run.lock").read_text().strip() == str(dead)
+
+    def started(*args, **kwargs):
+        assert (out / "run.lock").read_text().strip() == str(os.getpid())  # this command holds it now
+        raise RayWouldStart()
+
+    monkeypatch.setattr("esper_ray.train.runner.connect_ray", started)
+    with pytest.raises(RayWouldStart):
+        main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])
+
+
+@pytest.mark.parametrize("command", ["train", "ab", "eval --save"])
+def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, capsys, monkeypatch, command):
+    """--output below a file (or on a read-only file system) was a traceback after Ray started (issue 69, item 6)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command went on to start Ray")
+
+    monkeypatch.setattr("esper_ray.train.runner.connect_ray", refuse)
+    monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
+    (tmp_path / "a file").write_text("not a folder")
+    out = tmp_path / "a file" / "run"
+    args = {"train": ["train", "--task", "digits", "--output", str(out)],
+            "ab": ["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)],
+            "eval --save": ["eval", "--checkpoint", str(tmp_path / "no run"), "--save", str(out)]}[command]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    flag = "--save" if command == "eval --save" else "--output"
+    assert exit_info.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert f"{flag} {out}: cannot be written (Not a directory" in err[0], err

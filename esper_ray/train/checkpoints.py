@@ -26,6 +26,7 @@ from pathlib import Path
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.manifest import MANIFEST_FILE, damage_of, write_atomically, write_manifest
+from esper_ray.train.run_lock import is_locked
 
 TRAIN_CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest.json"
@@ -185,15 +186,17 @@ def fresh_run_folder(output: Path, numbered: bool) -> Path:
 
     A folder holding a run is never written into by a new run (metrics would be appended to the old run's,
     checkpoints mixed): `--resume` continues a run in place; otherwise the run goes to a fresh folder
-    (`numbered`, for the default output) or is refused (an explicit --output).
+    (`numbered`, for the default output) or is refused (an explicit --output). A numbered folder is also chosen
+    past one that another command is writing (its lock is held) before it holds a run; an explicit one is refused
+    by the lock itself (run_lock.py), naming the process.
     """
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
-    if not holds_a_run(output):
+    if not holds_a_run(output) and not (numbered and is_locked(output)):
         return output
     if not numbered:
         raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output")
     n = 2
-    while holds_a_run(output.with_name(f"{output.name}-{n}")):
+    while holds_a_run(output.with_name(f"{output.name}-{n}")) or is_locked(output.with_name(f"{output.name}-{n}")):
         n += 1
     return output.with_name(f"{output.name}-{n}")
