@@ -178,10 +178,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
-    from esper_ray.experiments.runner import run_experiment
     from esper_ray.experiments.spec import ExperimentSpec
 
-    spec = ExperimentSpec.from_yaml(args.experiment)
+    spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
@@ -195,6 +194,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
           flush=True)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
+    from esper_ray.experiments.runner import run_experiment
+
     resume_hint = f"resume with: {ab_resume_command(args.experiment, output)}"
     try:
         outcome = run_experiment(spec, output, resume=args.resume, address=args.address,

@@ -113,3 +113,19 @@ def test_actions_out_of_range_or_fractional_name_the_head(position, value, expec
     action[position] = value
     with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         env.step(action)
+
+
+def test_a_bad_experiment_file_is_refused_before_ray_is_imported(tmp_path):
+    """Importing Ray and Tune first made a typo in an experiment file cost 13-28 s on a busy machine (issue 69,
+    item 11): the file is checked with the spec module alone."""
+    import json
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"name": "t", "arms": {"a": {}, "b": {"controller": "none"}}, "seeds": [0], "rounds": 0}))
+    code = ("import sys\nfrom esper_ray.cli import main\ntry:\n    main(['ab', sys.argv[1]])\nexcept SystemExit as e:\n"
+            "    print(e.code, 'ray' in sys.modules, 'ray.tune' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+    assert "rounds=0: must be an integer >= 1" in done.stderr
