@@ -621,6 +621,14 @@ def test_report_reads_no_file_outside_its_run_folder(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "relative_logdir='../../elsewhere'" in err and len(err.splitlines()) == 1, err
     assert not any("SecretError" in p.read_text() for p in out.glob("*.*") if p.suffix in (".md", ".json"))
+    # the trial's own folder, its error.txt a link to the other folder's
+    raw["trial_data"][0] = [json.dumps({**json.loads(trial), "status": "ERROR"}), meta]
+    state.write_text(json.dumps(raw))
+    (out / "tune" / json.loads(trial)["relative_logdir"] / "error.txt").symlink_to(tmp_path / "elsewhere" / "error.txt")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "error.txt: a link to" in err and "SecretError" not in err, err
 
 
 def no_ray_may_start(monkeypatch) -> None:

@@ -70,10 +70,18 @@ def read_trials(tune_path: Path) -> list[TuneTrial]:
     return trials
 
 
+def _own_file(path: Path) -> Path:
+    """`path`, a file of a trial's folder, unless a link makes it another folder's (a report reads its run only)."""
+    if path.resolve().parent != path.parent.resolve():
+        raise _unreadable(path, f"a link to {path.resolve()}, outside its trial's folder")
+    return path
+
+
 def _error_line(path: Path) -> str:
     """The exception line of the last traceback in a trial's error.txt."""
     if not path.is_file():
         return "failed (no error.txt)"
+    _own_file(path)
     lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1] if lines else "failed (empty error.txt)"
 
@@ -88,6 +96,7 @@ def read_results(folder: Path) -> list[dict[str, Any]]:
     path = folder / RESULT_FILE
     if not path.is_file():
         return []
+    _own_file(path)
     by_iteration: dict[int, dict[str, Any]] = {}
     lines = path.read_text(errors="replace").splitlines()
     for line_number, line in enumerate(lines, 1):
