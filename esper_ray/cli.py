@@ -19,7 +19,7 @@ from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import DEFAULT_TASK, HOST_PRESET_CHOICES, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
@@ -65,6 +65,7 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
         from esper_ray.train.grow import check_save_folder, saver
         from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
+    check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=folder is not None,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
@@ -174,6 +175,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
+    check_int("--episodes", episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),

@@ -58,6 +58,11 @@ def test_counts_past_their_bound_are_refused_naming_the_bound(args, expected, ca
     assert expected in error_of(["train", *args, "--output", str(tmp_path / "run")], capsys)
 
 
+def test_an_episode_count_past_its_bound_is_refused_naming_the_bound(capsys, tmp_path):
+    assert "--episodes=1e+15: must be an integer <= 100,000" in error_of(
+        ["eval", "--checkpoint", str(tmp_path / "run"), "--episodes", str(10**15)], capsys)
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"rounds": 10**30}, "rounds=1e+30: must be an integer <= 100,000"),
     ({"training": {"max_epochs": 99999999999999999999999}}, "max_epochs=1e+23: must be an integer <= 10,000"),
