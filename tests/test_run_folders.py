@@ -126,3 +126,15 @@ def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, c
     flag = "--save" if command == "eval --save" else "--output"
     assert exit_info.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
     assert f"{flag} {out}: cannot be written (Not a directory" in err[0], err
+
+
+def test_the_default_output_is_numbered_past_a_folder_another_command_is_writing(tmp_path):
+    """Two `esper-ray train` without --output started together: the second takes train-2 rather than failing."""
+    from esper_ray.train.checkpoints import fresh_run_folder
+    from esper_ray.train.run_lock import run_folder_lock
+
+    default = tmp_path / "esper_runs" / "train"
+    with run_folder_lock(default):  # nothing written yet: Ray is still starting
+        assert fresh_run_folder(default, numbered=True) == tmp_path / "esper_runs" / "train-2"
+        assert fresh_run_folder(default, numbered=False) == default  # an explicit one: the lock refuses it
+    assert fresh_run_folder(default, numbered=True) == default  # its writer gone before it wrote anything
