@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing's own flag without importing typing: the `esper-ray` script imports this first,
+if TYPE_CHECKING:      # and each module it loads before cli.main's handler is a moment a Ctrl-C is a traceback
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["load_grown"]

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,17 +17,19 @@ import yaml
 
 from esper_ray.cli_args import add_dataclass_arguments, given
 from esper_ray.contracts.actions import topology_blueprints
-from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
+from esper_ray.contracts.env_config import DEFAULT_TASK, HOST_PRESET_CHOICES, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
-from esper_ray.morpho.blueprints import build_seed, count_params
-from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
+from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
+    from esper_ray.morpho.blueprints import count_params
+    from esper_ray.morpho.hosts import build_host
+
     preset = EnvConfig(task=args.task, host_preset=args.host_preset).effective_host_preset  # the env's own rule
     host = build_host(preset)
     blueprints = topology_blueprints(host.topology.value)
@@ -40,6 +43,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
 
 
 def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
+    from esper_ray.morpho.blueprints import build_seed, count_params
+
     try:
         return f"{count_params(build_seed(blueprint, channels, topology)):,}"
     except ValueError:  # flex_attention where it cannot run (no CPU backward)
@@ -56,9 +61,11 @@ SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, 
 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
-    from esper_ray.train.grow import check_save_folder, saver
-    from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
+    with ctrl_c_deferred():  # native libraries load here (deferred_interrupt.py)
+        from esper_ray.train.grow import check_save_folder, saver
+        from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
+    check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=folder is not None,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
@@ -146,7 +153,8 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from esper_ray.train.runner import format_outcome, run_training
+    with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
+        from esper_ray.train.runner import format_outcome, run_training
 
     cfg, resume = train_config_from_args(args)
     print(f"esper-ray train: task {cfg.task}, {cfg.envs} envs x {cfg.episodes_per_env} episode(s) of {cfg.max_epochs} epochs "
@@ -159,13 +167,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.checkpoints import resolve_checkpoint
-    from esper_ray.train.evaluate import run_evaluation
-    from esper_ray.train.grow import check_save_folder, saver
-    from esper_ray.train.resources import quiet_ray_logs
+    with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
+        from esper_ray.train.checkpoints import resolve_checkpoint
+        from esper_ray.train.evaluate import run_evaluation
+        from esper_ray.train.grow import check_save_folder, saver
+        from esper_ray.train.resources import quiet_ray_logs
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
+    check_int("--episodes", episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
@@ -177,10 +187,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
-    from esper_ray.experiments.runner import run_experiment
     from esper_ray.experiments.spec import ExperimentSpec
 
-    spec = ExperimentSpec.from_yaml(args.experiment)
+    spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
@@ -194,7 +203,10 @@ def _cmd_ab(args: argparse.Namespace) -> int:
           flush=True)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
-    resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
+    with ctrl_c_deferred():  # Ray and Tune load here (deferred_interrupt.py)
+        from esper_ray.experiments.runner import run_experiment
+
+    resume_hint = f"resume with: {ab_resume_command(args.experiment, output)}"
     try:
         outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
                                  source=experiment_source(Path(args.experiment)), save_networks=args.save,
@@ -216,14 +228,16 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     return 0
 
 
-def shared_name(path: Path, cwd: Path | None = None) -> str:
-    """How a file meant for sharing names a path: relative to the folder the command ran in, else by its last three
-    parts (RUN/checkpoints/round_NNNNN), never as an absolute path of this machine (it would carry the user's home)."""
-    resolved = path.expanduser().resolve()
-    try:
-        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
-    except ValueError:
-        return "/".join(resolved.parts[-3:])
+def ab_resume_command(experiment: str | Path, output: Path) -> str:
+    """The command that resumes an A/B run, quoted for a POSIX shell so that it works as pasted (spaces, quotes)."""
+    return shlex.join(["esper-ray", "ab", str(experiment), "--output", str(output), "--resume"])
+
+
+def shared_name(checkpoint: Path) -> str:
+    """How a file meant for sharing (summary.md, architecture.json) names a checkpoint: by the run folder's name and
+    the path inside it (RUN/checkpoints/round_NNNNN), wherever the command ran. Never relative to the current folder
+    (run from / that is the whole path, with the user's name from /home) nor an absolute path of this machine."""
+    return "/".join(checkpoint.expanduser().resolve().parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:
@@ -271,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="show a task's host network: its slots and each blueprint's parameter count")
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
     host.add_argument("--task", default=DEFAULT_TASK, choices=TASKS, help=f"the task whose host to show (default: {DEFAULT_TASK})")
-    host.add_argument("--host-preset", default=None, choices=sorted(set(HOST_PRESET_NAMES) - set(TASKS)),
+    host.add_argument("--host-preset", default=None, choices=sorted({p for presets in HOST_PRESET_CHOICES.values() for p in presets} - set(TASKS)),
                       help="another host the task may use: text-gpu or text-starved for task text (default: the task's own)")
     host.set_defaults(func=_cmd_host)
 
@@ -374,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     try:
+        with ctrl_c_deferred():  # every command needs torch, whose import a Ctrl-C must not cut (deferred_interrupt.py)
+            import torch  # noqa: F401
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")

@@ -41,6 +41,7 @@ from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress_lines import clock_stamp, time_left
 from esper_ray.train.resources import connect_ray
+from esper_ray.train.run_lock import LOCK_FILE, run_folder_lock
 from esper_ray.train.step_failures import FAILURES_LOG
 from esper_ray.train.termination import received as sigterm_received
 from esper_ray.train.termination import sigterm_acts_as_ctrl_c
@@ -328,13 +329,21 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     # matters, a line per trial event.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     output = output.expanduser().resolve()
-    tune_path = output / TUNE_DIR
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
+    if resume and not output.is_dir():
+        read_experiment_file(output)  # raises, naming the folder: there is no run to continue (the lock creates it)
+    with run_folder_lock(output):  # one writer, from before Ray starts to the report (train/run_lock.py)
+        return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage)
+
+
+def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, address: str | None, source: str | None,
+                          save_networks: bool, salvage: bool) -> ExperimentOutcome:
+    tune_path = output / TUNE_DIR
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
     continuing = False
-    if resume and output.is_dir() and not any(output.iterdir()):  # left empty by a stop before the plan was written
+    if resume and not any(p.name != LOCK_FILE for p in output.iterdir()):  # left empty by a stop before the plan was written
         print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
         resume = False
     on_cpus = False
