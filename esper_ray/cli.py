@@ -146,11 +146,13 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from esper_ray.train.progress_lines import counted
     from esper_ray.train.runner import format_outcome, run_training
 
     cfg, resume = train_config_from_args(args)
-    print(f"esper-ray train: task {cfg.task}, {cfg.envs} envs x {cfg.episodes_per_env} episode(s) of {cfg.max_epochs} epochs "
-          f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
+    print(f"esper-ray train: task {cfg.task}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
+          f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
+          f"output {cfg.output}", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
     if outcome.terminated:
@@ -179,6 +181,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.runner import run_experiment
     from esper_ray.experiments.spec import ExperimentSpec
+    from esper_ray.train.progress_lines import counted
 
     spec = ExperimentSpec.from_yaml(args.experiment)
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
@@ -189,8 +192,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
     cap = spec.max_concurrent_trials
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
-    print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
-          f"then {spec.eval_episodes} evaluation episodes each), {at_once} at once; output {output}",
+    print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
+          f"({counted(spec.rounds, 'PPO round')}, then {counted(spec.eval_episodes, 'evaluation episode')} each), "
+          f"{at_once} at once; output {output}",
           flush=True)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
@@ -205,12 +209,12 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         raise
     if outcome.interrupted:
         what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
-        print(f"esper-ray ab: {what} with {outcome.done} of {outcome.total} trials done; the report so far is in "
+        print(f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; the report so far is in "
               f"{outcome.output / 'report.md'}; {resume_hint}", file=sys.stderr, flush=True)
         return TERMINATED_EXIT_CODE if outcome.terminated else 130
     _print_report(outcome.output)
     if outcome.failed:
-        print(f"esper-ray ab: {len(outcome.failed)} of {outcome.total} trials failed and are left out of the statistics: "
+        print(f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed and are left out of the statistics: "
               + "; ".join(outcome.failed), file=sys.stderr, flush=True)
         return 1
     return 0

@@ -264,7 +264,7 @@ os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "calls.jsonl"), "a") as calls:
     calls.write(json.dumps({"argv": sys.argv[3:], "visible": os.environ["CUDA_VISIBLE_DEVICES"]}) + "\\n")
 resume = "--resume" in sys.argv
-print("trials at once on 2 CPU, 0 GPU: 1 ppo trials at once", flush=True)
+print("trials at once on 2 CPU, 0 GPU: 1 ppo trial at once", flush=True)
 print("[  0m00s] started  ppo/seed0 (1 running, 0/2 done)", flush=True)  # Tune's clock starts about now
 trials = [{"status": "finished"}, {"status": "finished" if resume else "incomplete"}]
 with open(os.path.join(out, "results.json"), "w") as results:

@@ -39,7 +39,7 @@ from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
-from esper_ray.train.progress_lines import clock_stamp, time_left
+from esper_ray.train.progress_lines import clock_stamp, counted, time_left
 from esper_ray.train.resources import connect_ray
 from esper_ray.train.step_failures import FAILURES_LOG
 from esper_ray.train.termination import received as sigterm_received
@@ -155,7 +155,7 @@ class TrialEvents(tune.Callback):
                              f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")
         if EVAL_PREFIX + "test_accuracy" in result:
             parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                         f"{int(result[EVAL_PREFIX + 'episodes'])} episodes, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
+                         f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
         if parts:
             self._line(f"         {_trial_label(trial)} " + "; ".join(parts) + self._left(trials, trial, result))
 
@@ -310,7 +310,7 @@ def set_aside(output: Path, damage: str) -> Path:
     (output / TUNE_DIR).rename(aside)
     (output / TUNE_MANIFEST).unlink(missing_ok=True)
     print(f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
-          f"{len(finished)} finished trials kept from their JSON results; the others run again, a PPO trial from its last "
+          f"{counted(len(finished), 'finished trial')} kept from their JSON results; the others run again, a PPO trial from its last "
           f"intact checkpoint", flush=True)
     return aside
 
@@ -385,7 +385,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     write_report(output, record)
     if save_networks:
         kept = gather_networks(output)
-        print(f"networks: {kept} grown networks in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
+        print(f"networks: {counted(kept, 'grown network')} in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
               "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
     ended = [t for t in record.trials if t.status in (FINISHED, ERROR)]
     interrupted = len(ended) < len(record.trials)

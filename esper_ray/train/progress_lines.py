@@ -34,6 +34,11 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 trial`, `2 trials`: a count and its noun, singular or plural as the count wants."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def clock_stamp(seconds: float) -> str:
     """The time since a command started, as its progress lines begin: `[  3m05s]`."""
     whole = max(0, int(seconds))
@@ -57,7 +62,7 @@ class EpisodeProgress:
         self.out, self.clock = out, clock
         self.start = self.last_line = clock()
         self.episodes_done = 0
-        self._line(f"{episodes} episode{'s' if episodes != 1 else ''} of up to {max_epochs} epochs (results at the end)")
+        self._line(f"{counted(episodes, 'episode')} of up to {counted(max_epochs, 'epoch')} (results at the end)")
 
     def _line(self, text: str) -> None:
         now = self.clock()
