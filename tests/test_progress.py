@@ -17,7 +17,7 @@ import pytest
 
 from esper_ray.train import progress
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
-from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, duration
+from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, counted, duration
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,6 +81,14 @@ class FakeClock:
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42.9, "42s"), (185, "3m05s"), (3720, "1h02m")])
 def test_durations_read_short(seconds, text):
     assert duration(seconds) == text
+
+
+def test_counts_take_the_singular_for_one_only():
+    assert [counted(n, "trial") for n in (0, 1, 2)] == ["0 trials", "1 trial", "2 trials"]
+    assert counted(1, "ppo trial") == "1 ppo trial" and counted(3, "child", "children") == "3 children"
+    out = io.StringIO()
+    EpisodeProgress("eval", 1, 1, out=out, clock=FakeClock())
+    assert out.getvalue().endswith("eval: 1 episode of up to 1 epoch (results at the end)\n")
 
 
 def test_slow_epochs_get_a_line_each_and_every_episode_one_with_the_time_left():
@@ -257,3 +265,25 @@ def test_a_salvaged_trial_continued_from_its_checkpoint_counts_only_the_rounds_i
     clock[0] += 10
     events.on_trial_result(1, [first, second], first, round_n(6))
     assert printed[-1].endswith("ppo/seed0 round 6/10: rollout acc 50.0%; about 2m40s left")
+
+
+def test_a_resumed_ab_run_says_how_many_trials_it_runs_at_once(tmp_path, capsys, monkeypatch):
+    """A run that Tune restores prints the trials-at-once line as a new run does (Ray and Tune stand-ins here:
+    the crafted run's trials have all finished), with the cap the run started with."""
+    from types import SimpleNamespace
+
+    from esper_ray.cli import main
+    from esper_ray.experiments import runner
+    from tests.test_experiments import crafted_run
+
+    out = crafted_run(tmp_path, tmp_path / "ran")
+    monkeypatch.setattr(runner, "connect_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(runner, "check_tune_folder", lambda *args: True)  # a run Tune left to continue
+    monkeypatch.setattr(runner.tune.Tuner, "restore", lambda *args, **kwargs: SimpleNamespace(fit=lambda: None))
+    assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--resume",
+                 "--max-concurrent-trials", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "(1 PPO round, then 2 evaluation episodes each)" in printed  # counts with their own plural
+    assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed
+    assert "no cap (max_concurrent_trials not set)" in printed  # the run's own, not the flag's (Tune keeps it)
