@@ -60,7 +60,8 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
     folder = check_save_folder(args.save, args.episodes) if args.save else None
-    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=folder is not None,
+    # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
+    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=True,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
@@ -283,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         "heuristic", allow_abbrev=False, parents=[verbose_after],
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
-        "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
-        "germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
+        "those that hurt) for some episodes and print, per episode: final and test accuracy, parameters added "
+        "and seeds germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
     heuristic.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -309,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", allow_abbrev=False, parents=[verbose_after],
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
-        "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
+        "and test accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
         "With --save DIR, one episode, whose grown network is kept in DIR (a PyTorch module: esper_ray.load_grown(DIR)).",
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")

@@ -85,9 +85,12 @@ class EpisodeProgress:
         self._line(f"{self._episode()}, epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%"
                    + self._left(done))
 
-    def episode_end(self, final_accuracy: float, params_added: int, seconds: float) -> None:
-        """After an episode: its committed model's validation accuracy, the parameters it kept and its seconds."""
-        text = (f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%, "
+    def episode_end(self, final_accuracy: float, params_added: int, seconds: float,
+                    test_accuracy: float | None = None) -> None:
+        """After an episode: its committed model's validation accuracy (and test accuracy, where measured), the
+        parameters it kept and its seconds."""
+        test = f", test acc {100 * test_accuracy:.1f}%" if test_accuracy is not None else ""
+        text = (f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%{test}, "
                 f"params kept {params_added:,}")
         self.episodes_done += 1
         self._line(text + self._left(self.episodes_done * self.max_epochs))
