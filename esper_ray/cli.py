@@ -162,7 +162,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.checkpoints import resolve_checkpoint
+    from esper_ray.train.checkpoints import resolve_checkpoint, round_of
     from esper_ray.train.evaluate import run_evaluation
     from esper_ray.train.grow import check_save_folder, saver
     from esper_ray.train.resources import quiet_ray_logs
@@ -171,6 +171,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)
+    # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
+    print(f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
+          file=sys.stderr if args.json else sys.stdout, flush=True)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
                                on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
                                if folder else None)
