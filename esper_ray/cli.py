@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from esper_ray.cli_args import add_dataclass_arguments, given
+from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import TRAIN_OWNED_ENV_KEYS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
@@ -276,7 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     verbose_after.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
-                          help="show a task's host network: its slots and each blueprint's parameter count")
+                          help="show a task's host network: its slots and each blueprint's parameter count",
+                          description="Print a task's host network (the network a run grows from): its parameter "
+                          "count, its injection slots (where seeds are planted: the names --slots takes) with the shape "
+                          "of the features at each, and the parameters a seed of each blueprint adds there. Starts no Ray.")
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
     host.add_argument("--task", default=DEFAULT_TASK, choices=TASKS, help=f"the task whose host to show (default: {DEFAULT_TASK})")
     host.add_argument("--host-preset", default=None, choices=sorted(set(HOST_PRESET_NAMES) - set(TASKS)),
@@ -302,11 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
+        formatter_class=LinesHelpFormatter,
+        epilog=keys_help("env settings, each given as --env KEY=VALUE (or under env: in --config; "
+                         f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
+                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS),
     )
     train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
     train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "
                        "of its checkpoint folders); --rounds is the total, so give more than the run has done")
-    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda")
+    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below")
     train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
     evaluate = sub.add_parser(
