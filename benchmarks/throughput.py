@@ -312,7 +312,9 @@ def sampling_split(figures: dict[str, float], setup: Setup) -> dict[str, float]:
     """The train half's pace split in two: the envs' steps/s while their runners sample (each runner's steps a round
     over its mean sample call: the env's phases and RLlib's work of each step, the card shared with the other
     runners), and the share of that pace lost outside the sample calls (the rounds: waiting for the slowest,
-    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share)."""
+    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share).
+    The share is not clipped at 0: it compares the driver's clock with the runners', so where the rounds lose next
+    to nothing it can come out a hair below 0 (-0.002 on an H200), and clipping would break that product."""
     sampling = setup.envs * setup.episodes_per_env * setup.max_epochs / figures["runner_sample_seconds_mean"]
     return {"sampling_env_steps_per_s": sampling, "outside_sampling_share": 1 - figures["env_steps_per_s"] / sampling}
 
