@@ -92,13 +92,12 @@ class TrialEvents(tune.Callback):
     machine, would otherwise count as time spent on the first episodes). A trial's rounds and its evaluation count
     as they report.
 
-    A resume must not distort the pace: only the episodes each trial ran in this command count for this command's
-    pace (not the rounds a restored or salvaged trial had before it), and the seconds and episodes of the earlier
-    commands of the run (get_state, which Tune saves with the experiment and gives back on --resume) are added to
-    them. So the first estimate after a resume is the last one before it, not one round's pace (a restored trial's
-    first round is slow: its checkpoint is loaded and its graphs captured again). Tune pickles its callbacks with
-    the experiment; `setup`, called at the start of every fit, restarts this command's clock. (A run started
-    before `work` existed restores without it: its lines carry no estimate.)
+    A resume keeps the pace: a command counts only the episodes its trials run (not the rounds a restored or
+    salvaged trial brings), and adds the seconds and episodes of the run's earlier commands (get_state: Tune saves
+    it with the experiment and gives it back on --resume). So the estimate after a resume goes on from the last one
+    before it, not from the first rounds after it alone (a restored trial's first round also loads its checkpoint).
+    Tune pickles its callbacks with the experiment; `setup`, called at the start of every fit, restarts this
+    command's clock. (A run started before `work` existed restores without it: its lines carry no estimate.)
     """
 
     work: dict[tuple[str, int], TrialWork] = {}
