@@ -226,7 +226,7 @@ def round_n(n: int) -> dict:
     return {**round_one(), "round/round": n}
 
 
-def test_the_ab_estimate_holds_its_pace_across_a_resume_whose_first_round_is_slow(monkeypatch):
+def test_the_ab_estimate_holds_its_pace_across_a_resume_whose_first_round_is_slow(monkeypatch, tmp_path):
     """Rounds of 10 s: after 5 of the first trial's 10 rounds, 10 of 44 episodes in 50 s, 2m50s left. The run is
     stopped and resumed (Tune saves the callback's state and gives it back); the restored trial's first round takes
     30 s (its checkpoint loaded, its graphs captured again). The estimate goes on from the pace of both commands
@@ -240,11 +240,14 @@ def test_the_ab_estimate_holds_its_pace_across_a_resume_whose_first_round_is_slo
         first.last_result = round_n(n)
         events.on_trial_result(n, [first, second], first, first.last_result)
     assert printed[-1].endswith("ppo/seed0 round 5/10: rollout acc 50.0%; about 2m50s left")
-    state = events.get_state()  # what Tune keeps when the command stops
+    from ray.tune.callback import CallbackList
+
+    CallbackList([events]).save_to_dir(str(tmp_path))  # as Tune saves its callbacks' state when the command stops
 
     clock[0] += 300  # stopped for a while, then Ray and the restored trial's setup
-    resumed = two_ppo_trials(printed)  # as Tune restores it: its state, then setup()
-    resumed.set_state(state)
+    resumed = two_ppo_trials(printed)  # as Tune restores it (tuner.pkl): then its state, then setup()
+    assert CallbackList([resumed]).can_restore(str(tmp_path))
+    CallbackList([resumed]).restore_from_dir(str(tmp_path))
     resumed.setup()
     resumed.on_trial_start(0, [first, second], first)  # the trial as Tune restored it: its last result round 5
     assert printed[-1] == "[  0m00s] started  ppo/seed0 (1 running, 0/2 done; about 2m50s left)"
