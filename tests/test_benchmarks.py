@@ -194,7 +194,7 @@ def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_m
         runner.sample(num_episodes=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"runner_1_call_{n}.prof" for n in (1, 2, 3)]
     summary = _throughput_module().profile_summary(tmp_path, dump=tmp_path / "steady.prof")
-    assert summary.startswith("2 sample calls of 1 env runners (calls 2 on)")
+    assert summary.startswith("2 sample calls of 1 env runner (calls 2 on)")
     assert "_sample" in summary and "function calls" in summary
     merged = pstats.Stats(str(tmp_path / "steady.prof"))  # the two steady calls, callers and all
     samples = [v for (_, _, name), v in merged.stats.items() if name == "_sample"]  # type: ignore[attr-defined]
