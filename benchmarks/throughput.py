@@ -280,7 +280,9 @@ def sampling_split(figures: dict[str, float], setup: Setup) -> dict[str, float]:
     """The train half's pace split in two: the envs' steps/s while their runners sample (each runner's steps a round
     over its mean sample call: the env's phases and RLlib's work of each step, the card shared with the other
     runners), and the share of that pace lost outside the sample calls (the rounds: waiting for the slowest,
-    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share)."""
+    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share).
+    The share is not clipped at 0: it compares the driver's clock with the runners', so where the rounds lose next
+    to nothing it can come out a hair below 0 (-0.002 on an H200), and clipping would break that product."""
     sampling = setup.envs * setup.episodes_per_env * setup.max_epochs / figures["runner_sample_seconds_mean"]
     return {"sampling_env_steps_per_s": sampling, "outside_sampling_share": 1 - figures["env_steps_per_s"] / sampling}
 
@@ -429,9 +431,11 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
         stats.add(str(path))
     if dump is not None:
         stats.dump_stats(str(dump))
+    from esper_ray.train.progress_lines import counted
+
     runners = len({p.stem.split("_call_")[0] for p in files})
     out = io.StringIO()
-    out.write(f"{len(files)} sample calls of {runners} env runners (calls {first_call} on), merged\n")
+    out.write(f"{counted(len(files), 'sample call')} of {counted(runners, 'env runner')} (calls {first_call} on), merged\n")
     stats.stream = out  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(lines)
     stats.sort_stats("tottime").print_stats(lines)
@@ -441,9 +445,11 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
 def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles: Path | None = None) -> dict[str, Any]:
     """The figures of the halves asked for (a half not measured is left out, and so is the ratio). With `profiles`,
     the train half's runners profile their sample calls there and the steady rounds' summary goes to steady.txt."""
+    from esper_ray.train.progress_lines import counted
+
     figures: dict[str, Any] = {}
     if "bare" in halves:
-        log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
+        log(f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
         with bare_mps(mps):
             bare_rate = bare(setup)
         log(f"bare: {bare_rate}")
@@ -460,7 +466,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
-        log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
+        log(f"train: {counted(setup.envs, 'env')}, {counted(setup.rounds, 'round')}{' under MPS' if mps else ''}")
         with local_ray(mps, setup.gpus, profiles):
             train_rate = train(setup, mps)
         log(f"train: {train_rate}")

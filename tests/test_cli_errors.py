@@ -31,7 +31,7 @@ def no_ray_may_start(monkeypatch) -> None:
     (["--slots", "r9c9"], "bad slot name 'r9c9'"),
     (["--slots", "r1c4"], "slot 'r1c4' does not exist in this host"),
     (["--slots", "r0c0", "r0c0"], "names a slot twice"),
-    (["--task", "cifar10"], "task cifar10 needs data_dir"),
+    (["--task", "cifar10"], "task cifar10 needs data_dir, a folder holding cifar-10-batches-py/: give --env data_dir=DIR"),
     (["--env", "device=cuda"], "env device='cuda' but gpus_per_env=0"),
     (["--env", "batch_size=0"], "batch_size=0: must be an integer >= 1"),
     (["--envs", "two"], "invalid int value: 'two'"),

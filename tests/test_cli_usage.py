@@ -85,3 +85,35 @@ def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(during):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo)
     assert done.returncode == 130 and len(done.stderr.strip().splitlines()) == 1, (done.returncode, done.stderr)
     assert done.stderr.strip().endswith("interrupted") and done.stdout == "", done.stdout
+
+
+def help_of(command: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_train_help_lists_every_env_key_with_the_help_heuristic_gives_its_flag(capsys, monkeypatch):
+    """The README asks for `--env min_prune_age=...` and the like: train's help says which keys there are, in the
+    words of EnvConfig's own docstrings, as heuristic's flags do (one helper, cli_args.field_help)."""
+    import dataclasses
+
+    from esper_ray.contracts.train_config import TRAIN_OWNED_ENV_KEYS
+
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per key and per flag
+    train, heuristic = help_of("train", capsys), help_of("heuristic", capsys)
+    keys = [f.name for f in dataclasses.fields(EnvConfig) if f.name not in TRAIN_OWNED_ENV_KEYS]
+    assert {"min_prune_age", "host_preset", "data_dir"} <= set(keys)
+    flags = " ".join(heuristic.split())
+    for key in keys:
+        [line] = [line for line in train.splitlines() if line.startswith(f"  {key}: ")]
+        assert line.split(": ", 1)[1] in flags and "--" + key.replace("_", "-") in flags, key  # the flag's own text
+    assert "each given as --env KEY=VALUE" in train
+
+
+def test_every_command_has_a_description_in_its_help(capsys):
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, parser in commands.items():
+        assert parser.description, f"`esper-ray {name} --help` has no description"
+    assert "injection slots" in help_of("host", capsys)

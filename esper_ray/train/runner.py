@@ -31,7 +31,7 @@ from esper_ray.train.manifest import write_atomically
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
-from esper_ray.train.progress_lines import time_left
+from esper_ray.train.progress_lines import counted, time_left
 from esper_ray.train.resources import check_fits, connect_ray
 from esper_ray.train.run_lock import run_folder_lock
 from esper_ray.train.round_summary import RoundSummary, planted_most, progress_line, summarize_round
@@ -182,7 +182,7 @@ def keep_rounds_up_to(metrics: Path, done: int) -> None:
 
 def format_outcome(outcome: TrainingOutcome) -> str:
     verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
-    lines = [f"{verb} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
+    lines = [f"{verb} {counted(len(outcome.rounds), 'round')} in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]
         steps = sum(r.env_steps for r in outcome.rounds)
