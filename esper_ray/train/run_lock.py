@@ -42,9 +42,11 @@ def writable_folder(folder: Path, flag: str) -> Path:
 def run_folder_lock(folder: Path, flag: str = "--output") -> Iterator[Path]:
     """Within: this process is the folder's only writer (created if missing). Raises RunFolderBusy naming the
     folder and the process that holds it, or ValueError when the folder cannot be written (writable_folder)."""
+    created = not folder.exists()
     writable_folder(folder, flag)
     path = folder / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    wrote = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -54,9 +56,13 @@ def run_folder_lock(folder: Path, flag: str = "--output") -> Iterator[Path]:
                                 f"wait for it to end, or give another {flag}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        wrote = True
         yield folder
     finally:
         os.close(fd)  # releases the flock
+        if created and wrote and [p.name for p in folder.iterdir()] == [LOCK_FILE]:
+            path.unlink()  # a run refused before it wrote anything (it does not fit, say) leaves no folder behind
+            folder.rmdir()
 
 
 def is_locked(folder: Path) -> bool:
