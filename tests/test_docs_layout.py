@@ -17,27 +17,21 @@ HEADER_LINES = 8
 
 
 def paragraphs(markdown: str) -> list[str]:
-    """Prose paragraphs of a markdown text: blocks between blank lines, code blocks and tables left out, a list
-    split into its items."""
+    """Prose paragraphs of a markdown text: blocks between blank lines (a list is one), code blocks and tables left
+    out."""
     text = re.sub(r"```.*?```", "", markdown, flags=re.S)
     found = []
     for block in re.split(r"\n\s*\n", text):
         lines = [line for line in block.strip().splitlines() if line.strip()]
         if not lines or lines[0].startswith(("|", "#")):
             continue
-        item: list[str] = []
-        for line in lines:
-            if line.startswith("- ") and item:
-                found.append(" ".join(item))
-                item = []
-            item.append(line.strip())
-        found.append(" ".join(item))
+        found.append(" ".join(line.strip() for line in lines))
     return found
 
 
-def test_paragraphs_splits_blocks_and_list_items_and_skips_code_and_tables():
+def test_paragraphs_splits_blocks_counts_a_list_whole_and_skips_code_and_tables():
     text = "one\ntwo\n\n```bash\nx\n\ny\n```\n\n| a |\n|---|\n\n- item one\n  more\n- item two\n"
-    assert paragraphs(text) == ["one two", "- item one more", "- item two"]
+    assert paragraphs(text) == ["one two", "- item one more - item two"]
 
 
 def test_the_readme_stays_within_its_budget_of_lines_and_paragraph_length():
