@@ -21,13 +21,14 @@ from esper_ray.contracts.fields import check_int
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.blueprints import build_seed, count_params
-from esper_ray.morpho.hosts import HOST_PRESET_NAMES, build_host
+from esper_ray.morpho.hosts import build_host
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
-    preset = EnvConfig(task=args.task, host_preset=args.host_preset).effective_host_preset  # the env's own rule
+    preset = EnvConfig(task=args.task, host_preset=args.host_preset,
+                       plugins=tuple(args.plugins)).effective_host_preset  # the env's own rule
     host = build_host(preset)
     blueprints = topology_blueprints(host.topology.value)
     print(f"host {preset} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
@@ -270,9 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
                           help="show a task's host network: its slots and each blueprint's parameter count")
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
-    host.add_argument("--task", default=DEFAULT_TASK, choices=TASKS, help=f"the task whose host to show (default: {DEFAULT_TASK})")
-    host.add_argument("--host-preset", default=None, choices=sorted(set(HOST_PRESET_NAMES) - set(TASKS)),
-                      help="another host the task may use: text-gpu or text-starved for task text (default: the task's own)")
+    host.add_argument("--task", default=DEFAULT_TASK,
+                      help=f"the task whose host to show: {', '.join(TASKS)} or a plug-in's (default: {DEFAULT_TASK})")
+    host.add_argument("--host-preset", default=None,
+                      help="another host the task may use: text-gpu or text-starved for task text, or a plug-in's "
+                           "(default: the task's own)")
+    host.add_argument("--plugins", nargs="+", default=[], metavar="PLUGINS",
+                      help="modules that register your own tasks, hosts or blueprints (docs/plugins.md)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(
