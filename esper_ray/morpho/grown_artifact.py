@@ -120,9 +120,13 @@ def load_grown(directory: str | Path) -> GrownNetwork:
         topology = Topology(architecture["topology"])
     except ValueError:
         raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
-    host_config = _checked_host_config(architecture["host_config"], where)
     host_name, plugins = _checked_parts(architecture, where)
     registry.load_plugins(plugins)
+    try:
+        builtin = host_name is None or registry.host(host_name).builtin
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    host_config = _checked_host_config(architecture["host_config"], where, plugin=not builtin)
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
     with torch.device("meta"):  # shapes only: what the description asks for, before anything is allocated
         skeleton = _build(topology, host_config, specs, where, host_name, plugins)
@@ -154,21 +158,21 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     return network.eval()
 
 
-def _checked_host_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+def _checked_host_config(config: dict[str, Any], where: str, *, plugin: bool = False) -> dict[str, Any]:
     """The host config's values, each a plain number within limits (the host config classes check the rest); a
     plug-in host's description may also hold floats, booleans, short strings and lists of integers."""
     for key, value in config.items():
-        if value is None or isinstance(value, float) or isinstance(value, bool):
+        if value is None or (isinstance(value, float) and (plugin or key == "dropout")):
             continue
-        if isinstance(value, str) and len(value) <= 200:
+        if plugin and (isinstance(value, bool) or (isinstance(value, str) and len(value) <= 200)):
             continue
         limit = MAX_LAYERS if key in LAYER_FIELDS else MAX_SIZE_FIELD
-        items = value if isinstance(value, list) and len(value) <= MAX_LAYERS else [value]
+        items = value if plugin and isinstance(value, list) and len(value) <= MAX_LAYERS else [value]
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int):
                 raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
             if not 0 <= item <= limit:
-                raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer in [0, {limit:,}]")
+                raise ValueError(f"{where}: host_config.{key}={_short(value) if plugin else value}; expected an integer in [0, {limit:,}]")
     return config
 
 
