@@ -13,7 +13,7 @@ import torch
 import esper_ray
 from esper_ray.cli import main
 
-FULL = ["--rounds", "8", "--envs", "2", "--episodes-per-env", "2", "--max-epochs", "20"]
+FULL = ["--rounds", "8", "--envs", "2", "--episodes-per-env", "2", "--max-epochs", "25"]
 SMALL = ["--rounds", "1", "--envs", "1", "--episodes-per-env", "1", "--max-epochs", "3", "--cpus-per-env", "0.5"]
 
 

@@ -14,16 +14,17 @@ FEATURES, CLASSES = 20, 5
 
 
 def load_spirals(context: object) -> dict:
-    """Five noisy interleaved classes in 20 dimensions (2 informative, 18 noise), as numpy arrays."""
+    """Five noisy interleaved spiral arms in 20 dimensions (2 informative, 18 noise), as numpy arrays. Alone, in 25
+    epochs, the host reaches about 0.49 at width 4 and 0.88 at width 8 (plain SGD, no seeds): width 4 leaves room."""
     rng = np.random.default_rng(0)
 
     def sample(n: int) -> tuple[np.ndarray, np.ndarray]:
         y = rng.integers(CLASSES, size=n)
         t = rng.uniform(0.5, 3.0, size=n)
-        angle = t * 2.5 + y * 2 * np.pi / CLASSES
+        angle = t * 1.5 + y * 2 * np.pi / CLASSES
         x = np.zeros((n, FEATURES), dtype=np.float32)
         x[:, 0], x[:, 1] = t * np.cos(angle), t * np.sin(angle)
-        x += 0.15 * rng.normal(size=x.shape)
+        x += 0.1 * rng.normal(size=x.shape)
         return x, y
 
     return {"train": sample(2000), "validation": sample(500), "test": sample(500)}
@@ -33,7 +34,7 @@ class MyMLP(esper_ray.HostModule):
     """in -> 3 x (Linear, ReLU) of `width` units -> head. Slot b{i} sees block i's output: a seed planted there adds
     a residual module on those features."""
 
-    def __init__(self, in_features: int = FEATURES, width: int = 8, num_classes: int = CLASSES) -> None:
+    def __init__(self, in_features: int = FEATURES, width: int = 4, num_classes: int = CLASSES) -> None:
         super().__init__()
         self.config = {"in_features": in_features, "width": width, "num_classes": num_classes}
         self.stem = nn.Linear(in_features, width)
@@ -59,4 +60,4 @@ class MyMLP(esper_ray.HostModule):
 
 
 esper_ray.register_task("spirals", load_spirals, hosts=["my-mlp"], batch_size=128, host_lr=0.05)
-esper_ray.register_host("my-mlp", MyMLP, width=8)
+esper_ray.register_host("my-mlp", MyMLP, width=4)  # a starved host that seeds can rescue
