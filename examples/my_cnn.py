@@ -37,5 +37,7 @@ class MyCNN(esper_ray.HostModule):
         return self.head(h.mean(dim=(2, 3)))
 
 
-# 1x1 kernels see no neighbourhood, like the built-in digits-impaired host: a host that seeds can rescue.
+# 1x1 kernels see no neighbourhood, like the built-in digits-impaired host: a host that seeds can rescue. Alone, in 25
+# epochs, it reaches about 0.14 validation accuracy (0.91 with 3x3 kernels); in one run of grow_cnn.py the greedy
+# policy kept conv_heavy in stage1 and the grown network scored 0.454 on the test split.
 esper_ray.register_host("my-cnn", MyCNN, channels=4, kernel_size=1)

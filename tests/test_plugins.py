@@ -171,6 +171,7 @@ def _yaml(path: Path, content: dict) -> Path:
     return path
 
 
+@pytest.mark.expensive
 def test_a_plugin_reaches_rays_workers_in_train_eval_and_ab_and_its_network_reloads(ray_local, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--slots", "h0", "h1", "h2", "--rounds", "1",
@@ -197,6 +198,7 @@ def test_a_plugin_reaches_rays_workers_in_train_eval_and_ab_and_its_network_relo
 
 
 # -------------------------------------------------------------------------------------------- the examples
+@pytest.mark.expensive
 @pytest.mark.parametrize("example", ["grow_mlp.py", "grow_cnn.py"])
 def test_the_examples_grow_their_own_host_at_small_settings(example, tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "examples" / example), "--small", "--output", str(tmp_path)],
