@@ -1,51 +1,19 @@
 """Throughput of the envs stepping bare against the same envs inside `esper-ray train`, on this machine.
 
     python benchmarks/throughput.py                       # CPU: the default `esper-ray train` settings (CI smoke test)
-    python benchmarks/throughput.py --gpu                 # one GPU: the README's table (CIFAR-shaped uint8 data)
+    python benchmarks/throughput.py --gpu                 # one GPU, 4 envs (CIFAR-shaped uint8 data, equal work per env)
     python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
-    python benchmarks/throughput.py --gpu --mps           # the same with a private MPS daemon
-    python benchmarks/throughput.py --gpu --overlap       # the train half with TrainConfig.overlap
-    python benchmarks/throughput.py --gpu --lead          # ... and TrainConfig.lead (implies --overlap)
+    python benchmarks/throughput.py --gpu --mps-only --envs-per-gpu 12 --lead   # 12 envs a card, runners leading
 
-`bare`: N env processes (one per env, as Ray would make them), each stepping its own shard with a random
-controller (`--bare-controller none`: the host alone, no germination, so after the warm-up no step captures a
-graph: the envs' pace with no capture cost), started together, each with the machine's cores over the envs as torch
-threads (`--bare-threads N` to set them; a train runner's env has one a CPU it was given, 1 by default); `train`:
-`esper-ray train` with the same N envs and GPU shares, steady state (every round after the first). Both report env
-steps/s and host training samples/s summed over the envs; their ratio is the RL overhead (1.0 = free). The bare
-half also says where its wall went besides plain steps: the share in resets and in steps that captured a CUDA
-graph, and the captures an episode (benchmarks/probes/capture_costs.py splits those steps further). The train half
-says how long its env runners' sample calls took (the mean runner's and the slowest's) and the share of its wall
-the others waited for the slowest: a round ends with its slowest runner, which bare envs never wait for.
-With --overlap it also splits the rest of a round: collecting the episodes
-after the slowest runner is done, and the driver's work after sampling (sending the new weights, RLlib's merge of the
-observation filters and its results). Its samples/s count each round's `algo.train()` call, as they always have;
-`train_wall_samples_per_s` counts the same rounds by the driver's clock, with the work between two calls (the
-metrics file, TensorBoard, the next round's start on every runner), and `train_wall_over_bare` is its ratio.
-With --lead a round's sampling starts in the round before (each runner starts round k+1 once done with round k), so
-a round's `algo.train()` call no longer holds all of its sampling: the train half's samples/s then count the
-steady rounds from the moment the first round's episodes reached the driver (when the runners began the second) to
-the last round's end, and `round_led_share` says how many runners' rounds were sampled ahead.
-The two halves' envs train the networks their controllers grow: the random controller's in the bare half, the policy's
-in the train half. Both count what their episodes asked of the envs (CUDA graphs captured and epochs that ended with a
-seed, per episode) and a step's milliseconds in the env's phases (`ms_per_step_in_env`; the train half also the rest
-of its runners' sample calls: the policy, RLlib's connectors and episodes, the resets): where these differ, train /
-bare measures the two controllers' networks as well as the RL overhead. `--env max_seeds=0` masks germination in
-both halves, so both train the host alone: train / bare is then the RL stack's overhead on the same work.
-train / bare splits into two factors: `train_sampling_over_bare`, the envs' pace while their runners sample (a
-step's env phases and RLlib's work, the card shared with runners that are sampling) over bare, and
-`train_outside_sampling_share`, the share of that pace the rounds lose (runners outside their sample calls).
-With envs on GPUs, `train_runner_sample_seconds_by_gpu` gives the mean runner's sample call by card and
-`train_learner_gpu` the learner's card: a card whose runners are slower has other work on it (the learner's update).
-`--profile-runners DIR` has the train half's runners profile their sample calls (cProfile, so the Python parts read
-slower than they run) and merges the steady rounds' into DIR/with_mps/steady.txt (or without_mps): where a step's
-time off the card goes inside a real run, beside `benchmarks/probes/env_runner_overhead.py --replay-env` (RLlib's
-loop alone); DIR/with_mps/steady.prof holds them merged (`python -m pstats` for callers). Progress goes to stderr;
-the last stdout line is one JSON object.
+`bare`: one process an env, each stepping its own shard with a random controller (`--bare-controller none`: the host
+alone). `train`: `esper-ray train` with the same envs and GPU shares, at steady state. Both report env steps/s and host
+training samples/s; `train_over_bare` is their ratio (1.0 = the RL costs nothing). Main flags: `--gpus G`,
+`--envs-per-gpu E`, `--mps`/`--mps-only`, `--overlap`, `--lead` (implies `--overlap`), `--only bare|train`,
+`--env KEY=VALUE` (both halves; `max_seeds=0` gives both the host alone), `--profile-runners DIR`. Progress goes to
+stderr; the last stdout line is one JSON object. docs/performance.md explains its fields.
 
-To measure other code side by side, run this script from that code's own copy of the tree (`git archive REV | tar
--x -C copy; cd copy; python benchmarks/throughput.py ...`): Ray's workers import esper_ray from the driver's working
-directory, so a copy put first on PYTHONPATH would reach the bare half only.
+To measure other code side by side, run this script from that code's own copy of the tree: Ray's workers import
+esper_ray from the driver's working directory, so a copy put first on PYTHONPATH would reach the bare half only.
 """
 
 from __future__ import annotations
@@ -312,7 +280,9 @@ def sampling_split(figures: dict[str, float], setup: Setup) -> dict[str, float]:
     """The train half's pace split in two: the envs' steps/s while their runners sample (each runner's steps a round
     over its mean sample call: the env's phases and RLlib's work of each step, the card shared with the other
     runners), and the share of that pace lost outside the sample calls (the rounds: waiting for the slowest,
-    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share)."""
+    collecting, the driver's work, the next round's start). train / bare = (sampling pace / bare) x (1 - that share).
+    The share is not clipped at 0: it compares the driver's clock with the runners', so where the rounds lose next
+    to nothing it can come out a hair below 0 (-0.002 on an H200), and clipping would break that product."""
     sampling = setup.envs * setup.episodes_per_env * setup.max_epochs / figures["runner_sample_seconds_mean"]
     return {"sampling_env_steps_per_s": sampling, "outside_sampling_share": 1 - figures["env_steps_per_s"] / sampling}
 
@@ -461,9 +431,11 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
         stats.add(str(path))
     if dump is not None:
         stats.dump_stats(str(dump))
+    from esper_ray.train.progress_lines import counted
+
     runners = len({p.stem.split("_call_")[0] for p in files})
     out = io.StringIO()
-    out.write(f"{len(files)} sample calls of {runners} env runners (calls {first_call} on), merged\n")
+    out.write(f"{counted(len(files), 'sample call')} of {counted(runners, 'env runner')} (calls {first_call} on), merged\n")
     stats.stream = out  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(lines)
     stats.sort_stats("tottime").print_stats(lines)
@@ -473,9 +445,11 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
 def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles: Path | None = None) -> dict[str, Any]:
     """The figures of the halves asked for (a half not measured is left out, and so is the ratio). With `profiles`,
     the train half's runners profile their sample calls there and the steady rounds' summary goes to steady.txt."""
+    from esper_ray.train.progress_lines import counted
+
     figures: dict[str, Any] = {}
     if "bare" in halves:
-        log(f"bare: {setup.envs} env processes for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
+        log(f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
         with bare_mps(mps):
             bare_rate = bare(setup)
         log(f"bare: {bare_rate}")
@@ -492,7 +466,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
-        log(f"train: {setup.envs} envs, {setup.rounds} rounds{' under MPS' if mps else ''}")
+        log(f"train: {counted(setup.envs, 'env')}, {counted(setup.rounds, 'round')}{' under MPS' if mps else ''}")
         with local_ray(mps, setup.gpus, profiles):
             train_rate = train(setup, mps)
         log(f"train: {train_rate}")

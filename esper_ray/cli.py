@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,19 +15,21 @@ from typing import Any
 
 import yaml
 
-from esper_ray.cli_args import add_dataclass_arguments, given
+from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
-from esper_ray.morpho.blueprints import build_seed, count_params
-from esper_ray.morpho.hosts import build_host
+from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from esper_ray.train.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
+    from esper_ray.morpho.blueprints import count_params
+    from esper_ray.morpho.hosts import build_host
+
     preset = EnvConfig(task=args.task, host_preset=args.host_preset,
                        plugins=tuple(args.plugins)).effective_host_preset  # the env's own rule
     host = build_host(preset)
@@ -41,6 +44,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
 
 
 def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
+    from esper_ray.morpho.blueprints import build_seed, count_params
+
     try:
         return f"{count_params(build_seed(blueprint, channels, topology)):,}"
     except ValueError:  # flex_attention where it cannot run (no CPU backward)
@@ -57,11 +62,14 @@ SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, 
 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
-    from esper_ray.train.grow import check_save_folder, saver
-    from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
+    with ctrl_c_deferred():  # native libraries load here (deferred_interrupt.py)
+        from esper_ray.train.grow import check_save_folder, saver
+        from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
 
+    check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
-    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=folder is not None,
+    # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
+    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=True,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
@@ -147,11 +155,14 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from esper_ray.train.runner import format_outcome, run_training
+    with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
+        from esper_ray.train.progress_lines import counted
+        from esper_ray.train.runner import format_outcome, run_training
 
     cfg, resume = train_config_from_args(args)
-    print(f"esper-ray train: task {cfg.task}, {cfg.envs} envs x {cfg.episodes_per_env} episode(s) of {cfg.max_epochs} epochs "
-          f"per round, {cfg.rounds} rounds, reward {cfg.reward_mode}, output {cfg.output}", flush=True)
+    print(f"esper-ray train: task {cfg.task}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
+          f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
+          f"output {cfg.output}", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
     if outcome.terminated:
@@ -160,15 +171,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.checkpoints import resolve_checkpoint
-    from esper_ray.train.evaluate import run_evaluation
-    from esper_ray.train.grow import check_save_folder, saver
-    from esper_ray.train.resources import quiet_ray_logs
+    with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
+        from esper_ray.train.checkpoints import resolve_checkpoint, round_of
+        from esper_ray.train.evaluate import run_evaluation
+        from esper_ray.train.grow import check_save_folder, saver
+        from esper_ray.train.resources import quiet_ray_logs
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
+    check_int("--episodes", episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, episodes) if args.save else None
     checkpoint = resolve_checkpoint(args.checkpoint)
+    # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
+    print(f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
+          file=sys.stderr if args.json else sys.stdout, flush=True)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
                                on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
                                if folder else None)
@@ -178,10 +194,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
-    from esper_ray.experiments.runner import run_experiment
     from esper_ray.experiments.spec import ExperimentSpec
+    from esper_ray.train.progress_lines import counted
 
-    spec = ExperimentSpec.from_yaml(args.experiment)
+    spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
@@ -190,12 +206,16 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
     cap = spec.max_concurrent_trials
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
-    print(f"esper-ray ab: {spec.name}: arms {arms} x {len(spec.seeds)} seeds = {trials} trials ({spec.rounds} PPO rounds, "
-          f"then {spec.eval_episodes} evaluation episodes each), {at_once} at once; output {output}",
+    print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
+          f"({counted(spec.rounds, 'PPO round')}, then {counted(spec.eval_episodes, 'evaluation episode')} each), "
+          f"{at_once} at once; output {output}",
           flush=True)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
-    resume_hint = f"resume with: esper-ray ab {args.experiment} --output {output} --resume"
+    with ctrl_c_deferred():  # Ray and Tune load here (deferred_interrupt.py)
+        from esper_ray.experiments.runner import run_experiment
+
+    resume_hint = f"resume with: {ab_resume_command(args.experiment, output)}"
     try:
         outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
                                  source=experiment_source(Path(args.experiment)), save_networks=args.save,
@@ -206,25 +226,27 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         raise
     if outcome.interrupted:
         what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
-        print(f"esper-ray ab: {what} with {outcome.done} of {outcome.total} trials done; the report so far is in "
+        print(f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; the report so far is in "
               f"{outcome.output / 'report.md'}; {resume_hint}", file=sys.stderr, flush=True)
         return TERMINATED_EXIT_CODE if outcome.terminated else 130
     _print_report(outcome.output)
     if outcome.failed:
-        print(f"esper-ray ab: {len(outcome.failed)} of {outcome.total} trials failed and are left out of the statistics: "
+        print(f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed and are left out of the statistics: "
               + "; ".join(outcome.failed), file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def shared_name(path: Path, cwd: Path | None = None) -> str:
-    """How a file meant for sharing names a path: relative to the folder the command ran in, else by its last three
-    parts (RUN/checkpoints/round_NNNNN), never as an absolute path of this machine (it would carry the user's home)."""
-    resolved = path.expanduser().resolve()
-    try:
-        return resolved.relative_to((cwd or Path.cwd()).resolve()).as_posix()
-    except ValueError:
-        return "/".join(resolved.parts[-3:])
+def ab_resume_command(experiment: str | Path, output: Path) -> str:
+    """The command that resumes an A/B run, quoted for a POSIX shell so that it works as pasted (spaces, quotes)."""
+    return shlex.join(["esper-ray", "ab", str(experiment), "--output", str(output), "--resume"])
+
+
+def shared_name(checkpoint: Path) -> str:
+    """How a file meant for sharing (summary.md, architecture.json) names a checkpoint: by the run folder's name and
+    the path inside it (RUN/checkpoints/round_NNNNN), wherever the command ran. Never relative to the current folder
+    (run from / that is the whole path, with the user's name from /home) nor an absolute path of this machine."""
+    return "/".join(checkpoint.expanduser().resolve().parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:
@@ -269,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     verbose_after.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
-                          help="show a task's host network: its slots and each blueprint's parameter count")
+                          help="show a task's host network: its slots and each blueprint's parameter count",
+                          description="Print a task's host network (the network a run grows from): its parameter "
+                          "count, its injection slots (where seeds are planted: the names --slots takes) with the shape "
+                          "of the features at each, and the parameters a seed of each blueprint adds there. Starts no Ray.")
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
     host.add_argument("--task", default=DEFAULT_TASK,
                       help=f"the task whose host to show: {', '.join(TASKS)} or a plug-in's (default: {DEFAULT_TASK})")
@@ -284,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
         "heuristic", allow_abbrev=False, parents=[verbose_after],
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
-        "those that hurt) for some episodes and print, per episode: final accuracy, parameters added and seeds "
-        "germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
+        "those that hurt) for some episodes and print, per episode: final and test accuracy, parameters added "
+        "and seeds germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
     heuristic.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -299,18 +324,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
+        formatter_class=LinesHelpFormatter,
+        epilog=keys_help("env settings, each given as --env KEY=VALUE (or under env: in --config; "
+                         f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
+                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS),
     )
     train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
     train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "
                        "of its checkpoint folders); --rounds is the total, so give more than the run has done")
-    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda")
+    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below")
     train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
     evaluate = sub.add_parser(
         "eval", allow_abbrev=False, parents=[verbose_after],
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
-        "accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
+        "and test accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
         "With --save DIR, one episode, whose grown network is kept in DIR (a PyTorch module: esper_ray.load_grown(DIR)).",
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")
@@ -379,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
     try:
+        with ctrl_c_deferred():  # every command needs torch, whose import a Ctrl-C must not cut (deferred_interrupt.py)
+            import torch  # noqa: F401
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")

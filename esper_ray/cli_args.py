@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 import types
 import typing
 from collections.abc import Iterable
@@ -23,20 +24,43 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
+def field_help(cls: type, field: dataclasses.Field) -> str:
+    """A field's help, as its flag or key shows it: its docstring and its default."""
+    default = field.default if field.default is not dataclasses.MISSING else None
+    return f"{field_docs(cls).get(field.name, '')} (default: {default})"
+
+
+def keys_help(title: str, cls: type, exclude: Iterable[str] = ()) -> str:
+    """The fields of `cls` given as KEY=VALUE (`train --env`), one line each under `title`, with the same help as
+    their flags (add_dataclass_arguments): for a parser's epilog, with formatter_class=LinesHelpFormatter."""
+    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f)}" for f in dataclasses.fields(cls) if f.name not in exclude])
+
+
+class LinesHelpFormatter(argparse.HelpFormatter):
+    """Wraps each line of a description or epilog on its own (argparse would join them), so a list of keys stays
+    one key a line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            item = " " * (len(line) - len(line.lstrip()))  # an indented line is a list item: its wrap hangs
+            lines.append(textwrap.fill(" ".join(line.split()), width, initial_indent=indent + item,
+                                       subsequent_indent=indent + item + ("    " if item else "")))
+        return "\n".join(lines)
+
+
 def add_dataclass_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, exclude: Iterable[str] = ()
 ) -> list[str]:
     """Add one flag per field (default None = "not given"); return the field names added."""
     hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
     names = []
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
         hint, _ = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"{docs.get(f.name, '')} (default: {default})".replace("%", "%%")  # argparse formats help with %
+        help_text = field_help(cls, f).replace("%", "%%")  # argparse formats help with %
         if hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(hint) is tuple:

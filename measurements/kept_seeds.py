@@ -4,7 +4,7 @@ the end). An A/B report gives what was kept in total (parameters, fossils); this
 
 Issue 30 asked why PPO trails the host born with the best seed on digits-impaired: run on every PPO trial of
 tune_configs/studies/step_and_batch.yaml, it showed each policy planting that very seed at step 1 and then a second seed too
-late to be fossilized (docs/learning.md s. 8).
+late to be fossilized (docs/history.md, Learning section 8).
 
     python measurements/kept_seeds.py --trial RUN/tune/ppo_lr_3e-4_seed203_... [--episodes 1] [--json out.json]
 

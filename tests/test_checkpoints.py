@@ -187,3 +187,42 @@ def test_eval_of_a_checkpoint_with_a_crafted_pickle_and_no_manifest_runs_none_of
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"{MANIFEST_FILE}: missing" in err and "Traceback" not in err
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("named", ["relative", "absolute"])
+def test_a_resume_never_writes_outside_the_folder_it_was_given(tmp_path, capsys, monkeypatch, named):
+    """latest.json naming another run's checkpoint (through `..` or an absolute path) would make `train --resume w`
+    continue that run in its folder (issue 69, item 4): refused in one line before anything runs."""
+    from esper_ray.cli import main
+
+    target = run_with_rounds(tmp_path / "t1", 3) / "checkpoints" / "round_00003"
+    resumed = run_with_rounds(tmp_path / "w", 2)
+    path = str(target) if named == "absolute" else "../../../t1/run/checkpoints/round_00003"
+    (resumed / "checkpoints" / LATEST_FILE).write_text(json.dumps({"round": 3, "path": path}))
+    assert (resumed / "checkpoints" / path).resolve() == target.resolve()
+
+    def refuse(cfg, output, **kwargs):
+        raise AssertionError(f"train went on to write into {output}")
+
+    monkeypatch.setattr("esper_ray.train.runner.run_training", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(resumed), "--rounds", "4"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and f"path={path!r} lies outside" in err and len(err.splitlines()) == 1, err
+
+
+def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_for_its_newest(tmp_path, capsys, monkeypatch):
+    from esper_ray.cli import main
+
+    output = run_with_rounds(tmp_path, 1, 2)
+    loaded = []
+    monkeypatch.setattr("esper_ray.train.evaluate.run_evaluation", lambda checkpoint, *args, **kwargs: loaded.append(checkpoint) or [])
+    assert main(["eval", "--checkpoint", str(output)]) == 0
+    newest = output / "checkpoints" / "round_00002"
+    assert loaded == [newest]
+    out = capsys.readouterr().out
+    assert out.count("esper-ray eval: checkpoint") == 1 and f"esper-ray eval: checkpoint {newest} (round 2)\n" in out
+    assert main(["eval", "--checkpoint", str(output / "checkpoints" / "round_00001"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and "checkpoint" not in out  # stdout stays one JSON document
+    assert f"esper-ray eval: checkpoint {output / 'checkpoints' / 'round_00001'} (round 1)" in err

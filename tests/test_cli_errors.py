@@ -17,11 +17,21 @@ def error_of(args: list[str], capsys) -> str:
     return err.strip().splitlines()[-1]  # argparse's own errors come after its usage lines
 
 
+def no_ray_may_start(monkeypatch) -> None:
+    """Make starting (or joining) Ray from `train` or `ab` fail the test: what is checked is checked before."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command went on to start Ray")
+
+    monkeypatch.setattr("esper_ray.train.runner.connect_ray", refuse)
+    monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--slots", "r9c9"], "bad slot name 'r9c9'"),
     (["--slots", "r1c4"], "slot 'r1c4' does not exist in this host"),
     (["--slots", "r0c0", "r0c0"], "names a slot twice"),
-    (["--task", "cifar10"], "task cifar10 needs data_dir"),
+    (["--task", "cifar10"], "task cifar10 needs data_dir, a folder holding cifar-10-batches-py/: give --env data_dir=DIR"),
     (["--env", "device=cuda"], "env device='cuda' but gpus_per_env=0"),
     (["--env", "batch_size=0"], "batch_size=0: must be an integer >= 1"),
     (["--envs", "two"], "invalid int value: 'two'"),
@@ -33,6 +43,40 @@ def test_bad_train_settings_end_in_one_line_before_ray_starts(args, expected, ca
 
     assert expected in error_of(["train", *args, "--output", str(tmp_path / "run")], capsys)
     assert not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--max-epochs", "99999999999999999999999"], "max_epochs=1e+23: must be an integer <= 10,000"),
+    (["--max-epochs", "20000"], "max_epochs=20,000: must be an integer <= 10,000"),
+    (["--rounds", str(10**30)], "rounds=1e+30: must be an integer <= 100,000"),
+    (["--envs", str(10**9)], "envs=1,000,000,000: must be an integer <= 100,000"),
+    (["--env", "batch_size=99999999999999999999"], "batch_size=1e+20: must be an integer <= 4,294,967,295"),
+])
+def test_counts_past_their_bound_are_refused_naming_the_bound(args, expected, capsys, tmp_path, monkeypatch):
+    """A count with no upper bound ran for ever with no progress line (issue 69, item 9)."""
+    no_ray_may_start(monkeypatch)
+    assert expected in error_of(["train", *args, "--output", str(tmp_path / "run")], capsys)
+
+
+def test_an_episode_count_past_its_bound_is_refused_naming_the_bound(capsys, tmp_path):
+    assert "--episodes=1e+15: must be an integer <= 100,000" in error_of(
+        ["eval", "--checkpoint", str(tmp_path / "run"), "--episodes", str(10**15)], capsys)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"rounds": 10**30}, "rounds=1e+30: must be an integer <= 100,000"),
+    ({"training": {"max_epochs": 99999999999999999999999}}, "max_epochs=1e+23: must be an integer <= 10,000"),
+    ({"eval_episodes": 10**6}, "eval_episodes=1,000,000: must be an integer <= 100,000"),
+])
+def test_experiment_counts_past_their_bound_are_refused_naming_the_bound(change, expected, tmp_path, capsys, monkeypatch):
+    import json
+
+    no_ray_may_start(monkeypatch)
+
+    experiment = tmp_path / "x.yaml"
+    experiment.write_text(json.dumps({"name": "t", "arms": {"a": {}, "b": {"controller": "none"}}, "seeds": [0],
+                                      "rounds": 2, **change}))
+    assert expected in error_of(["ab", str(experiment), "--output", str(tmp_path / "run")], capsys)
 
 
 def test_cifar_folder_with_garbage_is_one_line(capsys, tmp_path):
@@ -74,3 +118,19 @@ def test_actions_out_of_range_or_fractional_name_the_head(position, value, expec
     action[position] = value
     with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         env.step(action)
+
+
+def test_a_bad_experiment_file_is_refused_before_ray_is_imported(tmp_path):
+    """Importing Ray and Tune first made a typo in an experiment file cost 13-28 s on a busy machine (issue 69,
+    item 11): the file is checked with the spec module alone."""
+    import json
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"name": "t", "arms": {"a": {}, "b": {"controller": "none"}}, "seeds": [0], "rounds": 0}))
+    code = ("import sys\nfrom esper_ray.cli import main\ntry:\n    main(['ab', sys.argv[1]])\nexcept SystemExit as e:\n"
+            "    print(e.code, 'ray' in sys.modules, 'ray.tune' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+    assert "rounds=0: must be an integer >= 1" in done.stderr

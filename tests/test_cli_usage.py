@@ -60,3 +60,60 @@ def test_the_tensorboard_line_says_how_to_install_tensorboard_where_it_is_missin
     assert ("pip install -e '.[dashboard]'" in line) is not installed
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     assert re.search(r'^dashboard = \[.*"tensorboard".*\]', pyproject, re.MULTILINE)  # the extra installs it
+
+
+@pytest.mark.parametrize("during", ["yaml", "torch", "esper_ray.morpho.host"])
+def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(during):
+    """Ctrl-C in the first seconds (torch imported before main()'s handler) printed a 12-50 line traceback, once
+    pybind11's `terminate called` and SIGABRT (issue 69, item 8). The Ctrl-C is sent as the module named `during`
+    starts to load: the command line module's own imports, torch's, a command's."""
+    import subprocess
+    import sys
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[1]
+    entry = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["scripts"]["esper-ray"]
+    module, function = entry.split("#")[0].strip().split(":")
+    code = ("import importlib, os, signal, sys\n"
+            "def hook(event, args, sent=[]):\n"
+            f"    if event == 'import' and args[0] == {during!r} and not sent:\n"
+            "        sent.append(1)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.addaudithook(hook)\n"
+            "sys.argv = ['esper-ray', 'host']\n"
+            f"sys.exit(getattr(importlib.import_module({module!r}), {function!r})())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert done.returncode == 130 and len(done.stderr.strip().splitlines()) == 1, (done.returncode, done.stderr)
+    assert done.stderr.strip().endswith("interrupted") and done.stdout == "", done.stdout
+
+
+def help_of(command: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_train_help_lists_every_env_key_with_the_help_heuristic_gives_its_flag(capsys, monkeypatch):
+    """The README asks for `--env min_prune_age=...` and the like: train's help says which keys there are, in the
+    words of EnvConfig's own docstrings, as heuristic's flags do (one helper, cli_args.field_help)."""
+    import dataclasses
+
+    from esper_ray.contracts.train_config import TRAIN_OWNED_ENV_KEYS
+
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per key and per flag
+    train, heuristic = help_of("train", capsys), help_of("heuristic", capsys)
+    keys = [f.name for f in dataclasses.fields(EnvConfig) if f.name not in TRAIN_OWNED_ENV_KEYS]
+    assert {"min_prune_age", "host_preset", "data_dir"} <= set(keys)
+    flags = " ".join(heuristic.split())
+    for key in keys:
+        [line] = [line for line in train.splitlines() if line.startswith(f"  {key}: ")]
+        assert line.split(": ", 1)[1] in flags and "--" + key.replace("_", "-") in flags, key  # the flag's own text
+    assert "each given as --env KEY=VALUE" in train
+
+
+def test_every_command_has_a_description_in_its_help(capsys):
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, parser in commands.items():
+        assert parser.description, f"`esper-ray {name} --help` has no description"
+    assert "injection slots" in help_of("host", capsys)

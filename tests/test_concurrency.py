@@ -46,6 +46,7 @@ def test_the_line_names_each_kind_of_trial_and_the_cap():
     assert line == ("trials at once on 64 CPU, 4 GPU: 16 ppo trials at once (2.5 CPU, 0.25 GPU each); "
                     "64 baseline trials at once (0.5 CPU, 0.0625 GPU each); no cap (max_concurrent_trials not set)")
     assert describe({"ppo": {"CPU": 1.5}}, {"CPU": 2.0}, cap=1).endswith("capped at 1 by max_concurrent_trials")
+    assert describe({"ppo": {"CPU": 1.5}}, {"CPU": 2.0}, cap=None).startswith("trials at once on 2 CPU: 1 ppo trial at once")
 
 
 def test_arms_of_one_kind_that_ask_differently_are_listed_apart():

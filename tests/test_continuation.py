@@ -77,3 +77,30 @@ def test_history_of_a_trial_continued_twice_takes_each_round_once_from_where_it_
 def test_a_chain_that_is_not_what_salvage_writes_is_refused(tmp_path, entry, expected):
     with pytest.raises(ValueError, match=expected):
         continued_rows(tmp_path, {CONTINUES_KEY: entry})
+
+
+def test_a_salvaged_trial_whose_last_round_is_checkpointed_is_evaluated_not_trained(tmp_path, monkeypatch):
+    """Killed between its last round's checkpoint and its evaluation's result: continued, it trains no round past
+    the file's `rounds` (issue 69, item 2) and reports the checkpoint's round summary with its evaluation."""
+    from types import SimpleNamespace
+
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.experiments import trainable
+    from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX
+
+    last = checkpoint(tmp_path / "tune_salvaged_1" / "ppo_seed1_abc_00000", 1, 3)
+    (last / ROUND_FILE).write_text(json.dumps({"round": 3, "summary": {SUMMARY_PREFIX + "round": 3, "other": 1}}))
+    write_manifest(last)
+    algo = SimpleNamespace(iteration=0)
+    trained = []
+    monkeypatch.setattr(trainable, "restore", lambda a, path: setattr(a, "iteration", 3))
+    monkeypatch.setattr(trainable, "train_round", lambda a: trained.append(a) or setattr(a, "iteration", a.iteration + 1))
+    monkeypatch.setattr(trainable, "evaluate_on_env_runners", lambda *args: [])
+    monkeypatch.setattr(trainable, "evaluation_metrics", lambda summaries: {EVAL_PREFIX + "test_accuracy": 0.5})
+    trial = object.__new__(trainable.MorphoTrial)
+    trial.algo, trial.cfg, trial.continue_from, trial.round_summary = algo, TrainConfig(rounds=3), str(last), {}
+    trial.eval_episodes, trial.save_networks, trial.label, trial.setup_report = 1, False, "ppo/seed1", {}
+    metrics = trial.step()
+    assert not trained and algo.iteration == 3
+    assert metrics[EVAL_PREFIX + "test_accuracy"] == 0.5 and metrics["done"] is True
+    assert metrics[SUMMARY_PREFIX + "round"] == 3 and "other" not in metrics  # the history keeps round 3, once

@@ -605,6 +605,32 @@ def test_report_of_a_run_folder_runs_no_code_from_it_and_counts_each_round_once(
     assert "| ppo | 0 | ppo | finished | 0.5 | 1 |" in (out / "report.md").read_text()  # rounds column: 1
 
 
+def test_report_reads_no_file_outside_its_run_folder(tmp_path, capsys):
+    """A trial whose relative_logdir leads out of tune/ (issue 69, item 5): refused in one line, and nothing of the
+    folder it names reaches report.md or results.json."""
+    out = crafted_run(tmp_path, tmp_path / "ran")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "error.txt").write_text("Traceback\nSecretError: a line of another folder\n")
+    state = sorted((out / "tune").glob("experiment_state-*.json"))[-1]
+    raw = json.loads(state.read_text())
+    trial, meta = raw["trial_data"][0]
+    raw["trial_data"][0] = [json.dumps({**json.loads(trial), "status": "ERROR", "relative_logdir": "../../elsewhere"}), meta]
+    state.write_text(json.dumps(raw))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "relative_logdir='../../elsewhere'" in err and len(err.splitlines()) == 1, err
+    assert not any("SecretError" in p.read_text() for p in out.glob("*.*") if p.suffix in (".md", ".json"))
+    # the trial's own folder, its error.txt a link to the other folder's
+    raw["trial_data"][0] = [json.dumps({**json.loads(trial), "status": "ERROR"}), meta]
+    state.write_text(json.dumps(raw))
+    (out / "tune" / json.loads(trial)["relative_logdir"] / "error.txt").symlink_to(tmp_path / "elsewhere" / "error.txt")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "error.txt: a link to" in err and "SecretError" not in err, err
+
+
 def no_ray_may_start(monkeypatch) -> None:
     """Make starting (or joining) Ray from `esper-ray ab` fail the test: what is checked must be checked before."""
 

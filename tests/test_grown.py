@@ -214,12 +214,16 @@ def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
     assert "esper_ray.load_grown('grown')" in (folder / "summary.md").read_text()
 
 
-def test_an_eval_save_names_its_checkpoint_without_this_machines_paths(tmp_path):
+@pytest.mark.parametrize("cwd", ["tmp", "runs", "/"])
+def test_an_eval_save_names_its_checkpoint_by_its_run_wherever_the_command_ran(tmp_path, monkeypatch, cwd):
+    """From / a name relative to the current folder is the whole path, a user's name from /home included
+    (issue 69, item 10): the run folder's name and the path inside it, from anywhere."""
     from esper_ray.cli import shared_name
 
     checkpoint = tmp_path / "runs" / "digits" / "checkpoints" / "round_00020"
-    assert shared_name(checkpoint, cwd=tmp_path) == "runs/digits/checkpoints/round_00020"
-    assert shared_name(checkpoint, cwd=tmp_path / "elsewhere") == "digits/checkpoints/round_00020"
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir({"tmp": tmp_path, "runs": tmp_path / "runs", "/": Path("/")}[cwd])
+    assert shared_name(checkpoint) == "digits/checkpoints/round_00020"
 
 
 def test_a_flex_attention_seed_loads_where_it_cannot_train():
@@ -322,3 +326,23 @@ def test_a_damaged_or_hostile_network_folder_is_one_line_and_runs_no_code(tmp_pa
     assert expected in message and "\n" not in message, message
     assert "will likely succeed" not in message and "add_safe_globals" not in message  # torch's advice is not repeated
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_mask_the_weights_do_not_hold_is_bounded_before_it_is_built(tmp_path):
+    """A banded transformer builds a seq_len x seq_len mask per layer that weights.pt never holds: a small file whose
+    JSON asks for a long context must be refused by bytes before the masks are allocated (issue 69, item 1)."""
+    from esper_ray.contracts.host import Topology
+    from esper_ray.morpho.grown import empty_grown_network
+    from esper_ray.morpho.grown_artifact import MAX_DERIVED_BYTES
+
+    config = {"seq_len": 8192, "d_model": 4, "n_heads": 1, "n_layers": 2}  # 2 x 64 MiB of mask, 0.3 MB of weights
+    save_grown_network(tmp_path / "net", empty_grown_network(Topology.TRANSFORMER, config, []), {})
+    architecture = tmp_path / "net" / ARCHITECTURE_FILE
+    described = json.loads(architecture.read_text())  # the mask is not persistent: the same weights fit a window
+    architecture.write_text(json.dumps({**described, "host_config": {**described["host_config"], "attention_window": 1}}))
+    assert (tmp_path / "net" / WEIGHTS_FILE).stat().st_size < 2**20
+    with pytest.raises(ValueError) as err:
+        load_grown(tmp_path / "net")
+    message = str(err.value)
+    assert f"{2 * 8192 * 8192:,} bytes of buffers" in message and f"{MAX_DERIVED_BYTES:,}" in message, message
+    assert "\n" not in message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -175,3 +176,14 @@ def test_heuristic_cli_rejects_bad_settings_with_one_clear_line(capsys):
         main(["heuristic", "--max-epochs", "0"])
     assert exit_info.value.code == 2
     assert "max_epochs=0: must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_the_heuristic_command_prints_each_episodes_test_accuracy_as_eval_does(capsys):
+    """`eval --help` says its output compares with `heuristic`'s: both measure the held-out test split."""
+    assert main(["heuristic", "--task", "digits", "--max-epochs", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    [summary] = json.loads(out)
+    assert 0 < summary["test_accuracy"] <= 1
+    assert f"test acc {100 * summary['test_accuracy']:.1f}%" in err.splitlines()[-1]  # the episode's progress line
+    assert main(["heuristic", "--task", "digits", "--max-epochs", "2"]) == 0
+    assert re.search(r"^episode 0: final acc [0-9.]+% \(start [0-9.]+%\), test acc [0-9.]+%", capsys.readouterr().out)

@@ -17,7 +17,7 @@ import pytest
 
 from esper_ray.train import progress
 from esper_ray.train.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
-from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, duration
+from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, counted, duration
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,6 +81,14 @@ class FakeClock:
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (42.9, "42s"), (185, "3m05s"), (3720, "1h02m")])
 def test_durations_read_short(seconds, text):
     assert duration(seconds) == text
+
+
+def test_counts_take_the_singular_for_one_only():
+    assert [counted(n, "trial") for n in (0, 1, 2)] == ["0 trials", "1 trial", "2 trials"]
+    assert counted(1, "ppo trial") == "1 ppo trial" and counted(3, "child", "children") == "3 children"
+    out = io.StringIO()
+    EpisodeProgress("eval", 1, 1, out=out, clock=FakeClock())
+    assert out.getvalue().endswith("eval: 1 episode of up to 1 epoch (results at the end)\n")
 
 
 def test_slow_epochs_get_a_line_each_and_every_episode_one_with_the_time_left():
@@ -194,3 +202,91 @@ def test_ab_estimates_count_time_from_the_first_trial_start_not_from_ray_and_the
     clock[0] += 20
     events.on_trial_result(1, [ppo], ppo, round_one())
     assert printed[-1] == "[  1m00s]          ppo/seed0 round 1/2: rollout acc 50.0%; about 1m00s left"
+
+
+def two_ppo_trials(printed: list[str], rounds_before: int = 0) -> Any:
+    """TrialEvents for two PPO trials of 10 rounds x 2 episodes + 2 evaluation episodes (22 each, 44 in all), the
+    first continuing from `rounds_before` rounds; its lines go to `printed`."""
+    from esper_ray.experiments.runner import TrialEvents, TrialWork
+
+    work = {("ppo", 0): TrialWork(2, 2, rounds_before), ("ppo", 1): TrialWork(2, 2)}
+    return TrialEvents(2, 10, work, print_fn=lambda text, flush: printed.append(text))
+
+
+def on_a_clock(monkeypatch) -> list[float]:
+    """The runner's clock, as the test moves it."""
+    from esper_ray.experiments import runner
+
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "time", lambda: clock[0])
+    return clock
+
+
+def round_n(n: int) -> dict:
+    return {**round_one(), "round/round": n}
+
+
+def test_the_ab_estimate_holds_its_pace_across_a_resume_whose_first_round_is_slow(monkeypatch, tmp_path):
+    """Rounds of 10 s: after 5 of the first trial's 10 rounds, 10 of 44 episodes in 50 s, 2m50s left. The run is
+    stopped and resumed (Tune saves the callback's state and gives it back); the restored trial's first round takes
+    30 s (its checkpoint loaded, its graphs captured again). The estimate goes on from the pace of both commands
+    (12 episodes in 80 s: 3m33s for the 32 left), not from that one round (2 in 30 s: 8m00s, as it did before)."""
+    clock, printed = on_a_clock(monkeypatch), []
+    events = two_ppo_trials(printed)
+    first, second = fake_trial("ppo", 0, "RUNNING"), fake_trial("ppo", 1, "PENDING")
+    events.on_trial_start(0, [first, second], first)
+    for n in range(1, 6):
+        clock[0] += 10
+        first.last_result = round_n(n)
+        events.on_trial_result(n, [first, second], first, first.last_result)
+    assert printed[-1].endswith("ppo/seed0 round 5/10: rollout acc 50.0%; about 2m50s left")
+    from ray.tune.callback import CallbackList
+
+    CallbackList([events]).save_to_dir(str(tmp_path))  # as Tune saves its callbacks' state when the command stops
+
+    clock[0] += 300  # stopped for a while, then Ray and the restored trial's setup
+    resumed = two_ppo_trials(printed)  # as Tune restores it (tuner.pkl): then its state, then setup()
+    assert CallbackList([resumed]).can_restore(str(tmp_path))
+    CallbackList([resumed]).restore_from_dir(str(tmp_path))
+    resumed.setup()
+    resumed.on_trial_start(0, [first, second], first)  # the trial as Tune restored it: its last result round 5
+    assert printed[-1] == "[  0m00s] started  ppo/seed0 (1 running, 0/2 done; about 2m50s left)"
+    clock[0] += 30
+    first.last_result = round_n(6)
+    resumed.on_trial_result(1, [first, second], first, first.last_result)
+    assert printed[-1].endswith("ppo/seed0 round 6/10: rollout acc 50.0%; about 3m33s left")
+
+
+def test_a_salvaged_trial_continued_from_its_checkpoint_counts_only_the_rounds_it_runs_again(monkeypatch):
+    """--salvage continues the first trial from its round 5 in a new trial, whose first result is round 6, 10 s
+    after it started: 2 episodes in 10 s, 32 left (12 done), 2m40s; not 12 episodes in 10 s (27 s)."""
+    clock, printed = on_a_clock(monkeypatch), []
+    events = two_ppo_trials(printed, rounds_before=5)
+    first, second = fake_trial("ppo", 0, "RUNNING"), fake_trial("ppo", 1, "PENDING")
+    events.on_trial_start(0, [first, second], first)
+    assert printed[-1] == "[  0m00s] started  ppo/seed0 (1 running, 0/2 done)"
+    clock[0] += 10
+    events.on_trial_result(1, [first, second], first, round_n(6))
+    assert printed[-1].endswith("ppo/seed0 round 6/10: rollout acc 50.0%; about 2m40s left")
+
+
+def test_a_resumed_ab_run_says_how_many_trials_it_runs_at_once(tmp_path, capsys, monkeypatch):
+    """A run that Tune restores prints the trials-at-once line as a new run does (Ray and Tune stand-ins here:
+    the crafted run's trials have all finished), with the cap the run started with."""
+    from types import SimpleNamespace
+
+    from esper_ray.cli import main
+    from esper_ray.experiments import runner
+    from tests.test_experiments import crafted_run
+
+    out = crafted_run(tmp_path, tmp_path / "ran")
+    monkeypatch.setattr(runner, "connect_ray", lambda *args, **kwargs: None)
+    monkeypatch.setattr(runner.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(runner, "check_tune_folder", lambda *args: True)  # a run Tune left to continue
+    monkeypatch.setattr(runner.tune.Tuner, "restore", lambda *args, **kwargs: SimpleNamespace(fit=lambda: None))
+    assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--resume",
+                 "--max-concurrent-trials", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "(1 PPO round, then 2 evaluation episodes each)" in printed  # counts with their own plural
+    assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed
+    assert "no cap (max_concurrent_trials not set)" in printed  # the run's own, not the flag's (Tune keeps it)

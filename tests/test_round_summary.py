@@ -32,3 +32,4 @@ def test_the_closing_lines_of_a_run_say_what_its_last_round_planted(tmp_path: Pa
     assert "  last round: planted conv_heavy most (80 % of germinations), 0.8 seeds kept an episode" in format_outcome(outcome)
     quiet = TrainingOutcome(rounds=[summary({})], checkpoint=None, output=tmp_path, interrupted=False, seconds=21.0)
     assert "planted" not in format_outcome(quiet)  # a run made before seeds were counted by blueprint
+    assert format_outcome(outcome).startswith("finished 1 round in 21s")  # not "1 rounds"

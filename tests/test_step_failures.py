@@ -105,3 +105,23 @@ def test_an_ab_trials_round_event_names_its_failed_steps():
     events.on_trial_result(0, [], trial, {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
     assert "ppo/seed3 round 3/5" in printed[0] and "FAILED env steps 1" in printed[0] and "ValueError: bad blueprint" in printed[0]
     assert "FAILED" not in printed[1]
+
+
+def test_env_runners_built_one_after_another_in_a_process_register_their_env_without_a_warning():
+    """RLlib registers each runner's env under one gymnasium name; gymnasium warned `Overriding environment
+    rllib-single-agent-env-v0 already in registry` for every runner after the first (the test log repeated it)."""
+    import warnings
+
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.ppo_config import build_ppo_config
+
+    cfg = TrainConfig(max_epochs=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index in (1, 2):
+            runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=index, num_workers=cfg.envs)
+            runner.make_env()  # as RLlib recreates an env after a failed step
+            runner.stop()
+    overriding = [str(w.message) for w in caught if "Overriding environment" in str(w.message)]
+    assert not overriding, overriding

@@ -397,8 +397,8 @@ def test_train_config_file_is_strict(tmp_path, capsys):
 # SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/termination.py), so from there both signals take one path:
 # each signal is run once, and the overlapped learner's stop (it learns the waiting batch) rides on one of them.
 @pytest.mark.parametrize("stop, overlap, code, said", [
-    ("SIGINT", [], 130, "interrupted after 1 rounds"),
-    ("SIGTERM", ["--overlap"], 143, "terminated (SIGTERM) after 1 rounds"),  # a job manager's stop, `ray job stop`
+    ("SIGINT", [], 130, "interrupted after 1 round"),
+    ("SIGTERM", ["--overlap"], 143, "terminated (SIGTERM) after 1 round"),  # a job manager's stop, `ray job stop`
 ], ids=["ctrl-c", "sigterm-overlap"])
 def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path, stop, overlap, code, said):
     """What is awaited is an event, not a time: the line of round 1 (round 2 has then begun). The stop is measured

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from esper_ray.contracts import registry
-from esper_ray.contracts.fields import check_int, check_keys, check_types
+from esper_ray.contracts.fields import MAX_INT, check_int, check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
@@ -20,6 +20,8 @@ MIXED_AMP_MODES = ("bf16", "fp16")
 # germination through 10 epochs of TRAINING and its blend to HOLDING, and short enough for a CPU.
 DEFAULT_TASK = "digits-impaired"
 DEFAULT_MAX_EPOCHS = 25
+MAX_EPOCHS = 10_000
+"""Host epochs an episode may take at most: one RL step each, so 10,000 is days of a GPU per episode already."""
 
 # Per-task defaults where the tasks differ (batch per env, host learning rate, augmentation, validation chunk) are
 # registered with each task (contracts/registry.py). val_batch_size: the 32x32 image tasks validate in one chunk of up
@@ -154,14 +156,16 @@ class EnvConfig:
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
-        for name, minimum in (("max_epochs", 1), ("seed", 0), ("shard", 0), ("num_shards", 1), ("synthetic_size", 10),
-                              ("min_training_epochs", 0), ("min_prune_age", 0)):
-            check_int(name, getattr(self, name), minimum)
+        for name, minimum, maximum in (("max_epochs", 1, MAX_EPOCHS), ("seed", 0, MAX_INT), ("shard", 0, MAX_INT),
+                                       ("num_shards", 1, MAX_INT), ("synthetic_size", 10, MAX_INT),
+                                       ("min_training_epochs", 0, MAX_EPOCHS), ("min_prune_age", 0, MAX_EPOCHS)):
+            check_int(name, getattr(self, name), minimum, maximum)
         if self.synthetic_held_out is not None:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
         if self.text_max_bytes is not None:
             check_int("text_max_bytes", self.text_max_bytes, 1_000)
-        own, plugin_hosts = list(registry.task(self.task).hosts), registry.hosts_for(self.task)[len(registry.task(self.task).hosts):]
+        own = list(registry.task(self.task).hosts)
+        plugin_hosts = [h for h in registry.hosts_for(self.task) if h not in own]
         if (self.host_preset is None and not own) or (self.host_preset is not None and self.host_preset not in own + plugin_hosts):
             also = f" or a plug-in's host {plugin_hosts}" if plugin_hosts else ""
             raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {own}{also}")

@@ -15,10 +15,18 @@ from functools import cache
 from typing import Any
 
 
-def check_int(name: str, value: Any, minimum: int) -> None:
-    """Raise ValueError naming the field unless `value` is an integer (not a bool) >= `minimum`."""
+MAX_INT = 2**32 - 1
+"""The largest integer a setting takes unless it names a smaller bound: numpy's seeds are 32-bit, and a count
+beyond it (a typo's 10**23) would run for ever or overflow inside numpy or torch far from the file."""
+
+
+def check_int(name: str, value: Any, minimum: int, maximum: int = MAX_INT) -> None:
+    """Raise ValueError naming the field unless `value` is an integer (not a bool) in [`minimum`, `maximum`]."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value:.3g}: must be an integer <= {maximum:,}" if value > 10**12
+                         else f"{name}={value:,}: must be an integer <= {maximum:,}")
 
 
 @cache

@@ -7,12 +7,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, EnvConfig
+from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, MAX_EPOCHS, EnvConfig
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
 PLACEMENTS = ("PACK", "SPREAD")
 SEED_LIMIT = 2**32
+MAX_ROUNDS = 100_000
+"""PPO rounds a run may take at most (a round is a whole host run per env: 100,000 is years of a machine)."""
+MAX_COUNT = 100_000
+"""Envs, episodes per env, learners and PPO epochs at most: a count past it is a typo, not a run."""
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings that TrainConfig sets itself; `env` may not override them.
 TRAIN_OWNED_ENV_KEYS = frozenset({"task", "plugins", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
@@ -126,9 +130,10 @@ class TrainConfig:
         object.__setattr__(self, "slots", tuple(self.slots))
         object.__setattr__(self, "plugins", tuple(self.plugins))
         object.__setattr__(self, "env", dict(self.env))
-        for name, minimum in (("envs", 1), ("episodes_per_env", 1), ("rounds", 1), ("learners", 0), ("ppo_epochs", 1),
-                              ("checkpoint_every", 0), ("seed", 0), ("max_epochs", 1)):
-            check_int(name, getattr(self, name), minimum)
+        for name, minimum, maximum in (("envs", 1, MAX_COUNT), ("episodes_per_env", 1, MAX_COUNT), ("rounds", 1, MAX_ROUNDS),
+                                       ("learners", 0, MAX_COUNT), ("ppo_epochs", 1, MAX_COUNT),
+                                       ("checkpoint_every", 0, MAX_ROUNDS), ("seed", 0, SEED_LIMIT), ("max_epochs", 1, MAX_EPOCHS)):
+            check_int(name, getattr(self, name), minimum, maximum)
         if self.seed + self.envs >= SEED_LIMIT:  # RLlib seeds env runner k with seed + k, and numpy takes < 2**32
             raise ValueError(f"seed={self.seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds "
                              f"are 32-bit, and env runner k is seeded with seed + k)")

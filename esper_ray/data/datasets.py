@@ -108,7 +108,8 @@ def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def load_cifar10(data_dir: str | None) -> TaskData:
     """CIFAR-10 as torchvision stores it: DIR/cifar-10-batches-py/data_batch_{1..5} and test_batch."""
     if data_dir is None:
-        raise FileNotFoundError(f"task cifar10 needs data_dir (--data-dir DIR) holding cifar-10-batches-py/. {CIFAR_HELP}")
+        raise FileNotFoundError(f"task cifar10 needs data_dir, a folder holding cifar-10-batches-py/: give --env "
+                                f"data_dir=DIR (heuristic also takes --data-dir DIR). {CIFAR_HELP}")
     root = Path(data_dir).expanduser() / "cifar-10-batches-py"
     train_files = [root / f"data_batch_{i}" for i in range(1, 6)]
     missing = [p.name for p in [*train_files, root / "test_batch"] if not p.is_file()]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from esper_ray.train.progress_lines import counted
+
 RESOURCES_SHOWN = ("CPU", "GPU")
 
 
@@ -38,7 +40,7 @@ def describe(requests: Mapping[str, Mapping[str, float]], have: Mapping[str, flo
     def amounts(resources: Mapping[str, float]) -> str:
         return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in RESOURCES_SHOWN if resources.get(k, 0.0) > 0)
 
-    kinds = "; ".join(f"{fits_at_once(need, have)} {kind} trials at once ({amounts(need)} each)"
+    kinds = "; ".join(f"{counted(fits_at_once(need, have), kind + ' trial')} at once ({amounts(need)} each)"
                       for kind, need in requests.items())
     limit = f"capped at {cap} by max_concurrent_trials" if cap is not None else "no cap (max_concurrent_trials not set)"
     return f"trials at once on {amounts(have) or 'no CPUs'}: {kinds}; {limit}"

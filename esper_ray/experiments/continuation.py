@@ -22,7 +22,9 @@ from esper_ray.train.manifest import damage_of
 
 CONTINUES_KEY = "continues"
 ROUND_FILE = "round.json"
-"""In each checkpoint of an A/B trial: {"round": the rounds trained when it was saved}."""
+"""In each checkpoint of an A/B trial: {"round": the rounds trained when it was saved, "summary": that round's
+summary as the trial reported it (SUMMARY_PREFIX keys)}. A trial killed after its last round was checkpointed,
+before its evaluation was reported, is continued by evaluating it alone, and reports that summary again."""
 CHECKPOINT_GLOB = "checkpoint_*"
 
 
@@ -35,6 +37,15 @@ def checkpoint_round(checkpoint: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def checkpoint_summary(checkpoint: Path) -> dict[str, Any]:
+    """The summary of the round an A/B trial's checkpoint holds ({} for checkpoints written before it was kept)."""
+    try:
+        value = json.loads((checkpoint / ROUND_FILE).read_text()).get("summary", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in value.items() if k.startswith(SUMMARY_PREFIX)} if isinstance(value, dict) else {}
 
 
 def newest_intact_checkpoint(trial_folder: Path) -> tuple[Path, int] | None:

@@ -41,6 +41,7 @@ from esper_ray.experiments.statistics import (  # noqa: E402
     t_interval,
     verdict,
 )
+from esper_ray.train.progress_lines import counted  # noqa: E402
 
 FIGURES = ("metric_by_arm.png", "learning_curves.png", "performance_profile.png", "metric_vs_flops.png")
 BOX_FROM_N = 10
@@ -125,8 +126,8 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"# A/B experiment `{spec.name}`",
         "",
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
-        f"Alpha {spec.alpha}. {len(spec.seeds)} seeds shared by all arms (seed s: same host initialisation, data order "
-        f"and {spec.eval_episodes} evaluation episodes in every arm), {spec.rounds} PPO round{'s' if spec.rounds != 1 else ''} per trial.",
+        f"Alpha {spec.alpha}. {counted(len(spec.seeds), 'seed')} shared by all arms (seed s: same host initialisation, "
+        f"data order and {counted(spec.eval_episodes, 'evaluation episode')} in every arm), {counted(spec.rounds, 'PPO round')} per trial.",
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
         f"permutation with order seed {record.order_seed}{' (drawn for this run)' if record.order_seed_drawn else ''}: "
@@ -235,8 +236,8 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
         if kind is ControllerKind.PPO:
             cfg = TrainConfig.from_mapping(settings[arm])
             runs = spec.rounds * cfg.envs * cfg.episodes_per_env
-            rows.append(f"| {arm} | {runs:,} host runs of {cfg.max_epochs} epochs per seed ({spec.rounds} rounds x {cfg.envs} "
-                        f"envs x {cfg.episodes_per_env} episodes) |")
+            rows.append(f"| {arm} | {runs:,} host runs of {cfg.max_epochs} epochs per seed ({counted(spec.rounds, 'round')} x "
+                        f"{counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')}) |")
         elif kind is ControllerKind.FIXED:
             sweep = spec.arms[arm].get("sweep_host_runs")
             rows.append(f"| {arm} | " + (f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"

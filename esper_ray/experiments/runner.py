@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,9 @@ from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
-from esper_ray.train.progress_lines import clock_stamp, time_left
+from esper_ray.train.progress_lines import clock_stamp, counted, time_left
 from esper_ray.train.resources import connect_ray
+from esper_ray.train.run_lock import LOCK_FILE, run_folder_lock
 from esper_ray.train.step_failures import FAILURES_LOG
 from esper_ray.train.termination import received as sigterm_received
 from esper_ray.train.termination import sigterm_acts_as_ctrl_c
@@ -69,11 +70,14 @@ class TrialWork:
     per_round: int
     """Episodes of one PPO round (every env runner's); 0 for a baseline, which does not train."""
     evaluation: int
+    rounds_before: int = 0
+    """Rounds an earlier command trained: a trial that --salvage continues from its checkpoint of that round."""
 
     @classmethod
-    def of(cls, trial: TrialSpec, eval_episodes: int) -> TrialWork:
+    def of(cls, trial: TrialSpec, eval_episodes: int, rounds_before: int = 0) -> TrialWork:
         cfg = TrainConfig.from_mapping(trial.train)
-        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, eval_episodes)
+        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, eval_episodes,
+                   rounds_before)
 
     def total(self, rounds: int) -> int:
         return rounds * self.per_round + self.evaluation
@@ -81,18 +85,27 @@ class TrialWork:
 
 class TrialEvents(tune.Callback):
     """One console line per trial event (start, round, evaluation, finish, error, retry) instead of Tune's tables,
-    with an estimate of the time left once this command has done some work.
+    with an estimate of the time left once some work is done.
 
     Work is counted in episodes (TrialWork, by (arm, seed)): the estimate assumes the episodes left take as long,
-    on average, as those done since this command's first trial started (Tune calls a trial started once its setup
-    is done: Ray's start, the plan and the first trials' setups, tens of seconds on a GPU machine, would otherwise
-    count as time spent on the first episodes and inflate the early estimates). A trial's rounds and its
-    evaluation count as they report. Tune pickles its callbacks with the experiment and restores them on --resume;
-    `setup`, called at the start of every fit, restarts the clock, and the count of done trials is read from the
-    trials' statuses. (A run started before `work` existed restores without it: its lines carry no estimate.)
+    on average, as those done so far. Its clock runs from each command's first trial start (Tune calls a trial
+    started once its setup is done: Ray's start, the plan and the first trials' setups, tens of seconds on a GPU
+    machine, would otherwise count as time spent on the first episodes). A trial's rounds and its evaluation count
+    as they report.
+
+    A resume keeps the pace: a command counts only the episodes its trials run (not the rounds a restored or
+    salvaged trial brings), and adds the seconds and episodes of the run's earlier commands (get_state: Tune saves
+    it with the experiment and gives it back on --resume). So the estimate after a resume goes on from the last one
+    before it, not from the first rounds after it alone (a restored trial's first round also loads its checkpoint).
+    Tune pickles its callbacks with the experiment; `setup`, called at the start of every fit, restarts this
+    command's clock. (A run started before `work` existed restores without it: its lines carry no estimate.)
     """
 
     work: dict[tuple[str, int], TrialWork] = {}
+    past_seconds: float = 0.0
+    """Seconds of the run's earlier commands, each from its first trial start to its last estimate."""
+    past_episodes: int = 0
+    """Episodes the run's earlier commands ran in those seconds."""
 
     def __init__(self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork] | None = None,
                  print_fn: Any = print) -> None:
@@ -104,31 +117,43 @@ class TrialEvents(tune.Callback):
         self.start = time.time()
         self.first_start: float | None = None  # when this command's first trial started: the estimate's clock
         self.ended: set[str] = set()
-        self.work_at_start: int | None = None  # episodes done before this command (a resume), read at its first event
+        self.work_at_start: int | None = None  # episodes done before this command (a resume's), read at its first event
+        self.pace = (0.0, 0)  # this command's (seconds, episodes) at its latest estimate
+
+    def get_state(self) -> dict[str, Any]:
+        return {"seconds": self.past_seconds + self.pace[0], "episodes": self.past_episodes + self.pace[1]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.past_seconds, self.past_episodes = float(state["seconds"]), int(state["episodes"])
 
     def _done(self, trials: list[Any]) -> int:
         return len(self.ended | {t.trial_id for t in trials if t.status in TERMINAL})
 
     def _work_done(self, trial: Any, result: dict[str, Any] | None) -> int:
         """Episodes `trial` has run, from `result` (its newest, if given) or its last result: all once it has
-        ended or reported its evaluation, else its rounds'."""
+        ended or reported its evaluation, else its rounds' (at least those it continues from)."""
         spec = trial.config[TRIAL_KEY]
         work = self.work[(spec["arm"], spec["seed"])]
         newest = result if result is not None else (trial.last_result or {})
         if trial.trial_id in self.ended or trial.status in TERMINAL or EVAL_PREFIX + "test_accuracy" in newest:
             return work.total(self.rounds)
-        return min(int(newest.get(SUMMARY_PREFIX + "round", 0)), self.rounds) * work.per_round
+        return min(max(int(newest.get(SUMMARY_PREFIX + "round", 0)), work.rounds_before), self.rounds) * work.per_round
 
     def _left(self, trials: list[Any], trial: Any, result: dict[str, Any] | None = None) -> str:
-        """`; about 3m05s left`, or nothing before this command has done any work. Tune creates trials as it
-        goes, so the total comes from the experiment, and trials it has not created yet have done nothing."""
+        """`; about 3m05s left`, or nothing before any work is done. Tune creates trials as it goes, so the total
+        comes from the experiment, and a trial it has not created yet has done only what it continues from."""
         if not self.work or self.first_start is None:
             return ""
-        done = sum(self._work_done(t, result if t is trial else None) for t in trials)
-        total = sum(w.total(self.rounds) for w in self.work.values())
+        done = {key: w.rounds_before * w.per_round for key, w in self.work.items()}
+        for t in trials:
+            spec = t.config[TRIAL_KEY]
+            done[(spec["arm"], spec["seed"])] = self._work_done(t, result if t is trial else None)
         if self.work_at_start is None:
-            self.work_at_start = done
-        left = time_left(time.time() - self.first_start, done - self.work_at_start, total - self.work_at_start)
+            self.work_at_start = sum(done.values())
+        self.pace = (time.time() - self.first_start, sum(done.values()) - self.work_at_start)
+        seconds, episodes = self.past_seconds + self.pace[0], self.past_episodes + self.pace[1]
+        left_episodes = sum(w.total(self.rounds) for w in self.work.values()) - sum(done.values())
+        left = time_left(seconds, episodes, episodes + left_episodes)  # at the pace of every command so far
         return f"; {left}" if left else ""
 
     def _line(self, text: str) -> None:
@@ -155,7 +180,7 @@ class TrialEvents(tune.Callback):
                              f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")
         if EVAL_PREFIX + "test_accuracy" in result:
             parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                         f"{int(result[EVAL_PREFIX + 'episodes'])} episodes, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
+                         f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
         if parts:
             self._line(f"         {_trial_label(trial)} " + "; ".join(parts) + self._left(trials, trial, result))
 
@@ -310,7 +335,7 @@ def set_aside(output: Path, damage: str) -> Path:
     (output / TUNE_DIR).rename(aside)
     (output / TUNE_MANIFEST).unlink(missing_ok=True)
     print(f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
-          f"{len(finished)} finished trials kept from their JSON results; the others run again, a PPO trial from its last "
+          f"{counted(len(finished), 'finished trial')} kept from their JSON results; the others run again, a PPO trial from its last "
           f"intact checkpoint", flush=True)
     return aside
 
@@ -328,13 +353,21 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     # matters, a line per trial event.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     output = output.expanduser().resolve()
-    tune_path = output / TUNE_DIR
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
+    if resume and not output.is_dir():
+        read_experiment_file(output)  # raises, naming the folder: there is no run to continue (the lock creates it)
+    with run_folder_lock(output):  # one writer, from before Ray starts to the report (train/run_lock.py)
+        return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage)
+
+
+def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, address: str | None, source: str | None,
+                          save_networks: bool, salvage: bool) -> ExperimentOutcome:
+    tune_path = output / TUNE_DIR
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
     continuing = False
-    if resume and output.is_dir() and not any(output.iterdir()):  # left empty by a stop before the plan was written
+    if resume and not any(p.name != LOCK_FILE for p in output.iterdir()):  # left empty by a stop before the plan was written
         print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
         resume = False
     on_cpus = False
@@ -359,6 +392,9 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
             if continuing:
                 tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
+                # Tune restores the cap on trials at once that the run started with (experiment.json has it)
+                started = replace(run_spec, max_concurrent_trials=recorded["experiment"].get("max_concurrent_trials"))
+                print(concurrency_line(started, arm_resources(started)), flush=True)
             else:
                 needs = arm_resources(run_spec)
                 check_trials_fit(run_spec, needs, local=address is None)
@@ -369,7 +405,8 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
                 else:
                     output.mkdir(parents=True, exist_ok=True)
                     ordered, continues = plan(spec, output, source, save_networks, on_cpus), {}
-                work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes) for t in ordered}
+                work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes, continued_round(continues, (t.arm, t.seed)))
+                        for t in ordered}
                 events = TrialEvents(len(ordered), spec.rounds, work)
                 tuner = new_tuner(run_spec, output, ordered, save_networks, events, continues) if ordered else None
                 print(concurrency_line(run_spec, needs), flush=True)
@@ -385,7 +422,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
     write_report(output, record)
     if save_networks:
         kept = gather_networks(output)
-        print(f"networks: {kept} grown networks in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
+        print(f"networks: {counted(kept, 'grown network')} in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
               "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
     ended = [t for t in record.trials if t.status in (FINISHED, ERROR)]
     interrupted = len(ended) < len(record.trials)
@@ -421,6 +458,11 @@ def salvaged_continuations(output: Path, to_run: set[tuple[str, int]]) -> dict[t
         rounds = ", ".join(f"{arm}/seed{seed} from round {c['links'][-1]['round']}" for (arm, seed), c in continues.items())
         print(f"--salvage: continued from their last intact checkpoints: {rounds}", flush=True)
     return continues
+
+
+def continued_round(continues: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int]) -> int:
+    """The round a trial that --salvage continues starts from (salvaged_continuations), 0 for one that starts afresh."""
+    return int(continues[key]["links"][-1]["round"]) if key in continues else 0
 
 
 def tune_config(spec: ExperimentSpec, ordered: list[TrialSpec]) -> tune.TuneConfig:

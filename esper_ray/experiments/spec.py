@@ -35,7 +35,7 @@ import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.fields import check_int, check_keys
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.morpho.hosts import topology_of
 
@@ -125,8 +125,8 @@ class ExperimentSpec:
             raise ValueError(f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
-        for name, minimum in (("rounds", 1), ("eval_episodes", 1), ("max_failures", 0)):
-            check_int(name, getattr(self, name), minimum)
+        for name, minimum, maximum in (("rounds", 1, MAX_ROUNDS), ("eval_episodes", 1, MAX_COUNT), ("max_failures", 0, MAX_COUNT)):
+            check_int(name, getattr(self, name), minimum, maximum)
         if self.max_concurrent_trials is not None:
             check_int("max_concurrent_trials", self.max_concurrent_trials, 1)
         if self.last_rounds is not None:

@@ -28,7 +28,7 @@ from ray.tune.result import DONE
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
-from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round
+from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
                                               SUMMARY_PREFIX, TRIAL_KEY, per_kparam)
 from esper_ray.morpho.hosts import topology_of
@@ -141,6 +141,7 @@ class MorphoTrial(tune.Trainable):
         # a trial of a killed run, continued by --salvage: restored at its first step, unless Tune restores this
         # trial's own checkpoint first (a later resume of this run)
         self.continue_from = config[TRIAL_KEY].get(CONTINUES_KEY, {}).get("checkpoint")
+        self.round_summary: dict[str, Any] = {}  # the newest round's, kept in each checkpoint (ROUND_FILE)
         # where the trial's start went (Tune calls a trial started only after its setup): in its first result only
         self.setup_report = {SETUP_SECONDS: round(time.time() - started, 1)}
         if split is not None:
@@ -156,13 +157,11 @@ class MorphoTrial(tune.Trainable):
             return self._baseline_step()
         if self.continue_from is not None:
             self._continue(Path(self.continue_from))
-        result = train_round(self.algo)
-        summary = summarize_round(result)
-        failures = round_failures(result)
-        if failures:  # the round's event line names the errors (runner.py); the tracebacks stay in the trial's folder
-            append_tracebacks(Path(self.logdir), summary.round, failures)
-        metrics: dict[str, Any] = tensorboard_scalars(result)  # as `train` logs them: grouped, RLlib's config left out
-        metrics.update({SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
+        # A salvaged trial whose checkpoint holds its last round (killed between that checkpoint and its
+        # evaluation's result) trains no further: it is only evaluated, so no policy trains past `rounds`.
+        # It reports the round's summary its checkpoint kept, so its history still holds every round once.
+        trains = self.algo.iteration < self.cfg.rounds
+        metrics: dict[str, Any] = self._train_round() if trains else dict(self.round_summary)
         if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data
             networks: dict[int, NetworkFiles] = {}
             keep = f"the greedy PPO policy of A/B trial {self.label}" if self.save_networks else None
@@ -171,12 +170,25 @@ class MorphoTrial(tune.Trainable):
             metrics[DONE] = True  # a continued trial reaches its last round before Tune's count of iterations does
         return metrics
 
+    def _train_round(self) -> dict[str, Any]:
+        """One PPO round, as this trial reports it: the round's summary and its TensorBoard scalars."""
+        result = train_round(self.algo)
+        summary = summarize_round(result)
+        failures = round_failures(result)
+        if failures:  # the round's event line names the errors (runner.py); the tracebacks stay in the trial's folder
+            append_tracebacks(Path(self.logdir), summary.round, failures)
+        metrics: dict[str, Any] = tensorboard_scalars(result)  # as `train` logs them: grouped, RLlib's config left out
+        self.round_summary = {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()}
+        metrics.update(self.round_summary)
+        return metrics
+
     def _continue(self, checkpoint: Path) -> None:
         """Carry on from a killed run's checkpoint (continuation.py): only one that still matches its manifest."""
         if checkpoint_round(checkpoint) is None:
             raise ValueError(f"{checkpoint}: no longer matches its {MANIFEST_FILE} (or has no {ROUND_FILE}); its pickles "
                              "are not loaded")
         restore(self.algo, str(checkpoint))
+        self.round_summary = checkpoint_summary(checkpoint)
         self.continue_from = None
 
     def _baseline_step(self) -> dict[str, Any]:
@@ -199,7 +211,8 @@ class MorphoTrial(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:
             self.algo.save_to_path(checkpoint_dir)
-            (Path(checkpoint_dir) / ROUND_FILE).write_text(json.dumps({"round": self.algo.iteration}))
+            (Path(checkpoint_dir) / ROUND_FILE).write_text(json.dumps({"round": self.algo.iteration,
+                                                                       "summary": self.round_summary}))
         else:
             (Path(checkpoint_dir) / BASELINE_STATE_FILE).write_text(json.dumps({"evaluated": self.evaluated}))
         write_manifest(Path(checkpoint_dir))  # last: a checkpoint cut short by a kill has none that matches
@@ -208,6 +221,7 @@ class MorphoTrial(tune.Trainable):
         self.continue_from = None  # this trial's own checkpoint: it holds the continuation's rounds too
         if self.algo is not None:
             restore(self.algo, checkpoint)
+            self.round_summary = checkpoint_summary(Path(checkpoint))
         else:
             self.evaluated = json.loads((Path(checkpoint) / BASELINE_STATE_FILE).read_text())["evaluated"]
 

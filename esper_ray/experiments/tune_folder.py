@@ -61,16 +61,27 @@ def read_trials(tune_path: Path) -> list[TuneTrial]:
         if not isinstance(trial, dict) or not isinstance(trial.get("config"), dict) or not isinstance(trial.get("relative_logdir"), str):
             raise _unreadable(path, f"a trial entry without config or relative_logdir ({str(trial)[:120]})")
         folder = tune_path / trial["relative_logdir"]
+        if folder.resolve().parent != tune_path.resolve():  # a report reads the run folder only
+            raise _unreadable(path, f"a trial's relative_logdir={trial['relative_logdir'][:120]!r} is not a folder of "
+                                    f"{tune_path} (Tune names each trial's folder inside it)")
         status = str(trial.get("status"))
         error = _error_line(folder / "error.txt") if status == "ERROR" else None
         trials.append(TuneTrial(str(trial.get("trial_id")), status, trial["config"], folder, error))
     return trials
 
 
+def _own_file(path: Path) -> Path:
+    """`path`, a file of a trial's folder, unless a link makes it another folder's (a report reads its run only)."""
+    if path.resolve().parent != path.parent.resolve():
+        raise _unreadable(path, f"a link to {path.resolve()}, outside its trial's folder")
+    return path
+
+
 def _error_line(path: Path) -> str:
     """The exception line of the last traceback in a trial's error.txt."""
     if not path.is_file():
         return "failed (no error.txt)"
+    _own_file(path)
     lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1] if lines else "failed (empty error.txt)"
 
@@ -85,6 +96,7 @@ def read_results(folder: Path) -> list[dict[str, Any]]:
     path = folder / RESULT_FILE
     if not path.is_file():
         return []
+    _own_file(path)
     by_iteration: dict[int, dict[str, Any]] = {}
     lines = path.read_text(errors="replace").splitlines()
     for line_number, line in enumerate(lines, 1):

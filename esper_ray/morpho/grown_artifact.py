@@ -70,6 +70,10 @@ MAX_SIZE_FIELD = 2**24
 """Any other integer of a host config (channels, image side, classes, vocabulary, widths, heads)."""
 WEIGHTS_SLACK_BYTES = 2**20
 """What weights.pt may hold beyond the tensors its architecture describes (the zip's records and names)."""
+MAX_DERIVED_BYTES = 2**26
+"""Bytes of the buffers a network builds from its architecture alone and weights.pt does not hold (a banded
+transformer's causal mask, seq_len x seq_len per layer): the file's size cannot bound them, so this does. The
+text presets need under 13 KB; 64 MiB is a 2,048-byte context with 16 banded layers."""
 
 
 def read_architecture(directory: str | Path) -> dict[str, Any]:
@@ -134,6 +138,7 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     entries = sum(t.numel() * t.element_size() for t in tensors.values())
     stored = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors.values()}.values())  # tied: once
     _check_weights_size(weights, stored, entries, where)
+    _check_derived_size(skeleton, tensors, where)
     network = _build(topology, host_config, specs, where, host_name, plugins)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
@@ -221,6 +226,18 @@ def _check_weights_size(weights: Path, stored: int, entries: int, where: str) ->
     if declared > entries + WEIGHTS_SLACK_BYTES:
         raise ValueError(f"{weights}: holds {declared:,} bytes, more than the {entries:,} bytes of tensors {where} "
                          "describes; not loaded")
+
+
+def _check_derived_size(skeleton: GrownNetwork, stored: Mapping[str, torch.Tensor], where: str) -> None:
+    """The buffers `skeleton` (on the meta device) builds that weights.pt does not hold, within MAX_DERIVED_BYTES:
+    their size follows from the JSON alone (a 170 KB file may ask for a seq_len^2 mask in each of 64 layers)."""
+    derived = {name: b.numel() * b.element_size() for name, b in skeleton.named_buffers() if name not in stored}
+    total = sum(derived.values())
+    if total > MAX_DERIVED_BYTES:
+        largest = max(derived, key=derived.__getitem__)
+        raise ValueError(f"{where}: its host_config builds {total:,} bytes of buffers that {WEIGHTS_FILE} does not hold "
+                         f"({len(derived)} of them, {largest} {derived[largest]:,} bytes); at most {MAX_DERIVED_BYTES:,} "
+                         "are allowed; not loaded")
 
 
 def _first_line(err: BaseException) -> str:

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.manifest import MANIFEST_FILE, damage_of, write_atomically, write_manifest
+from esper_ray.train.run_lock import is_locked
 
 TRAIN_CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest.json"
@@ -85,7 +87,7 @@ def _fallback(checkpoints: Path, before: int | None) -> str:
     complete = next((p for p in earlier if damage_of(p) is None), None)
     if complete is None:
         return f"no earlier complete checkpoint is in {checkpoints}"
-    return f"the newest complete one is {complete}: resume from it with --resume {complete}"
+    return f"the newest complete one is {complete}: resume from it with --resume {shlex.quote(str(complete))}"
 
 
 def read_latest(output: Path) -> tuple[int, Path] | None:
@@ -104,7 +106,13 @@ def read_latest(output: Path) -> tuple[int, Path] | None:
         raise ValueError(f"{latest}: expected {{\"round\": N, \"path\": \"round_NNNNN\"}}, found {str(raw)[:200]}; "
                          f"{_fallback(latest.parent, None)}")
     stored = Path(raw["path"])
-    return raw["round"], stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
+    checkpoint = stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
+    # A resume writes into the folder its checkpoint lies in: latest.json may name only one of its own run's
+    # checkpoints, never one through `..`, a link or an absolute path elsewhere (it would continue that run).
+    if checkpoint.resolve().parent != latest.parent.resolve():
+        raise ValueError(f"{latest}: path={raw['path']!r} lies outside {latest.parent}; it may name only a checkpoint "
+                         f"of this run (round_NNNNN); {_fallback(latest.parent, None)}")
+    return raw["round"], checkpoint
 
 
 def latest_round(output: Path) -> int | None:
@@ -178,15 +186,17 @@ def fresh_run_folder(output: Path, numbered: bool) -> Path:
 
     A folder holding a run is never written into by a new run (metrics would be appended to the old run's,
     checkpoints mixed): `--resume` continues a run in place; otherwise the run goes to a fresh folder
-    (`numbered`, for the default output) or is refused (an explicit --output).
+    (`numbered`, for the default output) or is refused (an explicit --output). A numbered folder is also chosen
+    past one that another command is writing (its lock is held) before it holds a run; an explicit one is refused
+    by the lock itself (run_lock.py), naming the process.
     """
     if output.exists() and not output.is_dir():
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
-    if not holds_a_run(output):
+    if not holds_a_run(output) and not (numbered and is_locked(output)):
         return output
     if not numbered:
-        raise FileExistsError(f"{output} already holds a run: add --resume {output} to continue it, or choose another --output")
+        raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output")
     n = 2
-    while holds_a_run(output.with_name(f"{output.name}-{n}")):
+    while holds_a_run(output.with_name(f"{output.name}-{n}")) or is_locked(output.with_name(f"{output.name}-{n}")):
         n += 1
     return output.with_name(f"{output.name}-{n}")

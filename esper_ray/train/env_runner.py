@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR
@@ -51,6 +52,8 @@ from esper_ray.train.background import InBackground, WorkerThread
 from esper_ray.train.gpu_spread import single_visible_gpu, spread_gpu
 from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
 
+RLLIB_ENV_ID = "rllib-single-agent-env-v0"
+"""The gymnasium name SingleAgentEnvRunner.make_env registers each runner's env under."""
 PROFILE_ENV = "ESPER_RAY_PROFILE_SAMPLING"
 """A folder: every env runner profiles each sample call into it (see the module doc)."""
 
@@ -84,6 +87,10 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
 
     @override(SingleAgentEnvRunner)
     def make_env(self) -> None:
+        # RLlib registers every runner's env under one gymnasium name, bound to that runner's env context, and makes
+        # it at once; a second runner in the process (the driver's local one, a test's, a recreated env) would
+        # override the entry with a UserWarning. The old entry is only ever the previous runner's: drop it first.
+        gym.registry.pop(RLLIB_ENV_ID, None)
         # RLlib calls this again after a failed step (to recreate the env), so each new env is wrapped too.
         super().make_env()
         self.env = StepFailureRecorder(self.env, lambda exc: record_step_failure(self.metrics, exc))

@@ -50,14 +50,14 @@ class EpisodeSummary:
     """The episode ended early, by a governor rollback (a full run ends after max_epochs)."""
     seconds: float
     test_accuracy: float | None = None
-    """The committed model's accuracy on the held-out test split (measured only by evaluations)."""
+    """The committed model's accuracy on the held-out test split (measured by evaluations and `esper-ray heuristic`)."""
     test_loss: float | None = None
     final_accuracy_with_probation: float | None = None
     """Validation accuracy with the seeds still on probation in, at their last alpha (= final_accuracy without any)."""
     params_on_probation: int = 0
     """Parameters of the seeds still live (not fossilized) when the run ended: not part of the kept network."""
     test_accuracy_with_probation: float | None = None
-    """Held-out test accuracy with the seeds on probation in (evaluations only)."""
+    """Held-out test accuracy with the seeds on probation in (where test_accuracy is measured)."""
 
     @property
     def total_params(self) -> int:
@@ -122,7 +122,7 @@ def run_episode(
     measure_test: bool = False,
     history: EpisodeHistory | None = None,
 ) -> EpisodeSummary:
-    """One whole episode; `measure_test` adds the final model's held-out test accuracy (evaluations only), and
+    """One whole episode; `measure_test` adds the final model's held-out test accuracy, and
     `history` records its curves and seed events."""
     start = time.perf_counter()
     obs, info = env.reset(seed=reset_seed)
@@ -175,7 +175,8 @@ def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, p
         if on_episode_end is not None:
             on_episode_end(env, summaries[-1], history)
         if lines is not None:
-            lines.episode_end(summaries[-1].final_accuracy, summaries[-1].params_added, summaries[-1].seconds)
+            s = summaries[-1]
+            lines.episode_end(s.final_accuracy, s.params_added, s.seconds, s.test_accuracy)
     return summaries
 
 

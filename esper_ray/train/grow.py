@@ -24,6 +24,7 @@ from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
 from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, plot_accuracy, summary_markdown
+from esper_ray.train.run_lock import writable_folder
 
 
 def check_save_folder(path: str | Path, episodes: int) -> Path:
@@ -34,7 +35,7 @@ def check_save_folder(path: str | Path, episodes: int) -> Path:
     folder = Path(path).expanduser().resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"--save {folder}: already exists and is not an empty folder; choose a new one")
-    return folder
+    return writable_folder(folder, "--save")  # made now: one that cannot be would fail only after the host run
 
 
 def input_description(data: TaskData, example: Any) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 trial`, `2 trials`: a count and its noun, singular or plural as the count wants."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def clock_stamp(seconds: float) -> str:
     """The time since a command started, as its progress lines begin: `[  3m05s]`."""
     whole = max(0, int(seconds))
@@ -57,7 +62,7 @@ class EpisodeProgress:
         self.out, self.clock = out, clock
         self.start = self.last_line = clock()
         self.episodes_done = 0
-        self._line(f"{episodes} episode{'s' if episodes != 1 else ''} of up to {max_epochs} epochs (results at the end)")
+        self._line(f"{counted(episodes, 'episode')} of up to {counted(max_epochs, 'epoch')} (results at the end)")
 
     def _line(self, text: str) -> None:
         now = self.clock()
@@ -80,9 +85,12 @@ class EpisodeProgress:
         self._line(f"{self._episode()}, epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%"
                    + self._left(done))
 
-    def episode_end(self, final_accuracy: float, params_added: int, seconds: float) -> None:
-        """After an episode: its committed model's validation accuracy, the parameters it kept and its seconds."""
-        text = (f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%, "
+    def episode_end(self, final_accuracy: float, params_added: int, seconds: float,
+                    test_accuracy: float | None = None) -> None:
+        """After an episode: its committed model's validation accuracy (and test accuracy, where measured), the
+        parameters it kept and its seconds."""
+        test = f", test acc {100 * test_accuracy:.1f}%" if test_accuracy is not None else ""
+        text = (f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%{test}, "
                 f"params kept {params_added:,}")
         self.episodes_done += 1
         self._line(text + self._left(self.episodes_done * self.max_epochs))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import metrics as m
+from esper_ray.train.progress_lines import counted
 from esper_ray.train.step_failures import failures_text, round_failures
 
 
@@ -107,7 +108,7 @@ def planted_most(s: RoundSummary) -> tuple[str, float] | None:
 
 def progress_line(s: RoundSummary, total_rounds: int) -> str:
     line = (
-        f"round {s.round}/{total_rounds} | env steps {s.env_steps} ({s.episodes} episodes) | "
+        f"round {s.round}/{total_rounds} | env steps {s.env_steps} ({counted(s.episodes, 'episode')}) | "
         f"return {s.episode_return:.2f} | final acc {100 * s.final_accuracy:.1f}% "
         f"(min {100 * s.final_accuracy_min:.1f}, max {100 * s.final_accuracy_max:.1f}; "
         f"{100 * s.final_accuracy_with_probation:.1f}% with probation) | "

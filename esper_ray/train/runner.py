@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import textwrap
 import time
 from collections.abc import Callable
@@ -24,13 +25,15 @@ from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.train.algorithm_host import AlgorithmHandle
-from esper_ray.train.checkpoints import checkpoint_dir, latest_round, partial_checkpoint_dir, record_checkpoint
+from esper_ray.train.checkpoints import (checkpoint_dir, holds_a_run, latest_round, partial_checkpoint_dir, record_checkpoint,
+                                         run_folder_of)
 from esper_ray.train.manifest import write_atomically
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.preflight import check_env_config
 from esper_ray.train.progress import RoundBar, start_step_counter
-from esper_ray.train.progress_lines import time_left
+from esper_ray.train.progress_lines import counted, time_left
 from esper_ray.train.resources import check_fits, connect_ray
+from esper_ray.train.run_lock import run_folder_lock
 from esper_ray.train.round_summary import RoundSummary, planted_most, progress_line, summarize_round
 from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
 from esper_ray.train.tensorboard_log import log_config, log_round
@@ -67,13 +70,20 @@ def run_training(
     log: Callable[[str], None] = print,
     on_result: Callable[[dict], None] | None = None,
 ) -> TrainingOutcome:
-    """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own)."""
+    """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own), its only writer
+    while it runs (run_lock.py)."""
     start = time.perf_counter()
     output = output.expanduser().resolve()
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     mps_env = mps_environment(new_run_id()) if cfg.mps else None
-    connect_ray(cfg.address, log, env_vars=mps_env)
     with contextlib.ExitStack() as stack:
+        # Before Ray starts, and checked again under the lock: another command may have begun a run there since.
+        stack.enter_context(run_folder_lock(output))
+        in_place = resume is not None and run_folder_of(resume).resolve() == output
+        if holds_a_run(output) and not in_place:
+            raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue "
+                                  "it, or choose another --output")
+        connect_ray(cfg.address, log, env_vars=mps_env)
         stack.enter_context(sigterm_raises_terminated())  # after ray.init: it replaces the core worker's handler
         check_fits(cfg, local=cfg.address is None, log=log)
         if mps_env is not None:
@@ -172,7 +182,7 @@ def keep_rounds_up_to(metrics: Path, done: int) -> None:
 
 def format_outcome(outcome: TrainingOutcome) -> str:
     verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
-    lines = [f"{verb} {len(outcome.rounds)} rounds in {outcome.seconds:.0f}s"]
+    lines = [f"{verb} {counted(len(outcome.rounds), 'round')} in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]
         steps = sum(r.env_steps for r in outcome.rounds)
@@ -190,7 +200,7 @@ def format_outcome(outcome: TrainingOutcome) -> str:
         if failed:
             lines.append(f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}")
     if outcome.checkpoint is not None:
-        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {outcome.output} --rounds N)")
+        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)")
     else:
         lines.append("  no round finished: nothing was saved")
     lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}")

@@ -8,6 +8,7 @@ report` prints the line without importing Ray.
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from pathlib import Path
 
 INSTALL_VIEWERS = "pip install -e '.[dashboard]'"
@@ -16,7 +17,7 @@ INSTALL_VIEWERS = "pip install -e '.[dashboard]'"
 
 def tensorboard_command(logdir: Path | str) -> str:
     """`tensorboard --logdir LOGDIR`, followed by how to install TensorBoard when this Python does not have it."""
-    command = f"tensorboard --logdir {logdir}"
+    command = f"tensorboard --logdir {shlex.quote(str(logdir))}"  # pasted into a shell as it is
     if importlib.util.find_spec("tensorboard") is None:
         command += f" (TensorBoard is not installed: {INSTALL_VIEWERS} installs it)"
     return command
