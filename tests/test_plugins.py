@@ -165,6 +165,38 @@ def test_a_plugin_host_on_a_builtin_task_and_a_task_without_a_host_name_what_fit
         MorphogeneticEnv({**TOY, "mask_cut_off": True})
 
 
+def test_a_saved_network_of_a_plugin_host_and_seed_reloads_bit_for_bit_in_a_fresh_process(tmp_path):
+    from esper_ray.contracts.actions import BlendAlgorithm, Blueprint
+    from esper_ray.contracts.stages import Stage
+    from esper_ray.morpho.grown import GrownNetwork, GrownSeed, GrownSeedSpec
+    from esper_ray.morpho.grown_artifact import save_grown_network
+
+    EnvConfig(**TOY)
+    torch.manual_seed(0)
+    seeds = {}
+    for slot, blueprint, blend in (("h1", Blueprint.BOTTLENECK, BlendAlgorithm.ADD), ("h2", Blueprint.MLP, BlendAlgorithm.GATE)):
+        spec = GrownSeedSpec(slot, blueprint, blend, 0.75, Stage.FOSSILIZED)
+        seed = build_seed(blueprint, 16, Topology.VECTOR)
+        for p in seed.parameters():
+            torch.nn.init.normal_(p, std=0.3)  # not the identity any more: the reload must bring the weights
+        gate = None
+        if blend is BlendAlgorithm.GATE:
+            from esper_ray.morpho.blend import GatedBlend
+
+            gate = GatedBlend(16, Topology.VECTOR)
+        seeds[slot] = GrownSeed(spec, seed, gate)
+    network = GrownNetwork(build_host("toy-mlp"), seeds, plugins=[PLUGIN]).eval()
+    save_grown_network(tmp_path / "net", network, {})
+    x = torch.randn(3, 16)
+    torch.save(network(x).detach(), tmp_path / "expected.pt")
+    torch.save(x, tmp_path / "x.pt")
+    check = ("import sys, torch, esper_ray; net = esper_ray.load_grown(sys.argv[1] + '/net'); "
+             "x = torch.load(sys.argv[1] + '/x.pt'); assert torch.equal(net(x), torch.load(sys.argv[1] + '/expected.pt')); "
+             "print(type(net.host).__name__)")
+    done = subprocess.run([sys.executable, "-c", check, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ToyMLP", done.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------- on a local Ray, through the CLI
 def _yaml(path: Path, content: dict) -> Path:
     path.write_text(yaml.safe_dump(content))
