@@ -49,6 +49,15 @@ def test_a_blueprint_name_the_policy_head_does_not_know_is_refused_naming_the_kn
         registry.register_blueprint("mlp", "graph", lambda c, m: torch.nn.Identity())
 
 
+def test_a_task_registered_with_bad_defaults_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match="task 'bad': batch_size=0; must be an integer >= 1"):
+        esper_ray.register_task("bad", "tests.plugin_parts:load_blobs", batch_size=0)
+    with pytest.raises(ValueError, match="task 'bad': loss='regression'; choose one of"):
+        esper_ray.register_task("bad", "tests.plugin_parts:load_blobs", loss="regression")
+    with pytest.raises(ValueError, match=r"hosts='toy-mlp'; give a list of host names"):
+        esper_ray.register_task("bad", "tests.plugin_parts:load_blobs", hosts="toy-mlp")
+
+
 def test_registering_a_name_again_is_a_no_op_for_the_same_part_and_refused_for_another():
     import tests.plugin_parts as parts
 

@@ -49,7 +49,7 @@ class EnvConfig:
     """Modules that register tasks, hosts or blueprints ('package.module' or 'package.module:function'), imported
     before any name is looked up, in every process that builds this env (docs/plugins.md)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    """Enabled injection slots, `r{row}c{col}`."""
+    """Enabled injection slots: `r{row}c{col}` on the built-in hosts, the names a plug-in host declares on its own."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
     reward_mode: str = "committed"

@@ -91,6 +91,13 @@ def register_task(name: str, entry_point: EntryPoint, *, loss: str = "classifica
     _check_name("task", name)
     if loss not in LOSS_KINDS:
         raise ValueError(f"task {name!r}: loss={loss!r}; choose one of {list(LOSS_KINDS)}")
+    for key, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"task {name!r}: {key}={value!r}; must be an integer >= 1")
+    if isinstance(host_lr, bool) or not isinstance(host_lr, (int, float)) or not host_lr > 0:
+        raise ValueError(f"task {name!r}: host_lr={host_lr!r}; must be a number > 0")
+    if isinstance(hosts, str):
+        raise ValueError(f"task {name!r}: hosts={hosts!r}; give a list of host names, e.g. [{hosts!r}]")
     entry = TaskEntry(name, entry_point, loss, tuple(hosts), batch_size, host_lr, augment, val_batch_size, builtin)
     return _put(_TASKS, name, entry, "task")
 
