@@ -49,6 +49,16 @@ def test_a_blueprint_name_the_policy_head_does_not_know_is_refused_naming_the_kn
         registry.register_blueprint("mlp", "graph", lambda c, m: torch.nn.Identity())
 
 
+def test_a_task_and_a_host_may_be_named_by_their_import_string():
+    cfg = EnvConfig(task="tests.plugin_parts:load_blobs", host_preset="tests.plugin_parts:ToyMLP", slots=("h0", "h2"))
+    assert cfg.effective_host_preset == "tests.plugin_parts:ToyMLP"
+    env = MorphogeneticEnv({"task": cfg.task, "host_preset": cfg.host_preset, "slots": ["h0", "h2"], "max_epochs": 2})
+    env.reset(seed=0)
+    assert env.slot_ids == ["h0", "h2"] and env.data.num_classes == 4
+    with pytest.raises(ValueError, match=r"host='tests.plugin_parts:nope': .*has no 'nope'"):
+        EnvConfig(task="tests.plugin_parts:load_blobs", host_preset="tests.plugin_parts:nope")
+
+
 def test_a_task_registered_with_bad_defaults_is_refused_naming_the_setting():
     with pytest.raises(ValueError, match="task 'bad': batch_size=0; must be an integer >= 1"):
         esper_ray.register_task("bad", "tests.plugin_parts:load_blobs", batch_size=0)

@@ -8,7 +8,9 @@ imports nothing from esper_ray, and nothing is imported before a part is used.
 
 A run names the modules that register its own parts in its `plugins` setting (EnvConfig, TrainConfig); every
 EnvConfig imports them (`load_plugins`) before it looks a name up, so an env built in a Ray worker from its
-env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them.
+env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them. A task
+or host may also be named by its own import string (`task: my_data:load`), which registers it wherever it is
+looked up.
 
 What a builder is:
     task        `load(context) -> TaskData`, or a mapping of splits (data/task_loading.py): `context` holds the
@@ -140,15 +142,39 @@ def _describe(entry_point: EntryPoint) -> str:
 
 # ---------------------------------------------------------------------------------------------------- lookup
 def task(name: str) -> TaskEntry:
+    """The task registered as `name`; an import string `package.module:loader` names its loader (loss
+    classification, the task's defaults, no host of its own), so any process can resolve it."""
+    if name not in _TASKS and _is_import_string(name):
+        _put(_TASKS, name, TaskEntry(name, _imported(name, "task")), "task")
     if name not in _TASKS:
         raise ValueError(f"task={name!r}: unknown; choose one of {task_names()} (or register it: docs/plugins.md)")
     return _TASKS[name]
 
 
 def host(name: str) -> HostEntry:
+    """The host registered as `name`; an import string `package.module:HostClass` names a host built with no
+    arguments, so any process can resolve it."""
+    if name not in _HOSTS and _is_import_string(name):
+        _put(_HOSTS, name, HostEntry(name, _imported(name, "host")), "host")
     if name not in _HOSTS:
         raise ValueError(f"host={name!r}: unknown; choose one of {host_names()} (or register it: docs/plugins.md)")
     return _HOSTS[name]
+
+
+def _is_import_string(name: object) -> bool:
+    return isinstance(name, str) and name.count(":") == 1 and all(name.partition(":")[::2])
+
+
+def _imported(name: str, kind: str) -> Any:
+    try:
+        obj = resolve(name)
+    except ImportError as err:
+        raise ValueError(f"{kind}={name!r}: cannot be imported ({err}); install it or put its folder on PYTHONPATH") from None
+    except ValueError as err:  # the module has no such object
+        raise ValueError(f"{kind}={name!r}: {err}") from None
+    if not callable(obj):
+        raise ValueError(f"{kind}={name!r}: names a {type(obj).__name__}; expected a {'loader' if kind == 'task' else 'host class'}")
+    return obj
 
 
 def blueprint(topology: str, name: str) -> BlueprintEntry:
