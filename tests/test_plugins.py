@@ -55,7 +55,7 @@ def test_a_task_and_a_host_may_be_named_by_their_import_string():
     env = MorphogeneticEnv({"task": cfg.task, "host_preset": cfg.host_preset, "slots": ["h0", "h2"], "max_epochs": 2})
     env.reset(seed=0)
     assert env.slot_ids == ["h0", "h2"] and env.data.num_classes == 4
-    with pytest.raises(ValueError, match=r"host='tests.plugin_parts:nope': .*has no 'nope'"):
+    with pytest.raises(ValueError, match=r"host_preset='tests.plugin_parts:nope': .*has no 'nope'"):
         EnvConfig(task="tests.plugin_parts:load_blobs", host_preset="tests.plugin_parts:nope")
 
 

@@ -165,7 +165,7 @@ class EnvConfig:
         if self.text_max_bytes is not None:
             check_int("text_max_bytes", self.text_max_bytes, 1_000)
         if self.host_preset is not None:
-            registry.host(self.host_preset)  # an unknown name lists the known ones; an import string registers itself
+            registry.host(self.host_preset, field="host_preset")  # an unknown name lists the known ones; an import string registers itself
         own = list(registry.task(self.task).hosts)
         plugin_hosts = [h for h in registry.hosts_for(self.task) if h not in own]
         if (self.host_preset is None and not own) or (self.host_preset is not None and self.host_preset not in own + plugin_hosts):

@@ -151,13 +151,13 @@ def task(name: str) -> TaskEntry:
     return _TASKS[name]
 
 
-def host(name: str) -> HostEntry:
+def host(name: str, field: str = "host") -> HostEntry:
     """The host registered as `name`; an import string `package.module:HostClass` names a host built with no
-    arguments, so any process can resolve it."""
+    arguments, so any process can resolve it. `field`: the setting that named it, for the error."""
     if name not in _HOSTS and _is_import_string(name):
-        _put(_HOSTS, name, HostEntry(name, _imported(name, "host")), "host")
+        _put(_HOSTS, name, HostEntry(name, _imported(name, field)), "host")
     if name not in _HOSTS:
-        raise ValueError(f"host={name!r}: unknown; choose one of {host_names()} (or register it: docs/plugins.md)")
+        raise ValueError(f"{field}={name!r}: unknown; choose one of {host_names()} (or register it: docs/plugins.md)")
     return _HOSTS[name]
 
 
