@@ -23,6 +23,7 @@ from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, Tr
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from esper_ray.train.threads import COMMAND_THREADS, threads_line, threads_of_cpus
 from esper_ray.train.termination import received as sigterm_received
 
 
@@ -57,6 +58,8 @@ VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
 JSON_HELP = "print the summaries as one JSON document on stdout (the progress lines go to stderr, as always)"
+THREADS_HELP = (f"torch threads of this process (default: {COMMAND_THREADS}; the tiny CNN hosts gain nothing from more, and "
+                "processes side by side fight over the cores)")
 SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
              "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only")
 
@@ -70,7 +73,7 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
     summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=True,
-                              on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None)
+                              on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None, threads=args.threads)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
     return 0
@@ -162,7 +165,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg, resume = train_config_from_args(args)
     print(f"esper-ray train: task {cfg.task}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
           f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
-          f"output {cfg.output}", flush=True)
+          f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
     if outcome.terminated:
@@ -187,7 +190,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
           file=sys.stderr if args.json else sys.stdout, flush=True)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
                                on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
-                               if folder else None)
+                               if folder else None, threads=args.threads)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
     return 0
@@ -314,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
     heuristic.add_argument("--json", action="store_true", help=JSON_HELP)
+    heuristic.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
@@ -347,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=int, default=None, help="env seed (default: the training seed)")
     evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
     evaluate.add_argument("--json", action="store_true", help=JSON_HELP)
+    evaluate.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     evaluate.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     evaluate.set_defaults(func=_cmd_eval)
 

@@ -131,7 +131,7 @@ def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_line
     assert run.returncode == 0, log
     assert [row["episode"] for row in json.loads(stdout.read_text())] == [0, 1]
     lines = log.splitlines()
-    assert lines[0].endswith("heuristic: 2 episodes of up to 2 epochs (results at the end)")
+    assert lines[0].endswith("heuristic: 2 episodes of up to 2 epochs (results at the end), torch threads: 1")
     assert "heuristic: episode 0 (1 of 2) done in " in lines[-2] and lines[-2].endswith(" left") and "; about " in lines[-2]
     assert "heuristic: episode 1 (2 of 2) done in " in lines[-1]
     assert all(line.startswith("[") for line in lines), log  # progress lines only

@@ -283,12 +283,14 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert architecture["run"]["controller"].startswith("the greedy PPO policy of checkpoint")
     assert not esper_ray.load_grown(tmp_path / "grown").training
     # in a process of its own (Ray logs each notice once per process): Ray's deprecation notices only with --verbose,
-    # the progress lines on stderr either way
-    for verbose in ([], ["--verbose"]):
+    # the progress lines on stderr either way; and the process uses the torch threads it is given (its default: 1)
+    for verbose, threads in (([], 2), (["--verbose"], 1)):
+        given = ["--threads", "2"] if threads == 2 else []
         run = subprocess.run([sys.executable, "-m", "esper_ray.cli", *verbose, "eval", "--checkpoint", str(moved),
-                              "--episodes", "1", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0 and len(json.loads(run.stdout)) == 1, run.stderr
+                              "--episodes", "1", "--json", *given], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and [r["torch_threads"] for r in json.loads(run.stdout)] == [threads], run.stderr
         assert "eval: episode 0 (1 of 1) done in" in run.stderr
+        assert f"(results at the end), torch threads: {threads}" in run.stderr
         assert ("DeprecationWarning: `RLModule(config=[RLModuleConfig object])`" in run.stderr) == bool(verbose), run.stderr
     # --rounds is the total: 1 round is done, so --rounds 1 has nothing to do and says so
     with pytest.raises(SystemExit) as exit_info:

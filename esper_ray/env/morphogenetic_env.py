@@ -51,6 +51,7 @@ from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
 from esper_ray.env.spaces import MaskedMultiDiscrete
 from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size
+from esper_ray.morpho import cpu_step
 from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
 from esper_ray.morpho.flops import FlopCounter, FlopTally
 from esper_ray.morpho.hosts import build_host
@@ -216,7 +217,7 @@ class MorphogeneticEnv(gym.Env):
         if self.model is None:
             self.host_optimizer = torch.optim.SGD(
                 model.host.parameters(), lr=self.cfg.effective_host_lr, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY,
-                fused=self.device.type == "cuda",  # one kernel a step instead of several (slot.py, germinate)
+                fused=cpu_step.fused_sgd(self.device),  # one kernel a step instead of several (slot.py, germinate)
             )
         else:
             self._keep_host(model)

@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.sgd import sgd
 
 from esper_ray.contracts.stages import Stage
 from esper_ray.env.gradient_telemetry import MEASURED_STAGES, GradientCapture
 from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.env.kept_graphs import KeptGraphs
-from esper_ray.morpho import fused_block
+from esper_ray.morpho import cpu_step, fused_block
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer_blueprints import runs_in_cuda_graphs
@@ -95,6 +96,11 @@ class TrainStep:
         self.max_grad_norm, self.acc = max_grad_norm, accumulators
         self.slots = trained_slots(model)
         self.host_params = list(model.host.parameters())
+        # What each optimizer steps and the step clips: the host's parameters, then each trained seed's.
+        self.clipped = [self.host_params] + [s.seed_parameters() for s in self.slots]
+        # On the CPU the step clears and clips the gradients itself: zero_grad's and clip_grad_norm_'s kernels without
+        # their Python per call (morpho/cpu_step.py).
+        self.lean = cpu_step.on(self.host_params[0].device)
         # The model's structure changes only between epochs (lifecycle steps), and a TrainStep lives for one epoch:
         # its key is computed once, not per batch.
         per_slot = tuple(slot_key(s, trained=s in self.slots) for s in model.seed_slots())
@@ -119,17 +125,24 @@ class TrainStep:
         # images: logits [B, classes], y [B]; text: logits [B, T, 256], y [B, T] (every position predicts a byte)
         loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         optimizers = [self.host_optimizer] + [s.optimizer for s in self.slots]
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+        if self.lean:
+            for params in self.clipped:
+                for p in params:
+                    p.grad = None  # zero_grad(set_to_none=True) of the optimizers over these parameters
+        else:
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)  # type: ignore[union-attr]
         (scaler.scale(loss) if scaler is not None else loss).backward()
         if scaler is not None:
             for opt in optimizers:
                 scaler.unscale_(opt)  # type: ignore[arg-type]
         if on_grads is not None:
             on_grads()  # gradient telemetry reads the unclipped gradients (as device tensors)
-        torch.nn.utils.clip_grad_norm_(self.host_params, self.max_grad_norm)
-        for s in self.slots:
-            torch.nn.utils.clip_grad_norm_(s.seed_parameters(), self.max_grad_norm)
+        if self.lean:
+            clip_grad_norms(self.clipped, self.max_grad_norm)
+        else:
+            for params in self.clipped:
+                torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         if not self.momentum_started:
             for opt in optimizers:
                 start_momentum_of_new_grads(opt)  # type: ignore[arg-type]
@@ -137,12 +150,44 @@ class TrainStep:
         for opt in optimizers:
             if scaler is not None:
                 scaler.step(opt)  # type: ignore[arg-type]
+            elif self.lean:
+                sgd_step(opt)  # type: ignore[arg-type]
             else:
                 opt.step()  # type: ignore[union-attr]
         if scaler is not None:
             scaler.update()
         self.acc.loss_sum += loss.detach() * y.numel()  # summed over predictions: samples, or tokens for text
         self.acc.correct += (logits.argmax(dim=-1) == y).sum()
+
+
+def clip_grad_norms(groups: list[list[torch.Tensor]], max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_(group, max_norm) of each group, with its kernels (the gradients' 2-norms, the
+    norm of those, the factor min(1, max_norm / (norm + 1e-6)), the gradients times it) on one device, the
+    per-tensor norms of all groups in one call."""
+    grads = [[p.grad for p in group if p.grad is not None] for group in groups]
+    norms = torch._foreach_norm([g for group in grads for g in group])
+    start = 0
+    for group in grads:
+        if not group:
+            continue
+        total = torch.linalg.vector_norm(torch.stack(norms[start : start + len(group)]))
+        start += len(group)
+        torch._foreach_mul_(group, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+
+
+@torch.no_grad()
+def sgd_step(optimizer: torch.optim.SGD) -> None:
+    """optimizer.step(): what SGD.step runs (torch's functional sgd on each group, its momentum kept in the
+    optimizer's state) without Optimizer.step's wrapper, whose hooks and checks cost more than the fused kernel
+    itself on the CPU."""
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        momentum = [optimizer.state[p].get("momentum_buffer") for p in params] if group["momentum"] else []
+        sgd(params, [p.grad for p in params], momentum, weight_decay=group["weight_decay"], momentum=group["momentum"],
+            lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
+            foreach=group["foreach"], fused=group["fused"])
+        for p, buffer in zip(params, momentum):
+            optimizer.state[p]["momentum_buffer"] = buffer
 
 
 def start_momentum_of_new_grads(optimizer: torch.optim.Optimizer) -> None:

@@ -34,7 +34,7 @@ from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_
 from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
-                                              SUMMARY_PREFIX, TRIAL_KEY)
+                                              SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY)
 from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
 from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
@@ -180,7 +180,8 @@ class TrialEvents(tune.Callback):
                              f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")
         if EVAL_PREFIX + "test_accuracy" in result:
             parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                         f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params")
+                         f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params"
+                         + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else ""))
         if parts:
             self._line(f"         {_trial_label(trial)} " + "; ".join(parts) + self._left(trials, trial, result))
 

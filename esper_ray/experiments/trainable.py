@@ -30,7 +30,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
-                                              SUMMARY_PREFIX, TRIAL_KEY, per_kparam)
+                                              SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY, per_kparam)
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
@@ -43,6 +43,7 @@ from esper_ray.train.round_summary import summarize_round
 from esper_ray.train.rounds import restore, train_round
 from esper_ray.train.step_failures import append_tracebacks, round_failures
 from esper_ray.train.tensorboard_log import tensorboard_scalars
+from esper_ray.train.threads import threads_of_cpus, use_threads
 
 BASELINE_STATE_FILE = "baseline_trial.json"
 NETWORKS_DIR = "networks"
@@ -109,6 +110,7 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
         EVAL_PREFIX + "validation_flops": float(np.mean([s.validation_flops for s in summaries])),
         EVAL_PREFIX + "counterfactual_flops": float(np.mean([s.counterfactual_flops for s in summaries])),
         EVAL_PREFIX + "seconds": float(np.mean([s.seconds for s in summaries])),
+        TORCH_THREADS: float(max(s.torch_threads for s in summaries)),
     }
 
 
@@ -134,6 +136,7 @@ class MorphoTrial(tune.Trainable):
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
         if self.controller is not ControllerKind.PPO:
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
+            use_threads(threads_of_cpus(self.cfg.cpus_per_env))  # and on the CPUs Tune reserved for it (its bundle)
         build_began = time.time()
         self.algo = build_ppo_config(self.cfg).build_algo() if self.controller is ControllerKind.PPO else None
         split = runner_start_seconds(self.algo.env_runner_group, build_began) if self.algo else None

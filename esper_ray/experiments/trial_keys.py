@@ -16,6 +16,9 @@ RUNNERS_UP_SECONDS = "trial/env_runners_up_s"
 RUNNER_INIT_SECONDS = "trial/env_runner_init_s"
 """Of a PPO trial's setup: the longest env runner's own init after that (its env, GPU share and policy)."""
 
+TORCH_THREADS = "trial/torch_threads"
+"""torch threads of the processes that ran the trial's evaluation episodes (the most of them), in its last result."""
+
 
 def per_kparam(accuracy: float, total_params: int) -> float:
     """Accuracy per 1,000 parameters of the final grown model."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from esper_ray.contracts.host import HostConfig, SlotSpec, Topology
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
-from esper_ray.morpho import fused_block
+from esper_ray.morpho import cpu_step, fused_block
 from esper_ray.morpho.host_api import HostModule, SlotHook
 
 HOST_PRESETS: dict[str, HostConfig] = {
@@ -82,7 +82,14 @@ class ConvBlock(nn.Module):
                 memory_format=torch.channels_last) else torch.contiguous_format)
             return torch.cudnn_convolution_relu(x, weight, bias, self.conv.stride, self.conv.padding,
                                                 self.conv.dilation, self.conv.groups)
-        return torch.relu(self.norm(self.conv(x)))
+        return torch.relu(self.norm(self._conv(x)))
+
+    def _conv(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.conv.weight
+        if weight.shape[2:] == (1, 1) and cpu_step.on(x.device):  # stride 1, no padding, no bias: a product over channels
+            # contiguous: the layout the convolution gives, which the batch norm and a seed's convolution read fastest
+            return nn.functional.linear(x.permute(0, 2, 3, 1), weight.flatten(1)).permute(0, 3, 1, 2).contiguous()
+        return self.conv(x)
 
     def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The convolution's weight and bias with eval-mode batch norm folded in: conv(x, W', b') = BN(conv(x, W))."""

@@ -31,6 +31,7 @@ from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, AlphaTarget, Ble
 from esper_ray.contracts.host import Topology
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES, IllegalTransitionError, Stage, check_transition
+from esper_ray.morpho import cpu_step
 from esper_ray.morpho.alpha_schedule import AlphaSchedule
 from esper_ray.morpho.blend import GatedBlend, blend, blend_configurations
 from esper_ray.morpho.blueprints import build_seed, count_params, resolve_blueprint
@@ -169,10 +170,11 @@ class SeedSlot(nn.Module):
         self.algorithm, self.tempo_epochs, self.initial_target = style.algorithm, tempo.epochs, alpha_target.alpha
         self.initial_curve = style.curve
         self.metrics = SeedMetrics(accuracy_at_germination=self.last_accuracy, accuracy_at_stage_start=self.last_accuracy)
-        # On CUDA the fused SGD kernel: one launch a step instead of the foreach version's several (a captured step
-        # of the cifar10 host, bf16, H200: 1.628 -> 1.513 us a training sample, benchmarks/probes/fusion_probe.py).
+        # The fused SGD kernel: on CUDA one launch a step instead of the foreach version's several (a captured step
+        # of the cifar10 host, bf16, H200: 1.628 -> 1.513 us a training sample, benchmarks/probes/fusion_probe.py); on
+        # the CPU one call instead of a kernel per tensor (cpu_step.py).
         self.optimizer = torch.optim.SGD(self.seed_parameters(), lr=self.cfg.seed_lr, momentum=self.cfg.seed_momentum,
-                                         fused=device.type == "cuda")
+                                         fused=cpu_step.fused_sgd(device))
         return _OK
 
     def check_advance(self) -> GateResult:

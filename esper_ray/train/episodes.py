@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from esper_ray.contracts.stages import LIVE_STAGES, Stage
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
@@ -58,6 +59,8 @@ class EpisodeSummary:
     """Parameters of the seeds still live (not fossilized) when the run ended: not part of the kept network."""
     test_accuracy_with_probation: float | None = None
     """Held-out test accuracy with the seeds on probation in (where test_accuracy is measured)."""
+    torch_threads: int = 0
+    """torch's intra-op threads in the process that ran the episode, read at its end (train/threads.py)."""
 
     @property
     def total_params(self) -> int:
@@ -155,6 +158,7 @@ def run_episode(
         test_accuracy=test.accuracy if test else None, test_loss=test.loss if test else None,
         final_accuracy_with_probation=float(info["val_accuracy"]), params_on_probation=int(info["seed_params"]) - kept,
         test_accuracy_with_probation=test.accuracy_with_probation if test else None,
+        torch_threads=torch.get_num_threads(),
     )
 
 
@@ -166,7 +170,7 @@ def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, p
     summary and history before the next episode resets the env."""
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
-    lines = EpisodeProgress(label, episodes, env.cfg.max_epochs) if progress else None
+    lines = EpisodeProgress(label, episodes, env.cfg.max_epochs, threads=torch.get_num_threads()) if progress else None
     summaries: list[EpisodeSummary] = []
     for episode in range(episodes):
         history = EpisodeHistory()

@@ -40,6 +40,7 @@ from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, Epi
 from esper_ray.train.grow import NetworkFiles, network_keeper
 from esper_ray.train.checkpoints import load_checkpoint_config
 from esper_ray.train.overlap import learn_pending
+from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
@@ -180,8 +181,11 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_net
 
 
 def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,
-                   progress: bool = True, on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
-    """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden)."""
+                   progress: bool = True, on_episode_end: EpisodeEnd | None = None,
+                   threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
+    """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden), with
+    `threads` torch threads (train/threads.py; the policy's forward passes too)."""
+    use_threads(threads)
     cfg = load_checkpoint_config(checkpoint)
     env_config = {**cfg.env_config(shard=0, num_shards=1), **(env_overrides or {})}
     if seed is not None:

@@ -8,12 +8,14 @@ from typing import Any
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicController
 from esper_ray.train.episodes import EpisodeEnd, EpisodeSummary, run_episodes
+from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
 CONTROLLER_NAME = "the heuristic controller (`esper-ray heuristic`)"
 
 
 def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool = True, *, measure_test: bool = False,
-                  on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
+                  on_episode_end: EpisodeEnd | None = None, threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
+    use_threads(threads)
     env = MorphogeneticEnv(env_config)
     controller = HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value)
     return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end,

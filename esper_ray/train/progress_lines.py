@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from esper_ray.train.threads import threads_line
+
 EPOCH_LINE_SECONDS = 5.0
 """At most one epoch line per this many seconds; an episode's end always has its line."""
 
@@ -57,12 +59,14 @@ class EpisodeProgress:
     `episode_end` after every episode. `label` begins each line (the command's name)."""
 
     def __init__(self, label: str, episodes: int, max_epochs: int, *, out: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, threads: int | None = None) -> None:
+        """`threads`: torch's threads in this process, said once in the first line (train/threads.py)."""
         self.label, self.episodes, self.max_epochs = label, episodes, max_epochs
         self.out, self.clock = out, clock
         self.start = self.last_line = clock()
         self.episodes_done = 0
-        self._line(f"{counted(episodes, 'episode')} of up to {counted(max_epochs, 'epoch')} (results at the end)")
+        said = f", {threads_line(threads)}" if threads is not None else ""
+        self._line(f"{counted(episodes, 'episode')} of up to {counted(max_epochs, 'epoch')} (results at the end){said}")
 
     def _line(self, text: str) -> None:
         now = self.clock()
