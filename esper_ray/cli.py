@@ -17,7 +17,7 @@ import yaml
 
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
-from esper_ray.contracts.env_config import DEFAULT_TASK, HOST_PRESET_CHOICES, TASKS, EnvConfig
+from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
@@ -31,7 +31,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
     from esper_ray.morpho.blueprints import count_params
     from esper_ray.morpho.hosts import build_host
 
-    preset = EnvConfig(task=args.task, host_preset=args.host_preset).effective_host_preset  # the env's own rule
+    preset = EnvConfig(task=args.task, host_preset=args.host_preset,
+                       plugins=tuple(args.plugins)).effective_host_preset  # the env's own rule
     host = build_host(preset)
     blueprints = topology_blueprints(host.topology.value)
     print(f"host {preset} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
@@ -298,9 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "count, its injection slots (where seeds are planted: the names --slots takes) with the shape "
                           "of the features at each, and the parameters a seed of each blueprint adds there. Starts no Ray.")
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
-    host.add_argument("--task", default=DEFAULT_TASK, choices=TASKS, help=f"the task whose host to show (default: {DEFAULT_TASK})")
-    host.add_argument("--host-preset", default=None, choices=sorted({p for presets in HOST_PRESET_CHOICES.values() for p in presets} - set(TASKS)),
-                      help="another host the task may use: text-gpu or text-starved for task text (default: the task's own)")
+    host.add_argument("--task", default=DEFAULT_TASK,
+                      help=f"the task whose host to show: {', '.join(TASKS)} or a plug-in's (default: {DEFAULT_TASK})")
+    host.add_argument("--host-preset", default=None,
+                      help="another host the task may use: text-gpu or text-starved for task text, or a plug-in's "
+                           "(default: the task's own)")
+    host.add_argument("--plugins", nargs="+", default=[], metavar="PLUGINS",
+                      help="modules that register your own tasks, hosts or blueprints (docs/plugins.md)")
     host.set_defaults(func=_cmd_host)
 
     heuristic = sub.add_parser(

@@ -62,7 +62,7 @@ def test_the_tensorboard_line_says_how_to_install_tensorboard_where_it_is_missin
     assert re.search(r'^dashboard = \[.*"tensorboard".*\]', pyproject, re.MULTILINE)  # the extra installs it
 
 
-@pytest.mark.parametrize("during", ["yaml", "torch", "esper_ray.morpho.host"])
+@pytest.mark.parametrize("during", ["yaml", "torch", "esper_ray.morpho.hosts"])
 def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(during):
     """Ctrl-C in the first seconds (torch imported before main()'s handler) printed a 12-50 line traceback, once
     pybind11's `terminate called` and SIGABRT (issue 69, item 8). The Ctrl-C is sent as the module named `during`

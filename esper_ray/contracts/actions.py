@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from esper_ray.contracts import registry
+
 
 class Op(IntEnum):
     WAIT = 0
@@ -73,12 +75,10 @@ def parse_blueprint(name: str | Blueprint, allowed: tuple[Blueprint, ...], hosts
 
 
 def topology_blueprints(topology: str) -> tuple[Blueprint, ...]:
-    """The blueprints that fit a host of this topology ("cnn" or "transformer"); the mask allows no others."""
-    if topology == "cnn":
-        return CNN_BLUEPRINTS
-    if topology == "transformer":
-        return TRANSFORMER_BLUEPRINTS
-    raise ValueError(f"topology={topology!r}: choose cnn or transformer")
+    """The blueprints registered for hosts of this topology (contracts/registry.py); the mask allows no others."""
+    if topology not in registry.TOPOLOGIES:
+        raise ValueError(f"topology={topology!r}: choose one of {list(registry.TOPOLOGIES)}")
+    return tuple(Blueprint[name.upper()] for name in registry.blueprint_names(topology))
 
 
 class BlendAlgorithm(IntEnum):

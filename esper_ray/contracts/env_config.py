@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from esper_ray.contracts import registry
 from esper_ray.contracts.fields import MAX_INT, check_int, check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
 
-TASKS = ("digits", "digits-impaired", "cifar10", "synthetic", "text")
 AMP_MODES = ("auto", "fp32", "off", "bf16", "fp16")
 MIXED_AMP_MODES = ("bf16", "fp16")
 """The modes that ask for mixed precision by name: on a CPU they are ignored with a note (auto is not asking)."""
@@ -23,30 +23,33 @@ DEFAULT_MAX_EPOCHS = 25
 MAX_EPOCHS = 10_000
 """Host epochs an episode may take at most: one RL step each, so 10,000 is days of a GPU per episode already."""
 
-# Per-task defaults where the tasks differ (batch per env, host learning rate, augmentation).
-# val_batch_size: the 32x32 image tasks validate in one chunk of up to 10,000 images (a few hundred MB of
-# activations on a GPU; fewer, fuller kernels: 0.41 -> 0.33 us a validation sample on an H100, issue 22);
-# text in chunks of 1,024 sequences (logits of [K, chunk, T, 256] floats grow with the context).
+# Per-task defaults where the tasks differ (batch per env, host learning rate, augmentation, validation chunk) are
+# registered with each task (contracts/registry.py). val_batch_size: the 32x32 image tasks validate in one chunk of up
+# to 10,000 images (a few hundred MB of activations on a GPU; fewer, fuller kernels: 0.41 -> 0.33 us a validation
+# sample on an H100, issue 22); text in chunks of 1,024 sequences (logits of [K, chunk, T, 256] floats grow with the
+# context).
+TASKS = tuple(registry.task_names(builtin_only=True))
+"""The built-in tasks (a run may name any registered task)."""
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"batch_size": 64, "host_lr": 0.05, "augment": False, "val_batch_size": 1024},
-    "digits-impaired": {"batch_size": 64, "host_lr": 0.05, "augment": False, "val_batch_size": 1024},
-    "cifar10": {"batch_size": 512, "host_lr": 0.01, "augment": True, "val_batch_size": 10_000},
-    "synthetic": {"batch_size": 512, "host_lr": 0.01, "augment": False, "val_batch_size": 10_000},
-    # batch in sequences of 64 bytes (2,048 tokens); SGD (momentum 0.9) like every host, at a rate the small
-    # transformer learns with in a few epochs
-    "text": {"batch_size": 32, "host_lr": 0.3, "augment": False, "val_batch_size": 1024},
+    name: {key: getattr(registry.task(name), key) for key in ("batch_size", "host_lr", "augment", "val_batch_size")}
+    for name in TASKS
 }
-HOST_PRESET_CHOICES = {"text": ("text", "text-gpu", "text-starved")}
-"""Hosts a task may use besides its own preset (the default is the preset named after the task)."""
+"""The built-in tasks' registered defaults (benchmarks read them)."""
+HOST_PRESET_CHOICES = {name: registry.task(name).hosts for name in TASKS if len(registry.task(name).hosts) > 1}
+"""Built-in tasks that may use another built-in host than their own."""
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     task: str = DEFAULT_TASK
     """One of digits (embedded), digits-impaired (embedded, a starved host; default), cifar10 (needs data_dir),
-    synthetic, text (byte-level language modelling: Python's embedded help texts, or the .txt files of data_dir)."""
+    synthetic, text (byte-level language modelling: Python's embedded help texts, or the .txt files of data_dir), or a
+    task a plug-in registers (plugins)."""
+    plugins: tuple[str, ...] = ()
+    """Modules that register tasks, hosts or blueprints ('package.module' or 'package.module:function'), imported
+    before any name is looked up, in every process that builds this env (docs/plugins.md)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    """Enabled injection slots, `r{row}c{col}`."""
+    """Enabled injection slots: `r{row}c{col}` on the built-in hosts, the names a plug-in host declares on its own."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
     reward_mode: str = "committed"
@@ -111,7 +114,8 @@ class EnvConfig:
     host_preset: str | None = None
     """The host network: None takes the task's own; task text may use text-gpu (a 4.9M-parameter transformer
     with a 256-byte context) or text-starved (the text host whose own attention sees only the current byte, a
-    host that attention seeds can rescue) instead of text (170K parameters, 64 bytes)."""
+    host that attention seeds can rescue) instead of text (170K parameters, 64 bytes); any task may use a host a
+    plug-in registers."""
     text_max_bytes: int | None = None
     """text: keep only the corpus's first this many bytes (None: all of it; the embedded corpus is ~466 KB)."""
     synthetic_size: int = 10_000
@@ -146,8 +150,9 @@ class EnvConfig:
         if self.amp is False:  # YAML, and so --env and experiment files, read `amp: off` as false
             object.__setattr__(self, "amp", "off")
         check_types(self)
-        if self.task not in TASKS:
-            raise ValueError(f"task={self.task!r}: unknown; choose one of {list(TASKS)}")
+        object.__setattr__(self, "plugins", tuple(self.plugins))
+        registry.load_plugins(self.plugins)  # before any name is looked up: in a Ray worker too
+        registry.task(self.task)  # an unknown name lists the known ones
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
@@ -159,9 +164,13 @@ class EnvConfig:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
         if self.text_max_bytes is not None:
             check_int("text_max_bytes", self.text_max_bytes, 1_000)
-        allowed_hosts = HOST_PRESET_CHOICES.get(self.task, (self.task,))
-        if self.host_preset is not None and self.host_preset not in allowed_hosts:
-            raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {list(allowed_hosts)}")
+        if self.host_preset is not None:
+            registry.host(self.host_preset, field="host_preset")  # an unknown name lists the known ones; an import string registers itself
+        own = list(registry.task(self.task).hosts)
+        plugin_hosts = [h for h in registry.hosts_for(self.task) if h not in own]
+        if (self.host_preset is None and not own) or (self.host_preset is not None and self.host_preset not in own + plugin_hosts):
+            also = f" or a plug-in's host {plugin_hosts}" if plugin_hosts else ""
+            raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {own}{also}")
         if self.shard >= self.num_shards:
             raise ValueError(f"shard={self.shard}: must be < num_shards={self.num_shards}")
         for name, least in (("batch_size", 1), ("max_seeds", 0), ("val_batch_size", 1)):
@@ -194,7 +203,7 @@ class EnvConfig:
     def reward_config(self) -> RewardConfig:
         """A fresh RewardConfig for this env (each env holds its own copy). The loss family's scales follow the
         task: a text model's loss per byte moves in larger steps and ends far above an image classifier's."""
-        loss_scales = {"loss_sigma": 0.15, "loss_target": 1.5} if self.task == "text" else {}
+        loss_scales = {"loss_sigma": 0.15, "loss_target": 1.5} if self.tokens else {}
         return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma,  # type: ignore[arg-type]
                             param_cost_pp=self.param_cost_pp, committed_stage_weight=self.committed_stage_weight, **loss_scales)
 
@@ -208,27 +217,32 @@ class EnvConfig:
     def effective_blended_seed_lr(self) -> float:
         if self.blended_seed_lr is not None:
             return self.blended_seed_lr
-        return self.effective_host_lr if self.task == "text" else self.seed_lr
+        return self.effective_host_lr if self.tokens else self.seed_lr
+
+    @property
+    def tokens(self) -> bool:
+        """The task's loss is per token (a language model), not per sample."""
+        return registry.task(self.task).loss == "tokens"
 
     @property
     def effective_batch_size(self) -> int:
-        return self.batch_size if self.batch_size is not None else TASK_DEFAULTS[self.task]["batch_size"]
+        return self.batch_size if self.batch_size is not None else registry.task(self.task).batch_size
 
     @property
     def effective_val_batch_size(self) -> int:
-        return self.val_batch_size if self.val_batch_size is not None else TASK_DEFAULTS[self.task]["val_batch_size"]
+        return self.val_batch_size if self.val_batch_size is not None else registry.task(self.task).val_batch_size
 
     @property
     def effective_host_lr(self) -> float:
-        return self.host_lr if self.host_lr is not None else TASK_DEFAULTS[self.task]["host_lr"]
+        return self.host_lr if self.host_lr is not None else registry.task(self.task).host_lr
 
     @property
     def effective_augment(self) -> bool:
-        return self.augment if self.augment is not None else TASK_DEFAULTS[self.task]["augment"]
+        return self.augment if self.augment is not None else registry.task(self.task).augment
 
     @property
     def effective_host_preset(self) -> str:
-        return self.host_preset if self.host_preset is not None else self.task
+        return self.host_preset if self.host_preset is not None else registry.task(self.task).hosts[0]
 
     @property
     def effective_max_seeds(self) -> int:

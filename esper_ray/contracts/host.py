@@ -15,10 +15,51 @@ class Topology(str, Enum):
     """Images: slot features [B, C, H, W]."""
     TRANSFORMER = "transformer"
     """Token sequences: slot features [B, T, C] (the residual stream)."""
+    VECTOR = "vector"
+    """Feature vectors (an MLP): slot features [B, C]."""
 
     @property
     def feature_dims(self) -> int:
-        return 4 if self is Topology.CNN else 3
+        """Dimensions of a slot's features, the batch included."""
+        return {Topology.CNN: 4, Topology.TRANSFORMER: 3, Topology.VECTOR: 2}[self]
+
+    @property
+    def channel_dim(self) -> int:
+        """Where the channels are in a slot's feature shape without the batch: (C, H, W), (T, C) or (C,)."""
+        return 0 if self is Topology.CNN else -1
+
+
+def parse_topology(value: object, where: str) -> Topology:
+    """A Topology from itself or its name; ValueError naming `where` and the choices otherwise."""
+    try:
+        return Topology(value)
+    except ValueError:
+        raise ValueError(f"{where}: topology={value!r}; choose one of {[t.value for t in Topology]}") from None
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One injection point a host declares: where seeds can be planted, and what they see there."""
+
+    id: str
+    """The slot's name (CNN and transformer hosts: `r{row}c{col}`; a plug-in host names its own)."""
+    shape: tuple[int, ...]
+    """The features' shape without the batch: (C, H, W) on a CNN, (T, C) on a transformer, (C,) on a vector host."""
+    topology: Topology
+    """Which blueprints fit here."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topology", parse_topology(self.topology, f"slot {self.id!r}"))
+        object.__setattr__(self, "shape", tuple(self.shape))
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"slot id {self.id!r}: must be a non-empty string")
+        if len(self.shape) != self.topology.feature_dims - 1 or not all(isinstance(d, int) and d >= 1 for d in self.shape):
+            raise ValueError(f"slot {self.id!r}: shape={self.shape}; a {self.topology.value} slot's features are "
+                             f"{self.topology.feature_dims - 1} positive integers without the batch")
+
+    @property
+    def channels(self) -> int:
+        return self.shape[self.topology.channel_dim]
 
 
 @dataclass(frozen=True)

@@ -35,14 +35,21 @@ def forward_position(slot_id: str) -> tuple[int, int]:
     return col, row
 
 
+def is_grid_slot(slot_id: str) -> bool:
+    """Whether a slot is named `r{row}c{col}` (the built-in hosts' slots; a plug-in host names its own)."""
+    return isinstance(slot_id, str) and _SLOT_RE.match(slot_id) is not None
+
+
 def check_slots(requested: Sequence[str], available: Sequence[str]) -> list[str]:
-    """Validate a slot selection against what a host offers; return it in action order."""
+    """Validate a slot selection against what a host offers (in its action order); return it in that order."""
     if len(requested) == 0:
         raise ValueError(f"slots: at least one slot is needed; this host offers {list(available)}")
+    grid = all(is_grid_slot(s) for s in available)
     for s in requested:
-        parse_slot_id(s)
+        if grid:
+            parse_slot_id(s)  # a malformed name is told the format
         if s not in available:
             raise ValueError(f"slot {s!r} does not exist in this host; available slots: {list(available)}")
     if len(set(requested)) != len(requested):
         raise ValueError(f"slots: {list(requested)} names a slot twice")
-    return action_order(requested)
+    return sorted(requested, key=list(available).index)

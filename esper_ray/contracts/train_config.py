@@ -19,7 +19,7 @@ MAX_COUNT = 100_000
 """Envs, episodes per env, learners and PPO epochs at most: a count past it is a typo, not a run."""
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings that TrainConfig sets itself; `env` may not override them.
-TRAIN_OWNED_ENV_KEYS = frozenset({"task", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
+TRAIN_OWNED_ENV_KEYS = frozenset({"task", "plugins", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,11 @@ class TrainConfig:
     task: str = DEFAULT_TASK
     """Task: digits-impaired (embedded, a starved host that seeds can rescue; default), digits (embedded; the host
     alone reaches ~98 %), cifar10 (needs env.data_dir), synthetic (generated CIFAR-shaped data), text (byte-level
-    language modelling: Python's embedded help texts, or the .txt files of env.data_dir)."""
+    language modelling: Python's embedded help texts, or the .txt files of env.data_dir), or a task a plug-in
+    registers."""
+    plugins: tuple[str, ...] = ()
+    """Modules that register your own tasks, hosts or blueprints ('package.module' or 'package.module:function'),
+    imported in every process of the run, Ray's workers included, and recorded in its checkpoints (docs/plugins.md)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
     """Enabled seed slots."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
@@ -124,6 +128,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_types(self)
         object.__setattr__(self, "slots", tuple(self.slots))
+        object.__setattr__(self, "plugins", tuple(self.plugins))
         object.__setattr__(self, "env", dict(self.env))
         for name, minimum, maximum in (("envs", 1, MAX_COUNT), ("episodes_per_env", 1, MAX_COUNT), ("rounds", 1, MAX_ROUNDS),
                                        ("learners", 0, MAX_COUNT), ("ppo_epochs", 1, MAX_COUNT),
@@ -171,7 +176,7 @@ class TrainConfig:
     def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:
         """The env_config every env runner receives (shard and num_shards are filled in per runner)."""
         config: dict[str, Any] = {
-            "task": self.task, "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
+            "task": self.task, "plugins": list(self.plugins), "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
             "reward_family": self.reward_family, "gamma": self.gamma, "seed": self.seed, **self.env,
         }
         if shard is not None:
@@ -181,8 +186,14 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["slots"] = list(self.slots)
+        out["plugins"] = list(self.plugins)
         out["env"] = dict(self.env)
         return out
+
+    @property
+    def host_name(self) -> str:
+        """The registered name of the host this run grows (host_preset under env, or the task's own)."""
+        return EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).effective_host_preset
 
     @property
     def effective_learner_cpus(self) -> float:

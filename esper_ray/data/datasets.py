@@ -34,10 +34,22 @@ CIFAR_HELP = (
 
 
 @dataclass(frozen=True)
+class TaskContext:
+    """The run's data settings a task's loader may read (EnvConfig's fields of these names); a plug-in may ignore them."""
+
+    data_dir: str | None = None
+    synthetic_size: int = 10_000
+    seq_len: int = 64
+    """The host's context length (token tasks)."""
+    text_max_bytes: int | None = None
+    synthetic_held_out: int | None = None
+
+
+@dataclass(frozen=True)
 class TaskData:
     name: str
     train_x: torch.Tensor
-    """[N, C, H, W] raw images (uint8 or float32)."""
+    """[N, ...] raw inputs: images [N, C, H, W] (uint8 or float32), token ids [N, T], or a plug-in's features."""
     train_y: torch.Tensor
     """[N] int64 labels."""
     val_x: torch.Tensor
@@ -49,6 +61,7 @@ class TaskData:
     scale: float
     """Divide raw values by this to get [0, 1] (16 for digits, 255 for CIFAR and synthetic; unused for tokens)."""
     mean: tuple[float, ...]
+    """Per image channel, subtracted after scaling; empty: inputs are only scaled (a plug-in's own features)."""
     std: tuple[float, ...]
     tokens: bool = False
     """Token sequences (x [N, T] int64, y [N, T] the next tokens) rather than images with one label each."""
@@ -57,6 +70,8 @@ class TaskData:
         """Raw batch -> model input on x's device: normalised float32 images, or the token ids as they are."""
         if self.tokens:
             return x
+        if not self.mean:
+            return x.float() / self.scale
         mean = torch.tensor(self.mean, device=x.device)[None, :, None, None]
         std = torch.tensor(self.std, device=x.device)[None, :, None, None]
         return (x.float() / self.scale - mean) / std
@@ -143,14 +158,26 @@ def load_text_task(data_dir: str | None, seq_len: int, max_bytes: int | None) ->
                     text.vocab_size, 1.0, (), (), tokens=True)
 
 
+def digits_task(context: TaskContext) -> TaskData:
+    return load_digits()
+
+
+def cifar10_task(context: TaskContext) -> TaskData:
+    return load_cifar10(context.data_dir)
+
+
+def synthetic_task(context: TaskContext) -> TaskData:
+    return make_synthetic(context.synthetic_size, held_out=context.synthetic_held_out)
+
+
+def text_task(context: TaskContext) -> TaskData:
+    return load_text_task(context.data_dir, context.seq_len, context.text_max_bytes)
+
+
 def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
                    max_bytes: int | None = None, synthetic_held_out: int | None = None) -> TaskData:
-    if task in ("digits", "digits-impaired"):
-        return load_digits()
-    if task == "cifar10":
-        return load_cifar10(data_dir)
-    if task == "synthetic":
-        return make_synthetic(synthetic_size, held_out=synthetic_held_out)
-    if task == "text":
-        return load_text_task(data_dir, seq_len, max_bytes)
-    raise ValueError(f"unknown task {task!r}; choose one of digits, digits-impaired, cifar10, synthetic, text")
+    """A registered task's data (contracts/registry.py; data/task_loading.py turns a plug-in's arrays into TaskData)."""
+    from esper_ray.data.task_loading import load_task  # task_loading imports this module
+
+    context = TaskContext(data_dir, synthetic_size, seq_len, max_bytes, synthetic_held_out)
+    return load_task(task, context)

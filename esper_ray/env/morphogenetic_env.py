@@ -35,10 +35,11 @@ from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, Factore
 from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
 from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
-from esper_ray.contracts.slots import check_slots
+from esper_ray.contracts.slots import check_slots, is_grid_slot
 from esper_ray.contracts.stages import Stage
 from esper_ray.data.augment import crop_and_flip
-from esper_ray.data.datasets import TaskData, load_task_data
+from esper_ray.data.datasets import TaskContext, TaskData
+from esper_ray.data.task_loading import load_task
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.faults import nan_epoch, poison_with_nan, raise_if_asked
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
@@ -124,11 +125,14 @@ class MorphogeneticEnv(gym.Env):
         probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
         self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
+        if self.cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
+            raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
+                             f"{self.cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
         self.blueprints = self._usable_blueprints()
         self.flop_counter = FlopCounter(self.cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
-        self.data: TaskData = load_task_data(self.cfg.task, self.cfg.data_dir, self.cfg.synthetic_size,
-                                             seq_len=getattr(probe.cfg, "seq_len", 64), max_bytes=self.cfg.text_max_bytes,
-                                             synthetic_held_out=self.cfg.synthetic_held_out)
+        seq_len = int(probe.example_input().shape[-1]) if self.cfg.tokens else 64  # a token task's context: the host's
+        self.data: TaskData = load_task(self.cfg.task, TaskContext(
+            self.cfg.data_dir, self.cfg.synthetic_size, seq_len, self.cfg.text_max_bytes, self.cfg.synthetic_held_out))
         idx = shard_indices(len(self.data.train_y), self.cfg.shard, self.cfg.num_shards)
         with self._on_stream():
             self.shard = DeviceShard(self.data.train_x[idx], self.data.train_y[idx], self.device)
@@ -412,7 +416,7 @@ class MorphogeneticEnv(gym.Env):
         return x if self.data.tokens else self._image_layout(self.data.prepare(x))
 
     def _image_layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" else x
+        return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" and x.dim() == 4 else x
 
     def _current_mask(self) -> np.ndarray | None:
         return self._mask() if self.model is not None else None

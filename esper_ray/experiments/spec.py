@@ -213,7 +213,7 @@ class ExperimentSpec:
         if "fixed" not in settings:
             return None
         train = TrainConfig.from_mapping(self._arm_settings(arm))
-        return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task), slots=train.slots)
+        return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task, train.host_name), slots=train.slots)
 
     @property
     def trains_any_policy(self) -> bool:

@@ -63,7 +63,7 @@ def fixed_plan_of(config: dict[str, Any]) -> FixedPlan | None:
     if fixed is None:
         return None
     cfg = train_config_of(config)
-    return FixedPlan.from_mapping(fixed, "fixed", topology=topology_of(cfg.task), slots=cfg.slots)
+    return FixedPlan.from_mapping(fixed, "fixed", topology=topology_of(cfg.task, cfg.host_name), slots=cfg.slots)
 
 
 def test_loss_and_perplexity(summaries: list[EpisodeSummary]) -> tuple[float, float]:

@@ -27,6 +27,8 @@ class GatedBlend(nn.Module):
         self.net = nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.topology is Topology.VECTOR:
+            return torch.sigmoid(self.net(x))  # [B, 1]
         if self.topology is Topology.TRANSFORMER:
             return torch.sigmoid(self.net(x.mean(dim=1)))[:, :, None]  # [B, 1, 1]
         return torch.sigmoid(self.net(x.mean(dim=(2, 3))))[:, :, None, None]  # [B, 1, 1, 1]

@@ -19,9 +19,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, parse_blueprint
+from esper_ray.contracts import registry
+from esper_ray.contracts.actions import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS, Blueprint, parse_blueprint, topology_blueprints
 from esper_ray.contracts.host import Topology
-from esper_ray.morpho.transformer_blueprints import build_transformer_seed, resolve_transformer_blueprint
+from esper_ray.morpho.transformer_blueprints import build_transformer_seed
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -127,37 +128,45 @@ class ConvSeed(nn.Module):
 
 
 # Each builder takes the channels and whether the seed must be the identity at birth (MULTIPLY); those whose last
-# affine layer can simply be zeroed (`last_affine`) get that, those whose branch ends in a ReLU a zero gain.
-_BUILDERS: dict[Blueprint, Callable[[int, bool], nn.Module]] = {
-    Blueprint.NORM: lambda c, z: zeroed(NormSeed(c), z),
-    Blueprint.ATTENTION: lambda c, z: zeroed(AttentionSeed(c), z),
-    Blueprint.DEPTHWISE: lambda c, z: DepthwiseSeed(c, zero_at_birth=z),
-    Blueprint.BOTTLENECK: lambda c, z: zeroed(BottleneckSeed(c), z),
-    Blueprint.CONV_SMALL: lambda c, z: ConvSeed(c, kernel_size=1, zero_at_birth=True),
-    Blueprint.CONV_LIGHT: lambda c, z: ConvSeed(c, kernel_size=3, zero_at_birth=z),
-    Blueprint.CONV_HEAVY: lambda c, z: ConvSeed(c, kernel_size=3, depth=2, zero_at_birth=z),
+# affine layer can simply be zeroed (`last_affine`) get that, those whose branch ends in a ReLU a zero gain. They
+# register under these names for topology cnn (contracts/registry.py), as a plug-in's blueprint builders do.
+CNN_BUILDERS: dict[str, Callable[[int, bool], nn.Module]] = {
+    "norm": lambda c, z: zeroed(NormSeed(c), z),
+    "attention": lambda c, z: zeroed(AttentionSeed(c), z),
+    "depthwise": lambda c, z: DepthwiseSeed(c, zero_at_birth=z),
+    "bottleneck": lambda c, z: zeroed(BottleneckSeed(c), z),
+    "conv_small": lambda c, z: ConvSeed(c, kernel_size=1, zero_at_birth=True),
+    "conv_light": lambda c, z: ConvSeed(c, kernel_size=3, zero_at_birth=z),
+    "conv_heavy": lambda c, z: ConvSeed(c, kernel_size=3, depth=2, zero_at_birth=z),
 }
-assert tuple(sorted(_BUILDERS)) == tuple(sorted(CNN_BLUEPRINTS)), "every CNN blueprint needs a builder"
+assert sorted(CNN_BUILDERS) == sorted(b.key for b in CNN_BLUEPRINTS), "every CNN blueprint needs a builder"
+# The transformer seeds are identities at birth already; MULTIPLY zeroes their last affine map all the same.
+TRANSFORMER_BUILDERS: dict[str, Callable[[int, bool], nn.Module]] = {
+    b.key: (lambda c, z, b=b: zeroed(build_transformer_seed(b, c, inference_only=True), z)) for b in TRANSFORMER_BLUEPRINTS
+}
+HOSTS_OF = {Topology.CNN: "CNN hosts", Topology.TRANSFORMER: "transformer hosts", Topology.VECTOR: "vector hosts"}
 
 
 def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) -> Blueprint:
-    """Accept a Blueprint or its lower-case name; raise ValueError naming the topology's blueprints otherwise."""
-    if topology is Topology.TRANSFORMER:
-        return resolve_transformer_blueprint(name)
-    return parse_blueprint(name, CNN_BLUEPRINTS, "CNN hosts")
+    """Accept a Blueprint or its lower-case name, among those registered for the topology; raise ValueError naming
+    them otherwise."""
+    return parse_blueprint(name, topology_blueprints(topology.value), HOSTS_OF[topology])
 
 
 def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,
                device: torch.device | str = "cpu", *, inference_only: bool = False,
                multiply: bool = False) -> nn.Module:
-    """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology.
-    No silent fallback for unknown names; `device` only decides whether flex_attention can train there
-    (`inference_only` skips that check: see build_transformer_seed). `multiply`: the seed blends by MULTIPLY, so
-    its branch starts at zero (DOMAIN.md: the last affine layer zeroed; here a zero gain where that would kill the
-    gradient, see the module docstring); a saved MULTIPLY seed is rebuilt with it, as its parameters differ."""
-    if topology is Topology.TRANSFORMER:
-        return zeroed(build_transformer_seed(blueprint, channels, device, inference_only=inference_only), multiply)
-    return _BUILDERS[resolve_blueprint(blueprint)](channels, multiply)
+    """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology, from
+    the builder registered for it (contracts/registry.py). No silent fallback for unknown names; `device` only
+    decides whether flex_attention can train there (`inference_only` skips that check: see build_transformer_seed).
+    `multiply`: the seed blends by MULTIPLY, so its branch starts at zero (DOMAIN.md: the last affine layer zeroed;
+    here a zero gain where that would kill the gradient, see the module docstring); a saved MULTIPLY seed is
+    rebuilt with it, as its parameters differ."""
+    resolved = resolve_blueprint(blueprint, topology)
+    if resolved is Blueprint.FLEX_ATTENTION and not inference_only:
+        build_transformer_seed(resolved, 1, device)  # raises where flex_attention cannot train
+    builder = registry.resolve(registry.blueprint(topology.value, resolved.key).entry_point)
+    return builder(channels, multiply)
 
 
 def zeroed(seed: nn.Module, zero: bool) -> nn.Module:

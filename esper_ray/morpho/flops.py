@@ -80,10 +80,7 @@ def host_flops(preset: str) -> HostFlops:
     """Forward FLOPs per row of a host preset, and how many of them come before each injection point."""
     with torch.device("meta"):
         host = build_host(preset)
-    if host.topology is Topology.CNN:
-        row = torch.zeros(1, host.cfg.in_channels, host.cfg.image_size, host.cfg.image_size, device="meta")
-    else:
-        row = torch.zeros(1, host.cfg.seq_len, dtype=torch.long, device="meta")
+        row = host.example_input().to("meta")  # the host's own input row: [1, C, H, W] images, [1, T] tokens, ...
     tally = [0]
     before: dict[str, int] = {}
 
@@ -122,7 +119,7 @@ def gate_flops(topology: Topology, feature_shape: tuple[int, ...]) -> int:
 
 
 def _channels(topology: Topology, feature_shape: tuple[int, ...]) -> int:
-    return feature_shape[0] if topology is Topology.CNN else feature_shape[-1]
+    return feature_shape[topology.channel_dim]
 
 
 def slot_seed_flops(slot: SeedSlot, feature_shape: tuple[int, ...], *, training: bool = False) -> int:

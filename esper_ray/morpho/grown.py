@@ -14,7 +14,6 @@ this also hold BLENDING or HOLDING seeds; they still load (KEPT_STAGES).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from esper_ray.contracts.transformer_host import TransformerHostConfig
 from esper_ray.morpho.blend import GatedBlend, blend
 from esper_ray.morpho.blueprints import build_seed, count_params, resolve_blueprint
 from esper_ray.morpho.host import CNNHost
-from esper_ray.morpho.hosts import Host
+from esper_ray.morpho.hosts import Host, rebuild_host
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer import TransformerHost
@@ -108,13 +107,15 @@ class GrownNetwork(nn.Module):
     """The host with its kept seeds. `forward(x)` takes what the host takes (normalised images [B, C, H, W], or
     token ids [B, T]) and returns its logits ([B, classes], or [B, T, vocab])."""
 
-    def __init__(self, host: Host, seeds: Mapping[str, GrownSeed]) -> None:
+    def __init__(self, host: Host, seeds: Mapping[str, GrownSeed], plugins: Sequence[str] = ()) -> None:
         super().__init__()
         unknown = sorted(set(seeds) - set(host.slot_ids))
         if unknown:
             raise ValueError(f"seeds in slots {unknown}, which this host does not have; its slots: {host.slot_ids}")
         self.host = host
         self.seeds = nn.ModuleDict(dict(seeds))
+        self.plugins = tuple(plugins)
+        """The plug-in modules that register the host's and the seeds' parts (recorded in architecture.json)."""
 
     @property
     def topology(self) -> Topology:
@@ -146,8 +147,9 @@ def kept_alpha(slot: SeedSlot) -> float | None:
     return float(slot.alpha.alpha)
 
 
-def grown_from(model: MorphogeneticModel) -> GrownNetwork:
-    """A copy (on the CPU, in eval mode) of the committed model (host and fossils), without its lifecycle."""
+def grown_from(model: MorphogeneticModel, plugins: Sequence[str] = ()) -> GrownNetwork:
+    """A copy (on the CPU, in eval mode) of the committed model (host and fossils), without its lifecycle.
+    `plugins`: the run's plug-in modules, which a reload imports first."""
     seeds = {}
     for slot in model.seed_slots():
         alpha = kept_alpha(slot)
@@ -156,24 +158,35 @@ def grown_from(model: MorphogeneticModel) -> GrownNetwork:
         assert slot.blueprint is not None, f"slot {slot.slot_id}: a seed without a blueprint"
         spec = GrownSeedSpec(slot.slot_id, slot.blueprint, slot.algorithm, alpha, slot.stage)
         seeds[slot.slot_id] = GrownSeed(spec, copy.deepcopy(slot.seed), copy.deepcopy(slot.gate))  # type: ignore[arg-type]
-    network = GrownNetwork(copy.deepcopy(model.host), seeds)
+    network = GrownNetwork(copy.deepcopy(model.host), seeds, plugins)
     return network.to("cpu", memory_format=torch.contiguous_format).eval()
 
 
 def host_config_of(host: Host) -> dict[str, Any]:
-    return dataclasses.asdict(host.cfg)
+    """The host's own JSON description (HostModule.describe)."""
+    return host.describe()
 
 
-def build_host_from_config(topology: Topology, config: Mapping[str, Any]) -> Host:
-    """A fresh host from the fields of its config (HostConfig for a CNN, TransformerHostConfig for a transformer)."""
+def build_host_from_config(topology: Topology, config: Mapping[str, Any], host_name: str | None = None) -> Host:
+    """A fresh host from its description: through the registry when the file names its host (`host_name`), else
+    (files written before the registry) from the fields of HostConfig for a CNN, TransformerHostConfig for a
+    transformer."""
+    if host_name is not None:
+        host = rebuild_host(host_name, dict(config))
+        if host.topology is not topology:
+            raise ValueError(f"host {host_name!r} is a {host.topology.value} host; the file says {topology.value}")
+        return host
     if topology is Topology.CNN:
         return CNNHost(HostConfig(**config))
-    return TransformerHost(TransformerHostConfig(**config))
+    if topology is Topology.TRANSFORMER:
+        return TransformerHost(TransformerHostConfig(**config))
+    raise ValueError(f"a {topology.value} host is rebuilt by its registered name, and this file names none")
 
 
-def empty_grown_network(topology: Topology, host_config: Mapping[str, Any], specs: Sequence[GrownSeedSpec]) -> GrownNetwork:
+def empty_grown_network(topology: Topology, host_config: Mapping[str, Any], specs: Sequence[GrownSeedSpec],
+                        host_name: str | None = None, plugins: Sequence[str] = ()) -> GrownNetwork:
     """The network's modules, freshly initialised, ready for `load_state_dict` of a saved one."""
-    host = build_host_from_config(topology, host_config)
+    host = build_host_from_config(topology, host_config, host_name)
     seeds = {}
     for spec in specs:
         if spec.slot in seeds:
@@ -184,4 +197,4 @@ def empty_grown_network(topology: Topology, host_config: Mapping[str, Any], spec
         seed = build_seed(blueprint, channels, topology, inference_only=True, multiply=multiply)
         gate = GatedBlend(channels, topology) if spec.blend is BlendAlgorithm.GATE else None
         seeds[spec.slot] = GrownSeed(spec, seed, gate)
-    return GrownNetwork(host, seeds)
+    return GrownNetwork(host, seeds, plugins)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from esper_ray.contracts import registry
 from esper_ray.contracts.host import Topology
 from esper_ray.morpho.blueprints import count_params
 from esper_ray.morpho.grown import CONTENTS, GrownNetwork, GrownSeedSpec, empty_grown_network, host_config_of
@@ -38,6 +39,8 @@ def describe(network: GrownNetwork) -> dict[str, Any]:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "topology": network.topology.value,
+        "host": network.host.registered_name,
+        "plugins": list(network.plugins),
         "host_config": host_config_of(network.host),
         "contents": CONTENTS,
         "seeds": seeds,
@@ -104,6 +107,10 @@ def read_architecture(directory: str | Path) -> dict[str, Any]:
 def load_grown(directory: str | Path) -> GrownNetwork:
     """The grown network saved in `directory`, on the CPU, in eval mode: `esper_ray.load_grown("grown/")(x)`.
 
+    A network of plug-in parts first imports the plug-in modules its file names (`plugins`): modules installed
+    here, as a checkpoint's are; the host is then rebuilt by its registered name, so only a registered class is
+    built whatever the file says.
+
     Runs no code from the files (the weights load with weights_only=True) and allocates nothing before the
     sizes check out: the architecture is built first on torch's meta device, which holds shapes only, and the
     tensors it needs must fit what weights.pt holds. Raises FileNotFoundError naming a missing file, ValueError
@@ -117,16 +124,22 @@ def load_grown(directory: str | Path) -> GrownNetwork:
         topology = Topology(architecture["topology"])
     except ValueError:
         raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
-    host_config = _checked_host_config(architecture["host_config"], where)
+    host_name, plugins = _checked_parts(architecture, where)
+    registry.load_plugins(plugins)
+    try:
+        builtin = host_name is None or registry.host(host_name).builtin
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    host_config = _checked_host_config(architecture["host_config"], where, plugin=not builtin)
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
     with torch.device("meta"):  # shapes only: what the description asks for, before anything is allocated
-        skeleton = _build(topology, host_config, specs, where)
+        skeleton = _build(topology, host_config, specs, where, host_name, plugins)
     tensors = skeleton.state_dict(keep_vars=True)
     entries = sum(t.numel() * t.element_size() for t in tensors.values())
     stored = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors.values()}.values())  # tied: once
     _check_weights_size(weights, stored, entries, where)
     _check_derived_size(skeleton, tensors, where)
-    network = _build(topology, host_config, specs, where)
+    network = _build(topology, host_config, specs, where, host_name, plugins)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused an object: the file is more than tensors
@@ -150,22 +163,38 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     return network.eval()
 
 
-def _checked_host_config(config: dict[str, Any], where: str) -> dict[str, Any]:
-    """The host config's values, each a plain number within limits (the host config classes check the rest)."""
+def _checked_host_config(config: dict[str, Any], where: str, *, plugin: bool = False) -> dict[str, Any]:
+    """The host config's values, each a plain number within limits (the host config classes check the rest); a
+    plug-in host's description may also hold floats, booleans, short strings and lists of integers."""
     for key, value in config.items():
-        if value is None or (isinstance(value, float) and key == "dropout"):
+        if value is None or (isinstance(value, float) and (plugin or key == "dropout")):
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
+        if plugin and (isinstance(value, bool) or (isinstance(value, str) and len(value) <= 200)):
+            continue
         limit = MAX_LAYERS if key in LAYER_FIELDS else MAX_SIZE_FIELD
-        if not 0 <= value <= limit:
-            raise ValueError(f"{where}: host_config.{key}={value}; expected an integer in [0, {limit:,}]")
+        items = value if plugin and isinstance(value, list) and len(value) <= MAX_LAYERS else [value]
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
+            if not 0 <= item <= limit:
+                raise ValueError(f"{where}: host_config.{key}={_short(value) if plugin else value}; expected an integer in [0, {limit:,}]")
     return config
 
 
-def _build(topology: Topology, host_config: dict[str, Any], specs: list[GrownSeedSpec], where: str) -> GrownNetwork:
+def _checked_parts(architecture: dict[str, Any], where: str) -> tuple[str | None, list[str]]:
+    """The registered host name and the plug-in modules a file names (files written before the registry: none)."""
+    host_name, plugins = architecture.get("host"), architecture.get("plugins", [])
+    if host_name is not None and not isinstance(host_name, str):
+        raise ValueError(f"{where}: host={_short(host_name)}; expected a registered host's name")
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ValueError(f"{where}: plugins={_short(plugins)}; expected a list of import strings")
+    return host_name, plugins
+
+
+def _build(topology: Topology, host_config: dict[str, Any], specs: list[GrownSeedSpec], where: str,
+           host_name: str | None = None, plugins: list[str] | tuple[str, ...] = ()) -> GrownNetwork:
     try:
-        return empty_grown_network(topology, host_config, specs)
+        return empty_grown_network(topology, host_config, specs, host_name, plugins)
     except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as err:  # fields the config does not take, ...
         raise ValueError(f"{where}: describes no network this esper-ray can build ({_first_line(err)})") from None
 

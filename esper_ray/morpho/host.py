@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+import dataclasses
+from collections.abc import Container
+from typing import Any
 
 import torch
 from torch import nn
 
-from esper_ray.contracts.host import HostConfig, Topology
+from esper_ray.contracts.host import HostConfig, SlotSpec, Topology
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
 from esper_ray.morpho import cpu_step, fused_block
+from esper_ray.morpho.host_api import HostModule, SlotHook
 
 HOST_PRESETS: dict[str, HostConfig] = {
     # 8x8 grey digits: 8/16/32 channels, two 2x2 pools (8 -> 4 -> 2).
@@ -21,7 +24,6 @@ HOST_PRESETS: dict[str, HostConfig] = {
 }
 HOST_PRESETS["synthetic"] = HOST_PRESETS["cifar10"]
 
-SlotHook = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def host_preset(name: str) -> HostConfig:
@@ -96,7 +98,7 @@ class ConvBlock(nn.Module):
         return self.conv.weight * scale.view(-1, 1, 1, 1), norm.bias - norm.running_mean * scale  # type: ignore[operator]
 
 
-class CNNHost(nn.Module):
+class CNNHost(HostModule):
     """Blocks of conv -> BN -> ReLU with 2x2 max-pooling after the first `pool_layers`, then a linear head.
 
     Slot r0c{i} sees block i's output before its pooling, r1c{i} after it.
@@ -114,6 +116,23 @@ class CNNHost(nn.Module):
             channels_in = cfg.channels(i)
         self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(channels_in, cfg.num_classes)
+
+    @classmethod
+    def from_preset(cls, preset: str) -> CNNHost:
+        return cls(host_preset(preset))
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> CNNHost:
+        return cls(HostConfig(**description))
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
+
+    def slots(self) -> list[SlotSpec]:
+        return [SlotSpec(s, self.slot_shape(s), Topology.CNN) for s in self.slot_ids]
+
+    def example_input(self) -> torch.Tensor:
+        return torch.zeros(1, self.cfg.in_channels, self.cfg.image_size, self.cfg.image_size)
 
     @property
     def slot_ids(self) -> list[str]:

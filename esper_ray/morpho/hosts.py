@@ -1,25 +1,54 @@
-"""Which host network a task grows: a CNN for the image tasks, a transformer for `text`."""
+"""Hosts by registered name (contracts/registry.py): a fresh one to train, one rebuilt from a saved description, and
+a host's topology. The built-in ones are the CNN presets (digits, digits-impaired, cifar10, synthetic) and the
+transformer presets (text, text-gpu, text-starved)."""
 
 from __future__ import annotations
 
-from esper_ray.morpho.host import HOST_PRESETS, CNNHost
-from esper_ray.morpho.transformer import TRANSFORMER_PRESETS, TransformerHost
+import functools
+from typing import Any
 
-HOST_PRESET_NAMES = tuple(sorted(HOST_PRESETS)) + tuple(sorted(TRANSFORMER_PRESETS))
+import torch
 
+from esper_ray.contracts import registry
+from esper_ray.contracts.host import Topology
+from esper_ray.morpho.host_api import HostModule, checked_host
 
-Host = CNNHost | TransformerHost
-
-
-def build_host(preset: str) -> Host:
-    """A fresh host of a preset: a task name (digits, digits-impaired, cifar10, synthetic, text), text-gpu or text-starved."""
-    if preset in HOST_PRESETS:
-        return CNNHost(HOST_PRESETS[preset])
-    if preset in TRANSFORMER_PRESETS:
-        return TransformerHost(TRANSFORMER_PRESETS[preset])
-    raise ValueError(f"unknown host preset {preset!r}; available: {', '.join(HOST_PRESET_NAMES)}")
+Host = HostModule
 
 
-def topology_of(task: str) -> str:
-    """"transformer" for the text task, "cnn" for the image tasks."""
-    return "transformer" if task == "text" else "cnn"
+def build_host(name: str) -> HostModule:
+    """A fresh host of a registered name (a built-in preset or a plug-in's host)."""
+    entry = registry.host(name)
+    host = checked_host(registry.resolve(entry.entry_point)(**entry.kwargs), name)
+    host.registered_name = name
+    return host
+
+
+def rebuild_host(name: str, description: dict[str, Any]) -> HostModule:
+    """The host of a registered name rebuilt from a saved `describe()`: only a registered host's class is built,
+    whatever the file says."""
+    with torch.device("meta"):
+        kind = type(build_host(name))
+    host = checked_host(kind.from_description(dict(description)), name)
+    host.registered_name = name
+    return host
+
+
+@functools.lru_cache(maxsize=None)
+def host_topology(name: str) -> Topology:
+    """The topology a registered host declares (built on the meta device: shapes only)."""
+    with torch.device("meta"):
+        return build_host(name).topology
+
+
+def default_host(task: str) -> str:
+    """The host a task uses when a run names none: the first of those made for it."""
+    hosts = registry.task(task).hosts
+    if not hosts:
+        raise ValueError(f"task={task!r} names no host of its own; set host_preset to one of {registry.host_names()}")
+    return hosts[0]
+
+
+def topology_of(task: str, host: str | None = None) -> str:
+    """"cnn", "transformer" or "vector": the topology of `host`, or of the task's own host."""
+    return host_topology(host if host is not None else default_host(task)).value

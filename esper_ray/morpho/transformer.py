@@ -8,16 +8,19 @@ embedding. Slot r0c{i} sees block i's output, the residual stream [B, T, d_model
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Container
+from collections.abc import Container
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from esper_ray.contracts.host import Topology
+from esper_ray.contracts.host import SlotSpec, Topology
 from esper_ray.contracts.slots import action_order, parse_slot_id, slot_id
 from esper_ray.contracts.transformer_host import TransformerHostConfig
+from esper_ray.morpho.host_api import HostModule, SlotHook
 
 TRANSFORMER_PRESETS: dict[str, TransformerHostConfig] = {
     # 2 CPU cores: 170,560 params (16,384 of them the tied byte embedding, 4,096 positional). One epoch of the
@@ -33,7 +36,6 @@ TRANSFORMER_PRESETS: dict[str, TransformerHostConfig] = {
     "text-starved": TransformerHostConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=3, attention_window=1),
 }
 
-SlotHook = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def transformer_preset(name: str) -> TransformerHostConfig:
@@ -98,7 +100,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class TransformerHost(nn.Module):
+class TransformerHost(HostModule):
     """Byte embedding + positional embedding -> n_layers blocks -> LayerNorm -> head tied to the embedding.
 
     Same slot API as CNNHost: `slot_ids`, `slot_channels`, `slot_shape`, and `forward(idx, at_slot)`.
@@ -131,6 +133,23 @@ class TransformerHost(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @classmethod
+    def from_preset(cls, preset: str) -> TransformerHost:
+        return cls(TRANSFORMER_PRESETS[preset])
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> TransformerHost:
+        return cls(TransformerHostConfig(**description))
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
+
+    def slots(self) -> list[SlotSpec]:
+        return [SlotSpec(s, self.slot_shape(s), Topology.TRANSFORMER) for s in self.slot_ids]
+
+    def example_input(self) -> torch.Tensor:
+        return torch.zeros(1, self.cfg.seq_len, dtype=torch.long)
 
     @property
     def slot_ids(self) -> list[str]:

@@ -50,12 +50,14 @@ DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENT
 # then the transformer-only ones. A 25-epoch run has room for one lifecycle, so the first blueprint is the one
 # tried; with the cheap adapters first (as before issue 30) it was lora, pruned on text-starved every time.
 TRANSFORMER_ROTATION = (Blueprint.ATTENTION, Blueprint.NORM, Blueprint.LORA, Blueprint.MLP_SMALL, Blueprint.LORA_LARGE)
-DEFAULT_ROTATIONS = {"cnn": DEFAULT_ROTATION, "transformer": TRANSFORMER_ROTATION}
+# On a vector host (an MLP), the MLP seeds first: they add capacity where a feature gate or a norm only rescales.
+VECTOR_ROTATION = (Blueprint.MLP_SMALL, Blueprint.MLP, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.LORA)
+DEFAULT_ROTATIONS = {"cnn": DEFAULT_ROTATION, "transformer": TRANSFORMER_ROTATION, "vector": VECTOR_ROTATION}
 # Plateau thresholds (fraction of validation accuracy gained in an epoch). The original's 0.5 pp is for images.
 # A byte-level language model's per-token accuracy keeps climbing by 0.4-1.7 pp an epoch for dozens of epochs
 # (the `text` host, 120 KB, epochs 5-13 of 25: measured), so at 0.5 pp the heuristic germinated 0-1 seeds in
 # 40-epoch episodes (issue 19); 1 pp per token lets it see the slow climb as the plateau it is.
-DEFAULT_PLATEAU_THRESHOLDS = {"cnn": 0.005, "transformer": 0.01}
+DEFAULT_PLATEAU_THRESHOLDS = {"cnn": 0.005, "transformer": 0.01, "vector": 0.005}
 
 
 ORIGINAL_RUN_EPOCHS = 75

@@ -133,7 +133,7 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan
     if kind is ControllerKind.RANDOM:
         return RandomController(cfg.slots, seed=EVAL_SEED_STRIDE + cfg.seed)
     if kind is ControllerKind.HEURISTIC:
-        return HeuristicController(cfg.slots, cfg.max_epochs, topology=topology_of(cfg.task))
+        return HeuristicController(cfg.slots, cfg.max_epochs, topology=topology_of(cfg.task, cfg.host_name))
     if kind is ControllerKind.FIXED:
         if fixed is None:
             raise ValueError("controller='fixed' needs the seed it plants (fixed: {blueprint: ..., slot: ...})")

@@ -43,6 +43,9 @@ def input_description(data: TaskData, example: Any) -> dict[str, Any]:
     if data.tokens:
         return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64",
                 "prepare": "token ids [B, T] (bytes, 0..255) as they are; logits [B, T, vocab] predict the next byte"}
+    if not data.mean:  # a plug-in's own features: scaled only (TaskData.prepare)
+        return {"kind": "features", "shape": list(example.shape), "scale": data.scale,
+                "prepare": "x = raw / scale, for raw inputs [B, ...] stored as the task stores them; logits [B, classes]"}
     return {"kind": "images", "shape": list(example.shape), "scale": data.scale, "mean": list(data.mean), "std": list(data.std),
             "prepare": "x = (raw / scale - mean) / std per channel, for raw images [B, C, H, W] stored as the task "
                        "stores them; logits [B, classes]"}
@@ -52,7 +55,7 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
     """Write the env's final network and its description into `folder` (summary needs its test accuracy)."""
     if env.model is None or summary.test_accuracy is None or summary.test_loss is None:
         raise RuntimeError("save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)")
-    network = grown_from(env.model)
+    network = grown_from(env.model, env.cfg.plugins)
     slots = {}
     for slot in env.model.seed_slots():
         # a slot back to DORMANT after a prune has forgotten its blueprint: its old seed's events go with it
