@@ -19,8 +19,8 @@ MAX_COUNT = 100_000
 """Envs, episodes per env, learners and PPO epochs at most: a count past it is a typo, not a run."""
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings that TrainConfig sets itself; `env` may not override them.
-# Env settings a learned controller trains with unless `env` gives others (the heuristic, fixed and no-growth
-# controllers keep EnvConfig's own defaults). commit_horizon masks a germination whose seed could no longer be
+# Env settings of every run set up from training settings (`train`, `eval`, and every arm of `ab`, so the arms of an
+# A/B share one env) unless `env` gives others; `esper-ray heuristic` and `host` keep EnvConfig's own defaults. commit_horizon masks a germination whose seed could no longer be
 # fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds (docs/results/studies/
 # horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46 (studies/commit_horizon/).
 TRAINING_ENV_DEFAULTS: dict[str, Any] = {"commit_horizon": True}
@@ -129,8 +129,8 @@ class TrainConfig:
     """Ray cluster to join: auto or HOST:PORT; None starts a local Ray, even where another runs (ray start,
     RAY_ADDRESS): joining one takes this setting."""
     env: Mapping[str, Any] = field(default_factory=dict)
-    """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`). A
-    learned controller trains with TRAINING_ENV_DEFAULTS unless these say otherwise."""
+    """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`). Runs
+    set up from these settings (train, eval, every arm of ab) get TRAINING_ENV_DEFAULTS unless these say otherwise."""
 
     def __post_init__(self) -> None:
         check_types(self)
