@@ -47,7 +47,7 @@ def index_names(index: Path) -> set[str]:
     lines = index.read_text().splitlines()
     body = [line for i, line in enumerate(lines) if i and lines[i - 1].startswith("|") and not line.startswith("|---")
             and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))]
-    return {m.group(1) for line in body if (m := re.match(r"\| ([A-Za-z0-9_.]+?)/? \|", line))}
+    return {m.group(1) for line in body if (m := re.match(r"\| ([A-Za-z0-9_.-]+?)/? \|", line))}
 
 
 @pytest.mark.parametrize("folder", ["tune_configs", "tune_configs/studies"])
