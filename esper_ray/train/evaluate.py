@@ -36,13 +36,14 @@ from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feature_filter_of
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.policy.layout import check_layout, saved_layout
 from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.grow import NetworkFiles, network_keeper
 from esper_ray.train.checkpoints import load_checkpoint_config
 from esper_ray.train.overlap import learn_pending
+from esper_ray.train.rounds import MODULE_PATH
 from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
-MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
 EVAL_SEED_STRIDE = 1_000_000  # reset seeds of evaluation episodes start here; training resets use small seeds
 
@@ -119,6 +120,9 @@ def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndar
 
 
 def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
+    """The checkpoint's module and observation filter; ValueError in one line when its policy layout (MAX_SLOTS,
+    features, blueprint table: policy/layout.py) is not this code's."""
+    check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
     module = RLModule.from_checkpoint(str((checkpoint / MODULE_PATH).resolve()))
     module.eval()
     pipeline = ConnectorPipelineV2.from_checkpoint(str((checkpoint / ENV_TO_MODULE_PATH).resolve()))
