@@ -35,7 +35,7 @@ def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float],
     view = EpochView(epoch=epoch, max_epochs=max_epochs, val_loss=losses[-1], val_accuracy=accuracies[-1], loss_history=losses,
                      accuracy_history=accuracies, last_action_success=True, last_op=Op.WAIT)
     slots = env.model.seed_slots()
-    return {"features": build_features(view, slots), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
+    return {"features": build_features(view, slots, env.slot_descriptors), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
 
 
 def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued():
