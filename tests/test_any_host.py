@@ -25,7 +25,10 @@ from esper_ray.env.observation import (
 from esper_ray.policy.feature_filter import FEATURES, SLOTS, FeatureMeanStdFilter
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.policy.layout import check_layout, policy_layout
+from esper_ray.policy import layout
+from esper_ray.policy.layout import check_layout, policy_layout, saved_layout
+from esper_ray.train.checkpoints import resolve_checkpoint
+from esper_ray.train.rounds import MODULE_PATH
 
 PLUGIN = "tests.any_host_parts"
 
@@ -179,7 +182,8 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_what_differs():
 
 
 @pytest.mark.expensive
-def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_host(ray_local, tmp_path, capsys):
+def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_host(ray_local, tmp_path, capsys,
+                                                                                    monkeypatch):
     run = tmp_path / "run"
     assert main(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--slots", "h0", "h1", "h2", "--rounds", "2",
                  "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3", "--episodes-per-env", "1",
@@ -191,5 +195,11 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
                      "--env", f"slots={slots}"]) == 0
         [row] = json.loads(capsys.readouterr().out)
         assert 0.0 <= row["test_accuracy"] <= 1.0
-    saved = json.loads((run / "config.json").read_text())
-    assert saved["plugins"] == [PLUGIN]
+    # the checkpoint records its layout; code of another layout refuses it in one line naming what differs
+    module_dir = resolve_checkpoint(run) / MODULE_PATH
+    assert saved_layout(module_dir) == policy_layout()
+    monkeypatch.setattr(layout, "MAX_SLOTS", 4)
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", str(run), "--episodes", "1"])
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "its policy layout does not match this code's: max_slots 8 there, 4 here" in line
