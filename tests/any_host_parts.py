@@ -6,6 +6,6 @@ from __future__ import annotations
 import esper_ray
 from tests.plugin_parts import ToyMLP  # registers the toy task and the 3-slot toy-mlp too
 
-esper_ray.register_host("toy-mlp-2", ToyMLP, width=16, blocks=2)
-esper_ray.register_host("toy-mlp-4", ToyMLP, width=32, blocks=4)
-esper_ray.register_host("toy-mlp-9", ToyMLP, width=16, blocks=9)
+esper_ray.register_host("any-mlp-2", ToyMLP, width=16, blocks=2)
+esper_ray.register_host("any-mlp-4", ToyMLP, width=32, blocks=4)
+esper_ray.register_host("any-mlp-9", ToyMLP, width=16, blocks=9)

@@ -44,7 +44,7 @@ def block(features: np.ndarray, i: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ the spaces
 def test_a_2_slot_and_a_4_slot_host_have_the_same_spaces_and_observation_shapes():
-    two, four = toy_env("toy-mlp-2", 2), toy_env("toy-mlp-4", 4)
+    two, four = toy_env("any-mlp-2", 2), toy_env("any-mlp-4", 4)
     assert two.observation_space == four.observation_space and two.action_space == four.action_space
     obs2, _ = two.reset(seed=0)
     obs4, _ = four.reset(seed=0)
@@ -55,7 +55,7 @@ def test_a_2_slot_and_a_4_slot_host_have_the_same_spaces_and_observation_shapes(
 
 
 def test_absent_slot_positions_are_zero_none_and_masked_in_the_joint_head():
-    env = toy_env("toy-mlp-2", 2, max_epochs=4)
+    env = toy_env("any-mlp-2", 2, max_epochs=4)
     obs, _ = env.reset(seed=0)
     joint = head_offsets()["op_slot"]
     for _ in range(4):
@@ -75,7 +75,7 @@ def test_absent_slot_positions_are_zero_none_and_masked_in_the_joint_head():
 
 
 def test_the_descriptors_say_where_each_slot_sits_on_any_host():
-    env = toy_env("toy-mlp-4", 4)
+    env = toy_env("any-mlp-4", 4)
     obs, _ = env.reset(seed=0)
     blocks = [block(obs[FEATURES], i) for i in range(4)]
     assert [b[SLOT_PRESENT] for b in blocks] == [1.0] * 4
@@ -91,14 +91,14 @@ def test_the_descriptors_say_where_each_slot_sits_on_any_host():
 
 
 def test_a_host_with_more_slots_than_the_maximum_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^host 'toy-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 "
+    with pytest.raises(ValueError, match=r"^host 'any-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 "
                                          r"\(choose fewer with `slots`\)$"):
-        toy_env("toy-mlp-9", 9)
-    assert toy_env("toy-mlp-9", 8).slot_ids == [f"h{i}" for i in range(8)]  # fewer of its slots fit
+        toy_env("any-mlp-9", 9)
+    assert toy_env("any-mlp-9", 8).slot_ids == [f"h{i}" for i in range(8)]  # fewer of its slots fit
 
 
 def test_the_heuristic_and_fixed_controllers_act_on_a_4_slot_host():
-    env = toy_env("toy-mlp-4", 4)
+    env = toy_env("any-mlp-4", 4)
     obs, _ = env.reset(seed=0)
     plan = FixedPlan((FixedSeed(Blueprint.MLP, "h3"),))
     action = FixedPlanController(env.slot_ids, 3, plan, min_training_epochs=1).act(obs)
@@ -119,7 +119,7 @@ def filter_for(space: gym.Space) -> FeatureMeanStdFilter:
 def test_a_slot_position_never_present_in_training_is_normalised_with_the_same_features_statistics():
     """Trained on 2-slot hosts, run on a host with a slot in position 5: its features are normalised by the
     statistics of the same feature in positions 0 and 1 (per position, Ray's filter sends it to the clip bound)."""
-    env = toy_env("toy-mlp-2", 2)
+    env = toy_env("any-mlp-2", 2)
     rng = np.random.default_rng(0)
     pooled, per_column = filter_for(env.observation_space), PerColumnMeanStd(np.array([feature_size()]), clip=10.0)
     seen = []
@@ -150,7 +150,7 @@ def test_a_slot_position_never_present_in_training_is_normalised_with_the_same_f
 
 
 def test_the_pooled_statistics_are_merged_across_runners_like_the_base_ones():
-    space = toy_env("toy-mlp-2", 2).observation_space
+    space = toy_env("any-mlp-2", 2).observation_space
     driver, runners = filter_for(space), [filter_for(space) for _ in range(2)]
     merged = driver.get_state()
     rng = np.random.default_rng(1)
@@ -189,7 +189,7 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
                  "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3", "--episodes-per-env", "1",
                  "--output", str(run)]) == 0
     capsys.readouterr()
-    for host, blocks in (("toy-mlp-2", 2), ("toy-mlp-4", 4)):
+    for host, blocks in (("any-mlp-2", 2), ("any-mlp-4", 4)):
         slots = "[" + ", ".join(f"h{i}" for i in range(blocks)) + "]"
         assert main(["eval", "--checkpoint", str(run), "--episodes", "1", "--json", "--env", f"host_preset={host}",
                      "--env", f"slots={slots}"]) == 0

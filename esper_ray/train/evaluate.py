@@ -99,7 +99,11 @@ class GreedyPolicyController:
             out = self.module.forward_inference(batch)
         self.state = out[Columns.STATE_OUT]
         dist = self.module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
-        return dist.to_deterministic().sample()[0, 0].cpu().numpy()
+        return self.choose(dist)[0, 0].cpu().numpy()
+
+    def choose(self, dist: Any) -> torch.Tensor:
+        """The action drawn from the masked distribution: here its most likely value (`grow --sample` samples)."""
+        return dist.to_deterministic().sample()
 
 
 def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndarray], state: dict[str, torch.Tensor],
@@ -127,6 +131,16 @@ def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
     module.eval()
     pipeline = ConnectorPipelineV2.from_checkpoint(str((checkpoint / ENV_TO_MODULE_PATH).resolve()))
     return module, feature_filter_of(pipeline, f"checkpoint {checkpoint}")
+
+
+def check_policy_fits(checkpoint: Path, env: MorphogeneticEnv) -> None:
+    """Refuse, in one line, a host run the checkpoint's policy cannot decide for, before any host trains.
+
+    The one compatibility check of `eval` and `grow`. A policy's spaces hold MAX_SLOTS slot positions whatever the
+    host (the env refuses a host with more), so any host fits; what must match is the policy layout the checkpoint
+    records (MAX_SLOTS, the features, the blueprint table: policy/layout.py). `env`: the run (its slots fit already).
+    """
+    check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
 
 
 def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan | None = None) -> Controller:
@@ -195,6 +209,7 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
     if seed is not None:
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
+    check_policy_fits(checkpoint, env)
     module, feature_filter = load_policy(checkpoint)
     return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True,
                         on_episode_end=on_episode_end, label="eval")
