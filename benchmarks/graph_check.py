@@ -33,9 +33,9 @@ def episode(cuda_graphs: bool, epochs: int = 8) -> list[float]:
     env.reset(seed=11)
     losses = []
     for epoch in range(epochs):
-        action = wait_action(1)
+        action = wait_action()
         if epoch == 1:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 0, 1), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 0), int(Blueprint.CONV_LIGHT)
         _, _, _, _, info = env.step(action)
         losses += [info["train_loss"], info["val_loss"]]
     return losses
@@ -46,10 +46,10 @@ def samples_per_second(cuda_graphs: bool, amp: str, epochs: int = 6) -> float:
                             "max_epochs": epochs + 2, "device": "cuda", "cuda_graphs": cuda_graphs, "amp": amp})
     env.reset(seed=0)
     for _ in range(2):  # warm-up (and the first capture)
-        env.step(wait_action(1))
+        env.step(wait_action())
     seconds, samples = 0.0, 0
     for _ in range(epochs):
-        _, _, _, _, info = env.step(wait_action(1))
+        _, _, _, _, info = env.step(wait_action())
         seconds, samples = seconds + info["time/train"], samples + info["train_total"]
     return samples / seconds
 

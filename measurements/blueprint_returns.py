@@ -75,13 +75,12 @@ class PlanController(FixedSeedController):
 
     def act(self, obs):  # type: ignore[no-untyped-def]
         epoch, self.epochs_done = self.epochs_done, self.epochs_done + 1
-        n = len(self.slot_ids)
         if epoch < self.plan.epoch:
-            return wait_action(n)
+            return wait_action()
         if self.plan.probation:
             block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
             if decode_stage(block) is Stage.HOLDING:
-                return wait_action(n)
+                return wait_action()
         return super().act(obs)
 
 

@@ -21,11 +21,12 @@ from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter  # noqa: E402
+from esper_ray.policy.feature_filter import FEATURES, FeatureLayout, FeatureMeanStdFilter  # noqa: E402
 
 
 def make_filter() -> FeatureMeanStdFilter:
-    feature_filter = FeatureMeanStdFilter(clip_by_value=1e6)
+    # one base feature, no slots (the pooled slot statistics sized like it, so that Ray's own merge takes the state)
+    feature_filter = FeatureMeanStdFilter(clip_by_value=1e6, layout=FeatureLayout(base=1, slots=0, block=1, measured=1, present=0))
     feature_filter.input_observation_space = gym.spaces.Dict(
         {FEATURES: gym.spaces.Box(-np.inf, np.inf, (1,), np.float32), "action_mask": gym.spaces.MultiBinary(2)})
     return feature_filter

@@ -85,24 +85,24 @@ def probe(cfg: TrainConfig, checkpoint: Path, blueprint: str, slot: str, steps: 
     watcher = Watcher(checkpoint)
     n = len(env.slot_ids)
     index = list(env.slot_ids).index(slot)
-    offsets = head_offsets(n)
+    offsets = head_offsets()
     obs, _ = env.reset(seed=EVAL_SEED_STRIDE * (cfg.seed + 1))
     rows, first_choice = [], {}
     for t in range(steps):
         logits, value = watcher.look(obs)
         joint = softmax(logits[offsets["op_slot"]])
         if t == 0:
-            germinate = sum(joint[encode_joint(Op.GERMINATE, i, n)] for i in range(n))
+            germinate = sum(joint[encode_joint(Op.GERMINATE, i)] for i in range(n))
             bp = softmax(logits[offsets["blueprint"]])
             first_choice = {"germinate": float(germinate),
                             "blueprint": {Blueprint(i).key: round(float(p), 3) for i, p in enumerate(bp) if p > 1e-3}}
         block = obs["features"][slot_offset(index): slot_offset(index) + SLOT_FEATURES]
         row = {"step": t, "stage": decode_stage(block).name, "value": round(value, 3)}
         for op in OPS:
-            row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index, n)]), 3)
-        others = sorted(((float(joint[j]), *decode_joint(j, n)) for j in range(1, len(joint))), key=lambda o: -o[0])
+            row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index)]), 3)
+        others = sorted(((float(joint[j]), *decode_joint(j)) for j in range(1, len(joint))), key=lambda o: -o[0])
         row["other_slots"] = {f"{op.name.lower()}@{env.slot_ids[i]}": round(p, 3)
-                              for p, op, i in [o for o in others if o[2] != index][:2] if p >= 0.01}
+                              for p, op, i in [o for o in others if o[2] != index and o[2] < n][:2] if p >= 0.01}
         rows.append(row)
         obs, _, terminated, truncated, _ = env.step(controller.act(obs))
         if terminated or truncated:

@@ -42,7 +42,7 @@ class ProbationController(FixedSeedController):
     def act(self, obs):  # type: ignore[no-untyped-def]
         block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
         if decode_stage(block) is Stage.HOLDING:
-            return wait_action(len(self.slot_ids))
+            return wait_action()
         return super().act(obs)
 
 

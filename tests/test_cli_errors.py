@@ -107,7 +107,7 @@ def test_flags_are_never_abbreviated(capsys):
 
 
 @pytest.mark.parametrize("position, value, expected", [
-    (0, 99, "action head op_slot=99: out of range [0, 16)"),
+    (0, 99, "action head op_slot=99: out of range [0, 41)"),
     (6, -1, "action head alpha_curve=-1: out of range [0, 5)"),
     (0, 2.9, "action head op_slot=2.9: must be a whole number"),
 ])

@@ -31,11 +31,11 @@ def action(env: MorphogeneticEnv, mask: np.ndarray) -> np.ndarray:
         planted = env.counts[f"germinated/{blueprint.key}"] > 0
         op = {Stage.DORMANT: None if planted else Op.GERMINATE, Stage.HOLDING: Op.FOSSILIZE if index == 0 else Op.PRUNE,
               Stage.BLENDING: Op.PRUNE if index == 2 else None}.get(stage)
-        if op is not None and allows(mask, op, index, n, Tempo.FAST):
-            return lifecycle_action(op, index, n, blueprint=blueprint, style=style, tempo=Tempo.FAST)
+        if op is not None and allows(mask, op, index, Tempo.FAST):
+            return lifecycle_action(op, index, blueprint=blueprint, style=style, tempo=Tempo.FAST)
         if stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING) and index == 0:
             break  # one seed develops at a time
-    return wait_action(n)
+    return wait_action()
 
 
 def episode(fast: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict], dict[str, torch.Tensor]]:

@@ -31,13 +31,13 @@ def episode(mask_cut_off: bool, style: Style = Style.SIGMOID_ADD) -> tuple[list[
     controller = FixedSeedController(env.slot_ids, MAX_EPOCHS, seed, LifecycleConfig().min_training_epochs)
     obs, _ = env.reset(seed=0)
     controller.reset()
-    joint = head_offsets(3)["op_slot"]
+    joint = head_offsets()["op_slot"]
     steps = []
     for _ in range(MAX_EPOCHS):
         mask = obs["action_mask"][joint]
         steps.append({"stage": env.model.slot("r0c1").stage,
-                      "r0c0": bool(mask[encode_joint(Op.GERMINATE, 0, 3)]),
-                      "r0c2": bool(mask[encode_joint(Op.GERMINATE, 2, 3)])})
+                      "r0c0": bool(mask[encode_joint(Op.GERMINATE, 0)]),
+                      "r0c2": bool(mask[encode_joint(Op.GERMINATE, 2)])})
         obs, _, terminated, _, _ = env.step(controller.act(obs))
         if terminated:
             break

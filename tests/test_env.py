@@ -23,7 +23,7 @@ def wait() -> np.ndarray:
 
 def germinate(env: MorphogeneticEnv, slot: str, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
     action = wait()
-    action[0] = encode_joint(Op.GERMINATE, env.slot_ids.index(slot), len(env.slot_ids))
+    action[0] = encode_joint(Op.GERMINATE, env.slot_ids.index(slot))
     action[1] = blueprint
     return action
 
@@ -80,10 +80,10 @@ def test_max_seeds_0_masks_germination_so_a_random_controller_keeps_the_host_alo
         env = MorphogeneticEnv({"task": "digits", "max_epochs": 8, "num_shards": 6, "max_seeds": max_seeds})
         env.action_space.seed(0)
         obs, _ = env.reset(seed=1)
-        germinate = [encode_joint(Op.GERMINATE, i, len(env.slot_ids)) for i in range(len(env.slot_ids))]
+        germinate = [encode_joint(Op.GERMINATE, i) for i in range(len(env.slot_ids))]
         legal, seed_epochs = 0, 0
         for _ in range(16):
-            legal += int(obs["action_mask"][head_offsets(len(env.slot_ids))["op_slot"]][germinate].sum())
+            legal += int(obs["action_mask"][head_offsets()["op_slot"]][germinate].sum())
             obs, _, terminated, _, info = env.step(env.action_space.sample())
             seed_epochs += info["seed_params"] > 0
             if terminated:
@@ -96,7 +96,7 @@ def test_a_masked_action_raises_and_names_the_op():
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 5, "num_shards": 6})
     env.reset(seed=0)
     fossilize = wait()
-    fossilize[0] = encode_joint(Op.FOSSILIZE, 1, 3)
+    fossilize[0] = encode_joint(Op.FOSSILIZE, 1)
     with pytest.raises(ValueError, match="masked action: FOSSILIZE on slot r0c1"):
         env.step(fossilize)
     bad_blueprint = germinate(env, "r0c0", Blueprint.LORA)
@@ -107,23 +107,23 @@ def test_a_masked_action_raises_and_names_the_op():
 def test_mask_allows_exactly_the_legal_op_slot_pairs():
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 30, "num_shards": 6, "auto_forward": True})
     obs, _ = env.reset(seed=0)
-    joint = obs["action_mask"][head_offsets(3)["op_slot"]]
+    joint = obs["action_mask"][head_offsets()["op_slot"]]
     assert np.flatnonzero(joint).tolist() == [0, 1, 2, 3]  # WAIT, GERMINATE on each empty slot
     obs, *_ = env.step(germinate(env, "r0c1"))
-    joint = obs["action_mask"][head_offsets(3)["op_slot"]]
+    joint = obs["action_mask"][head_offsets()["op_slot"]]
     assert np.flatnonzero(joint).tolist() == [0]  # a TRAINING seed blocks germination; ADVANCE is auto
-    assert obs["features"].shape == (feature_size(3),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT), 13]
+    assert obs["features"].shape == (feature_size(),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT)] + [13] * 6
 
 
 @pytest.mark.parametrize("min_prune_age", [5, 8])
 def test_prune_is_masked_until_the_seed_reaches_min_prune_age(min_prune_age):
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 12, "num_shards": 6, "min_prune_age": min_prune_age})
     obs, _ = env.reset(seed=0)
-    prune = encode_joint(Op.PRUNE, env.slot_ids.index("r0c1"), len(env.slot_ids))
+    prune = encode_joint(Op.PRUNE, env.slot_ids.index("r0c1"))
     obs, *_ = env.step(germinate(env, "r0c1"))
     prunable = []
     for _ in range(1, 10):  # ages 1-9: in TRAINING throughout (10 epochs)
-        prunable.append(bool(obs["action_mask"][head_offsets(3)["op_slot"]][prune]))
+        prunable.append(bool(obs["action_mask"][head_offsets()["op_slot"]][prune]))
         obs, *_ = env.step(wait())
     assert prunable.index(True) + 1 == min_prune_age  # ages 1..min_prune_age-1 masked, then legal
 

@@ -25,7 +25,7 @@ def run_fixed(auto_forward: bool, max_epochs: int) -> list[dict]:
     controller = FixedSeedController(env.slot_ids, max_epochs, SEED, LIFECYCLE.min_training_epochs)
     obs, _ = env.reset(seed=0)
     controller.reset()
-    joint = head_offsets(len(env.slot_ids))["op_slot"]
+    joint = head_offsets()["op_slot"]
     steps = []
     for step in range(1, max_epochs + 1):
         action = controller.act(obs)
@@ -49,9 +49,9 @@ def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_f
     steps = run_fixed(auto_forward, max_epochs=fossilize_step + 1)
     n = 3
     slot = ["r0c0", "r0c1", "r0c2"].index(SEED.slot)
-    ops = [decode_joint(int(s["action"][0]), n) for s in steps]
+    ops = [decode_joint(int(s["action"][0])) for s in steps]
     assert ops[0] == (Op.GERMINATE, slot) and Blueprint(int(steps[0]["action"][1])) is Blueprint.CONV_HEAVY
-    fossilize = encode_joint(Op.FOSSILIZE, slot, n)
+    fossilize = encode_joint(Op.FOSSILIZE, slot)
     first_legal = next(s["step"] for s in steps if s["mask"][fossilize])  # the lifecycle's and the gates' oracle
     assert first_legal == fossilize_step
     assert ops[fossilize_step - 1] == (Op.FOSSILIZE, slot) and steps[fossilize_step - 1]["info"]["action_success"]
@@ -77,7 +77,7 @@ def test_env_counts_refused_actions_and_the_fixed_controller_retries():
         obs, _, _, _, info = env.step(controller.act(obs))
     assert info["count/refused"] == 1 and not info["action_success"] and info["stages"]["r0c1"] == Stage.TRAINING.name
     again = controller.act(obs)
-    assert decode_joint(int(again[0]), 3) == (Op.ADVANCE, 1)
+    assert decode_joint(int(again[0])) == (Op.ADVANCE, 1)
 
 
 def test_fixed_seed_settings_name_the_key_and_what_is_allowed():
@@ -122,14 +122,14 @@ def test_a_fixed_plan_plants_its_second_seed_at_the_first_step_the_env_allows_an
     controller = FixedPlanController(env.slot_ids, max_epochs, plan, LIFECYCLE.min_training_epochs)
     obs, _ = env.reset(seed=0)
     controller.reset()
-    joint, n = head_offsets(len(env.slot_ids))["op_slot"], len(env.slot_ids)
-    germinate_r0c2 = encode_joint(Op.GERMINATE, 2, n)
+    joint, n = head_offsets()["op_slot"], len(env.slot_ids)
+    germinate_r0c2 = encode_joint(Op.GERMINATE, 2)
     ops, first_allowed, info = [], None, {}
     for step in range(1, max_epochs + 1):
         if first_allowed is None and step > 1 and obs["action_mask"][joint][germinate_r0c2]:
             first_allowed = step  # the env's own answer to "may a seed go in now?"
         action = controller.act(obs)
-        ops.append(decode_joint(int(action[0]), n))
+        ops.append(decode_joint(int(action[0])))
         obs, _, terminated, _, info = env.step(action)
         if terminated:
             break
@@ -154,7 +154,7 @@ class _WaitFirst:
         self.step += 1
         if self.step <= self.wait:
             action = self.inner.act(obs).copy()
-            action[0] = encode_joint(Op.WAIT, None, 3)
+            action[0] = encode_joint(Op.WAIT, None)
             return action
         return self.inner.act(obs)
 
@@ -170,8 +170,8 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
     last_legal = {t: max_epochs - lifecycle.commit_steps(t) for t in Tempo}
     assert last_legal[tempo] == 2
     seed = FixedSeed(Blueprint.CONV_HEAVY, "r0c1", tempo=tempo)
-    germinate = [encode_joint(Op.GERMINATE, i, 3) for i in range(3)]
-    offsets = head_offsets(3)
+    germinate = [encode_joint(Op.GERMINATE, i) for i in range(3)]
+    offsets = head_offsets()
 
     def episode(commit_horizon: bool, wait: int, steps: int = max_epochs):
         env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
@@ -213,14 +213,14 @@ def test_a_learned_controller_trains_with_the_commit_horizon_and_the_rule_based_
     the heuristic, fixed and no-growth controllers run on, keeps it off. Read through the env the settings build: the
     fast tempo's last legal step is the last step at which a PPO run's env still allows GERMINATE."""
     max_epochs = LifecycleConfig().commit_steps(Tempo.FAST) + 2
-    offsets = head_offsets(3)
-    germinate = [encode_joint(Op.GERMINATE, i, 3) for i in range(3)]
+    offsets = head_offsets()
+    germinate = [encode_joint(Op.GERMINATE, i) for i in range(3)]
 
     def germinate_legal_at_the_end(env_config: dict) -> bool:
         env = MorphogeneticEnv({**env_config, "device": "cpu", "batch_size": 1024})
         obs, _ = env.reset(seed=0)
         for _ in range(max_epochs - 1):
-            obs, *_ = env.step(np.asarray([encode_joint(Op.WAIT, None, 3)] + [0] * 6))
+            obs, *_ = env.step(np.asarray([encode_joint(Op.WAIT, None)] + [0] * 6))
         return bool(obs["action_mask"][offsets["op_slot"]][germinate].any())
 
     trained = TrainConfig(task="digits-impaired", max_epochs=max_epochs)

@@ -30,9 +30,9 @@ def episode(env: MorphogeneticEnv, seed: int) -> list[float]:
     env.reset(seed=seed)
     losses = []
     for epoch in range(8):
-        action = wait_action(len(env.slot_ids))
+        action = wait_action()
         if epoch == 1:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, len(env.slot_ids)), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         if epoch == 6:
             env.model.slot("r0c1").prune(force=True)
         _, _, _, _, info = env.step(action)
@@ -50,7 +50,7 @@ def test_kept_graphs_sharing_the_envs_pool_train_and_validate_what_eager_steps_d
     first = (env.graphs.captures, env.val_graphs.captures)
     assert first[0] >= 4 and first[1] >= 2, first  # the host alone's full and last batch, the seed's; their passes
     env.reset(seed=5)
-    env.step(wait_action(len(env.slot_ids)))
+    env.step(wait_action())
     assert (env.graphs.captures, env.val_graphs.captures) == first  # the host alone's graphs were kept
     graphed += episode(env, seed=5)
     pool = env.graphs.captured.graph.pool()

@@ -89,7 +89,7 @@ class ScenarioController:
         if self.first:
             grow_every_kind_of_slot(self.env.model, ("conv_light", "depthwise", "norm"))
             self.first = False
-        return wait_action(len(self.env.slot_ids))
+        return wait_action()
 
 
 def test_the_metric_the_saved_network_and_the_reward_agree_on_what_the_run_kept(tmp_path):

@@ -35,7 +35,7 @@ def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float],
     view = EpochView(epoch=epoch, max_epochs=max_epochs, val_loss=losses[-1], val_accuracy=accuracies[-1], loss_history=losses,
                      accuracy_history=accuracies, last_action_success=True, last_op=Op.WAIT)
     slots = env.model.seed_slots()
-    return {"features": build_features(view, slots), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
+    return {"features": build_features(view, slots, env.slot_descriptors), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
 
 
 def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued():
@@ -50,7 +50,7 @@ def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued()
     for epoch in range(len(losses)):
         obs = flat_run_observation(env, epoch, losses[: epoch + 1], accuracies[: epoch + 1])
         action = controller.act(obs)
-        decisions.append((decode_joint(int(action[0]), 3), Blueprint(int(action[1]))))
+        decisions.append((decode_joint(int(action[0])), Blueprint(int(action[1]))))
     ops = [op for (op, _), _ in decisions]
     assert ops[:6] == [Op.WAIT] * 6  # still falling, then not yet 3 flat epochs of both signals
     first = ops.index(Op.GERMINATE)
@@ -68,7 +68,7 @@ def test_a_language_models_slow_climb_counts_as_a_plateau_on_a_transformer_only(
                                      topology=topology)
     losses = [2.0 * 0.985**e for e in range(9)]
     accuracies = [0.30 + 0.008 * e for e in range(9)]
-    ops = [decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]), 3)[0]
+    ops = [decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]))[0]
            for e in range(9)]
     assert (Op.GERMINATE in ops) is germinates, ops
     if germinates:
@@ -94,7 +94,7 @@ def test_heuristic_fossilizes_a_contributing_holding_seed_and_prunes_a_useless_o
     controller.t.slots[1].stage = Stage.HOLDING  # seen holding, accuracy up 5 pp since germination
     controller.t.slots[1].accuracy_at_germination = env.val.accuracy() - 0.05
     action = controller.act(obs)
-    assert decode_joint(int(action[0]), 3) == (expected, 1)
+    assert decode_joint(int(action[0])) == (expected, 1)
 
 
 def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_finish_its_lifecycle():
@@ -110,7 +110,7 @@ def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_
     flat = [1.0] * 30, [0.5] * 30  # stabilised and flat from the start: it would plant at any epoch it may
     for epoch, plants in ((8, True), (9, False), (20, False)):
         controller = HeuristicController(env.slot_ids, 25)
-        ops = [decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]), 3)[0]
+        ops = [decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]))[0]
                for e in range(epoch - 2, epoch + 1)]
         assert (ops[-1] is Op.GERMINATE) is plants, (epoch, ops)
 
@@ -130,7 +130,7 @@ def test_heuristic_plants_at_the_last_step_whose_seed_the_env_can_still_fossiliz
     germinated_at = []
     for step in range(1, max_epochs + 1):
         action = controller.act(obs)
-        if decode_joint(int(action[0]), 3)[0] is Op.GERMINATE:
+        if decode_joint(int(action[0]))[0] is Op.GERMINATE:
             germinated_at.append(step)
         obs, _, terminated, _, info = env.step(action)
         if terminated:

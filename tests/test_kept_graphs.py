@@ -29,9 +29,9 @@ def episode(captured: bool) -> tuple[list[float], list[int], list[int]]:
     env.reset(seed=4)
     values, step_captures, pass_captures = [], [], []
     for epoch in range(9):
-        action = wait_action(3)
+        action = wait_action()
         if epoch == 1:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         if epoch == 5:
             env.model.slot("r0c1").prune(force=True)  # the governor's instant prune: no ramp-down
         _, _, _, _, info = env.step(action)
@@ -57,9 +57,9 @@ def steps(env: MorphogeneticEnv, seed: int, epochs: int, germinate_at: int | Non
     obs, _ = env.reset(seed=seed)
     trace = [*obs["features"].tolist()]
     for epoch in range(epochs):
-        action = wait_action(3)
+        action = wait_action()
         if epoch == germinate_at:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         obs, reward, _, _, info = env.step(action)
         trace += [*obs["features"].tolist(), reward, info["train_loss"], info["val_loss"]]
     return trace

@@ -24,26 +24,26 @@ from esper_ray.train.ppo_config import build_ppo_config
 from tests.morpho_helpers import drive_to
 
 NUM_SLOTS = 2
-NVEC = action_nvec(NUM_SLOTS)
+NVEC = action_nvec()
 
 
 def make_dist(seed: int, scale: float = 1.0, batch: int | None = None) -> CausalFactoredDistribution:
     logits = scale * torch.randn(sum(NVEC), generator=torch.Generator().manual_seed(seed))
     if batch is not None:
         logits = logits.expand(batch, -1)
-    return CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+    return CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix())
 
 
 def test_heads_the_op_ignores_do_not_change_the_log_probability():
     dist = make_dist(0)
-    prune = torch.tensor([encode_joint(Op.PRUNE, 1, NUM_SLOTS), 3, 1, 0, 2, 1, 4])
+    prune = torch.tensor([encode_joint(Op.PRUNE, 1), 3, 1, 0, 2, 1, 4])
     other_blueprint = prune.clone()
     other_blueprint[1] = 5  # blueprint does not matter for PRUNE
     other_speed = prune.clone()
     other_speed[5] = 2  # alpha_speed does
     assert torch.equal(dist.logp(prune), dist.logp(other_blueprint))
     assert not torch.equal(dist.logp(prune), dist.logp(other_speed))
-    germinate = torch.tensor([encode_joint(Op.GERMINATE, 0, NUM_SLOTS), 3, 1, 0, 2, 1, 4])
+    germinate = torch.tensor([encode_joint(Op.GERMINATE, 0), 3, 1, 0, 2, 1, 4])
     germinate_other = germinate.clone()
     germinate_other[1] = 5
     assert not torch.equal(dist.logp(germinate), dist.logp(germinate_other))
@@ -73,7 +73,7 @@ def test_sampling_draws_each_head_from_its_softmax_and_logp_is_the_read_heads_ca
         frequency = torch.bincount(samples[:, h], minlength=NVEC[h]).double() / n
         probs = torch.softmax(part.double(), -1)
         assert torch.all((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt() + 1e-4), h
-    relevance = torch.tensor(relevance_matrix(NUM_SLOTS, NVEC[0]), dtype=torch.float64)
+    relevance = torch.tensor(relevance_matrix(), dtype=torch.float64)
     expected = []
     for action in samples[:50]:  # torch.distributions.Categorical per head, summed over the heads the op reads
         logps = [torch.distributions.Categorical(logits=part.double()).log_prob(a) for part, a in zip(parts, action)]
@@ -87,13 +87,13 @@ def test_per_head_entropies_sum_to_the_entropy_and_weight_argument_heads_by_use(
     assert float(sum(parts.values())) == pytest.approx(float(dist.entropy()))
     read = dist.read_probability()
     probs = torch.softmax(dist.heads[0].logits, -1)
-    germinate_prob = sum(float(probs[j]) for j in range(NVEC[0]) if decode_joint(j, NUM_SLOTS)[0] is Op.GERMINATE)
+    germinate_prob = sum(float(probs[j]) for j in range(NVEC[0]) if decode_joint(j)[0] is Op.GERMINATE)
     assert float(read[0]) == pytest.approx(germinate_prob)  # blueprint is read only by GERMINATE
 
 
 def test_the_blueprint_bonus_is_the_blueprint_heads_read_weighted_entropy_and_moves_only_that_head():
     logits = torch.randn(sum(NVEC), generator=torch.Generator().manual_seed(4)).requires_grad_()
-    dist = CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+    dist = CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix())
     blueprint = HEAD_NAMES.index("blueprint")
     start = sum(NVEC[:blueprint])  # the heads' logits are concatenated in HEAD_NAMES order
     expected = dist.read_probability()[blueprint - 1] * torch.distributions.Categorical(
@@ -112,7 +112,7 @@ def test_the_blueprint_bonus_is_the_blueprint_heads_read_weighted_entropy_and_mo
 def test_the_learners_blueprint_bonus_is_the_coefficient_times_the_masked_mean_and_off_at_zero():
     dist = CausalFactoredDistribution.from_logits(
         torch.randn(2, 3, sum(NVEC), generator=torch.Generator().manual_seed(5)), input_lens=NVEC,
-        relevance=relevance_matrix(NUM_SLOTS, NVEC[0]))
+        relevance=relevance_matrix())
     mask = torch.tensor([[True, True, False], [True, False, False]])  # padded steps never count
     per_step = dist.argument_entropy("blueprint")
     expected = 0.3 * (per_step[0, 0] + per_step[0, 1] + per_step[1, 0]) / 3
@@ -143,13 +143,13 @@ def test_the_prune_prior_makes_an_untrained_policy_prune_e_to_the_prior_times_as
     for prior in (0.0, -3.0):
         module, env = _module(prune_logit=prior)
         env.reset(seed=0)
-        env.step(lifecycle_action(Op.GERMINATE, 0, 2))
+        env.step(lifecycle_action(Op.GERMINATE, 0))
         env.model.slot("r0c0").metrics.age = 6  # old enough to prune
         obs = env._observation()
         with torch.no_grad():
             logits = module.forward_inference(_batch(obs, module))[Columns.ACTION_DIST_INPUTS][0, 0, : NVEC[0]]
         probs = torch.softmax(logits, -1)
-        prune, wait = float(probs[encode_joint(Op.PRUNE, 0, 2)]), float(probs[encode_joint(Op.WAIT, None, 2)])
+        prune, wait = float(probs[encode_joint(Op.PRUNE, 0)]), float(probs[encode_joint(Op.WAIT, None)])
         assert prune / wait == pytest.approx(math.exp(prior), rel=0.05), prior
 
 
@@ -163,11 +163,11 @@ def test_the_fossilize_prior_makes_an_untrained_policy_commit_a_holding_seed_e_t
         drive_to(slot, Stage.HOLDING)
         slot.metrics.record_contribution(0.05)  # G5: a seed that contributes may be fossilized
         obs = env._observation()
-        assert obs["action_mask"][: NVEC[0]][encode_joint(Op.FOSSILIZE, 0, 2)]
+        assert obs["action_mask"][: NVEC[0]][encode_joint(Op.FOSSILIZE, 0)]
         with torch.no_grad():
             logits = module.forward_inference(_batch(obs, module))[Columns.ACTION_DIST_INPUTS][0, 0, : NVEC[0]]
         probs = torch.softmax(logits, -1)
-        fossilize, wait = float(probs[encode_joint(Op.FOSSILIZE, 0, 2)]), float(probs[encode_joint(Op.WAIT, None, 2)])
+        fossilize, wait = float(probs[encode_joint(Op.FOSSILIZE, 0)]), float(probs[encode_joint(Op.WAIT, None)])
         assert fossilize / wait == pytest.approx(math.exp(prior), rel=0.05), prior
 
 

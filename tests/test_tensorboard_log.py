@@ -177,7 +177,7 @@ def test_perplexity_is_charted_for_text_tasks_only(fossilizing_episode):
     assert m.FINAL_PERPLEXITY not in digits  # exp(cross-entropy) of a classifier is no perplexity
     assert "host/final_perplexity" not in tensorboard_scalars(round_result(digits))
     text_env = MorphogeneticEnv({"task": "text", "text_max_bytes": 20_000, "max_epochs": 1, "device": "cpu"})
-    text = logged_episode(text_env, lambda obs: wait_action(len(text_env.slot_ids)))
+    text = logged_episode(text_env, lambda obs: wait_action())
     assert text[m.FINAL_PERPLEXITY] == pytest.approx(math.exp(text_env.val.loss()))  # per token
     assert tensorboard_scalars(round_result(text))["host/final_perplexity"] == text[m.FINAL_PERPLEXITY]
 

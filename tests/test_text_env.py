@@ -28,7 +28,7 @@ SMALL_TEXT = {"task": "text", "text_max_bytes": 30_000, "max_epochs": 4, "device
 def test_text_counts_tokens_and_reports_perplexity():
     env = MorphogeneticEnv({**SMALL_TEXT, "num_shards": 3, "shard": 1})
     _, info = env.reset(seed=0)
-    _, _, _, _, info = env.step(wait_action(3))
+    _, _, _, _, info = env.step(wait_action())
     sequences = len(env.shard)
     assert info["train_total"] == sequences * 64 and info["val_total"] == env.data.val_y.numel()  # tokens, not sequences
     assert info["train_batches"] == -(-sequences // env.cfg.effective_batch_size)
@@ -40,10 +40,10 @@ def test_blueprint_masks_follow_the_host_topology():
     text, image = MorphogeneticEnv(SMALL_TEXT), MorphogeneticEnv({"task": "digits", "max_epochs": 3})
     for env, allowed in ((text, set(TRANSFORMER_BLUEPRINTS) - {Blueprint.FLEX_ATTENTION}), (image, set(CNN_BLUEPRINTS))):
         obs, _ = env.reset(seed=0)
-        legal = {Blueprint(i) for i in np.flatnonzero(obs["action_mask"][head_offsets(3)["blueprint"]])}
+        legal = {Blueprint(i) for i in np.flatnonzero(obs["action_mask"][head_offsets()["blueprint"]])}
         assert legal == allowed  # flex_attention: no CPU backward in this torch, so masked with its reason
-    action = wait_action(3)
-    action[0], action[1] = encode_joint(Op.GERMINATE, 0, 3), int(Blueprint.CONV_LIGHT)
+    action = wait_action()
+    action[0], action[1] = encode_joint(Op.GERMINATE, 0), int(Blueprint.CONV_LIGHT)
     with pytest.raises(ValueError, match="masked action: head blueprint"):
         text.step(action)
     action[1] = int(Blueprint.LORA)
@@ -68,7 +68,7 @@ def test_pair_interactions_reach_the_observation():
     env.reset(seed=0)
     for slot_id in ("r0c0", "r0c1"):
         drive_to(env.model.slot(slot_id), Stage.HOLDING)  # germinates conv_light and walks it to HOLDING
-    obs, _, _, _, _ = env.step(wait_action(3))
+    obs, _, _, _, _ = env.step(wait_action())
     plan = build_plan(env.model)
     assert plan.pairs == (("r0c0", "r0c1"),)
     a, b = env.model.slot("r0c0").metrics, env.model.slot("r0c1").metrics

@@ -316,7 +316,7 @@ def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_onl
     a GERMINATE too, 3 of the 4 legal op/slot entries at the first step)."""
     cfg = small(tmp_path, rounds=2, envs=1, learners=0, max_epochs=4, episodes_per_env=2)
     out = Path(cfg.output)
-    germinate = [encode_joint(Op.GERMINATE, i, len(cfg.slots)) for i in range(len(cfg.slots))]
+    germinate = [encode_joint(Op.GERMINATE, i) for i in range(len(cfg.slots))]
 
     def add_to_op_logits(module, entries: list[int], logit: float) -> None:
         with torch.no_grad():

@@ -47,9 +47,9 @@ def episode_losses(captured: bool) -> tuple[list[float], int]:
     env.reset(seed=4)
     losses = []
     for epoch in range(14):
-        action = wait_action(3)
+        action = wait_action()
         if epoch == 1:  # a seed joins the step: the captured step must be replaced
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         _, _, _, _, info = env.step(action)
         losses += [info["train_loss"], info["val_loss"]]
     return losses, env.graphs.captures
@@ -79,9 +79,9 @@ def test_a_stale_captured_step_would_be_caught():
     env.reset(seed=4)
     losses = []
     for epoch in range(14):
-        action = wait_action(3)
+        action = wait_action()
         if epoch == 1:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         _, _, _, _, info = env.step(action)
         losses += [info["train_loss"], info["val_loss"]]
     assert losses != episode_losses(captured=False)[0]
@@ -124,8 +124,8 @@ def test_a_step_is_recaptured_exactly_when_its_code_path_changes():
 
 
 def germinate_action(blueprint: Blueprint) -> np.ndarray:
-    action = wait_action(3)
-    action[0], action[1] = encode_joint(Op.GERMINATE, 0, 3), int(blueprint)
+    action = wait_action()
+    action[0], action[1] = encode_joint(Op.GERMINATE, 0), int(blueprint)
     return action
 
 
@@ -141,16 +141,16 @@ def text_episode_with_a_seed(env: MorphogeneticEnv, blueprint: Blueprint) -> tup
         captures.append(env.graphs.captures)
         losses.extend([info["train_loss"], info["val_loss"]])
 
-    step(wait_action(3))
+    step(wait_action())
     step(germinate_action(blueprint))  # GERMINATED: the seed does not run yet; TRAINING from the epoch's end
     assert slot.stage is Stage.TRAINING and slot.blueprint is blueprint
     for _ in range(2):
-        step(wait_action(3))
+        step(wait_action())
     slot.metrics.epochs_in_stage = slot.cfg.min_training_epochs  # G2's wait and gradient check are not under test here
     give_healthy_gradients(slot)
     assert slot.advance() and slot.stage is Stage.BLENDING
     for _ in range(2):
-        step(wait_action(3))
+        step(wait_action())
     assert slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.is_active and float(slot.alpha_value) > 0  # blended in
     return captures, losses
 

@@ -45,9 +45,9 @@ def episode_validations(capture: type | None) -> tuple[list[tuple[float, float]]
     env.reset(seed=4)
     validations, captures, stages = [], [], []
     for epoch in range(20):
-        action = wait_action(3)
+        action = wait_action()
         if epoch == 1:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 1, 3), int(Blueprint.CONV_LIGHT)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 1), int(Blueprint.CONV_LIGHT)
         _, _, _, _, info = env.step(action)
         validations.append((info["val_accuracy"], info["val_loss"]))
         captures.append(env.val_graphs.captures)
@@ -127,9 +127,9 @@ def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     env.reset(seed=0)
     n = len(env.slot_ids)
     for epoch in range(8):
-        action = wait_action(n)
+        action = wait_action()
         if epoch == 0:
-            action[0], action[1] = encode_joint(Op.GERMINATE, 0, n), int(blueprint)
+            action[0], action[1] = encode_joint(Op.GERMINATE, 0), int(blueprint)
         env.step(action)
     plan = build_plan(env.model)
     assert len(plan.names) == 2 and env.val_graphs.captures >= 2, (plan.names, env.val_graphs.captures)

@@ -47,6 +47,12 @@ class Blueprint(IntEnum):
 # Embedding index for "no seed in this slot".
 BLUEPRINT_NONE_INDEX = len(Blueprint)
 
+BLUEPRINT_TABLE: tuple[str, ...] = tuple(b.key for b in Blueprint)
+"""Blueprint name by head and embedding index: recorded in a checkpoint (policy/layout.py), so a policy evaluated
+later knows which index is which."""
+if BLUEPRINT_TABLE[1:] != registry.BLUEPRINT_NAMES:  # the head is sized from the registry's names
+    raise ImportError(f"Blueprint {BLUEPRINT_TABLE[1:]} and registry.BLUEPRINT_NAMES {registry.BLUEPRINT_NAMES} differ")
+
 CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
     Blueprint.NORM,
     Blueprint.ATTENTION,
@@ -193,27 +199,40 @@ RELEVANT_HEADS: dict[Op, frozenset[str]] = {
 }
 
 
-# The joint (op, slot) head: index 0 is WAIT (which needs no slot); then one entry per (op, slot) for the
-# other ops, op-major: 1 + (op - 1) * num_slots + slot_index.
+MAX_SLOTS = 8
+"""Slots the policy's spaces are sized for, whatever the host: a host with fewer has its other positions absent
+(zero features, blueprint id NONE, every joint entry masked); a host with more is refused (check_slot_count)."""
+
+
+def check_slot_count(host: str, num_slots: int) -> None:
+    """ValueError in one line when a host has more slots than the policy's spaces hold."""
+    if num_slots > MAX_SLOTS:
+        raise ValueError(f"host {host!r} has {num_slots} slots; the policy holds at most MAX_SLOTS={MAX_SLOTS} "
+                         "(choose fewer with `slots`)")
+
+
+# The joint (op, slot) head: index 0 is WAIT (which needs no slot); then one entry per (op, slot position) for the
+# other ops, op-major: 1 + (op - 1) * MAX_SLOTS + slot_index. Sized for MAX_SLOTS, so an index means the same
+# (op, position) on every host.
 SLOTTED_OPS: tuple[Op, ...] = tuple(op for op in Op if op is not Op.WAIT)
 
 
-def joint_size(num_slots: int) -> int:
-    return 1 + len(SLOTTED_OPS) * num_slots
+def joint_size() -> int:
+    return 1 + len(SLOTTED_OPS) * MAX_SLOTS
 
 
-def encode_joint(op: Op, slot_index: int | None, num_slots: int) -> int:
+def encode_joint(op: Op, slot_index: int | None) -> int:
     if op is Op.WAIT:
         return 0
-    if slot_index is None or not 0 <= slot_index < num_slots:
-        raise ValueError(f"op {op.name} needs a slot index in [0, {num_slots}), got {slot_index}")
-    return 1 + (op - 1) * num_slots + slot_index
+    if slot_index is None or not 0 <= slot_index < MAX_SLOTS:
+        raise ValueError(f"op {op.name} needs a slot index in [0, {MAX_SLOTS}), got {slot_index}")
+    return 1 + (op - 1) * MAX_SLOTS + slot_index
 
 
-def decode_joint(index: int, num_slots: int) -> tuple[Op, int | None]:
-    if not 0 <= index < joint_size(num_slots):
-        raise ValueError(f"joint op/slot index {index} is outside [0, {joint_size(num_slots)}) for {num_slots} slots")
+def decode_joint(index: int) -> tuple[Op, int | None]:
+    if not 0 <= index < joint_size():
+        raise ValueError(f"joint op/slot index {index} is outside [0, {joint_size()})")
     if index == 0:
         return Op.WAIT, None
-    op_offset, slot_index = divmod(index - 1, num_slots)
+    op_offset, slot_index = divmod(index - 1, MAX_SLOTS)
     return Op(op_offset + 1), slot_index

@@ -38,13 +38,14 @@ from esper_ray.morpho.slot import SeedSlot
 BLOCKS_GERMINATION = frozenset({Stage.GERMINATED, Stage.TRAINING}) | COOLDOWN_STAGES
 
 
-def action_nvec(num_slots: int) -> list[int]:
-    return [joint_size(num_slots), *HEAD_SIZES_AFTER_JOINT]
+def action_nvec() -> list[int]:
+    """Sizes of the action heads: the same on every host (the joint head is sized for MAX_SLOTS)."""
+    return [joint_size(), *HEAD_SIZES_AFTER_JOINT]
 
 
-def head_offsets(num_slots: int) -> dict[str, slice]:
+def head_offsets() -> dict[str, slice]:
     offsets, start = {}, 0
-    for name, size in zip(HEAD_NAMES, action_nvec(num_slots)):
+    for name, size in zip(HEAD_NAMES, action_nvec()):
         offsets[name] = slice(start, start + size)
         start += size
     return offsets
@@ -98,15 +99,14 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
     before the run does). None left masks GERMINATE (legal_ops' `time_to_commit`); the tempo head, which only
     GERMINATE reads, then stays open so that no head is all masked. `mask_cut_off`: see legal_ops."""
     time_to_commit = bool(tempos)
-    n = len(slots)
-    offsets = head_offsets(n)
-    mask = np.zeros(sum(action_nvec(n)), dtype=np.int8)
-    joint = np.zeros(joint_size(n), dtype=np.int8)
-    joint[encode_joint(Op.WAIT, None, n)] = 1
+    offsets = head_offsets()
+    mask = np.zeros(sum(action_nvec()), dtype=np.int8)
+    joint = np.zeros(joint_size(), dtype=np.int8)  # positions past the host's slots stay masked
+    joint[encode_joint(Op.WAIT, None)] = 1
     for i, slot in enumerate(slots):
         for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds, time_to_commit=time_to_commit,
                             mask_cut_off=mask_cut_off):
-            joint[encode_joint(op, i, n)] = 1
+            joint[encode_joint(op, i)] = 1
     mask[offsets["op_slot"]] = joint
     blueprint = np.zeros(len(Blueprint), dtype=np.int8)
     blueprint[[int(b) for b in blueprints]] = 1
@@ -120,31 +120,31 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
     return mask
 
 
-def allows(mask: np.ndarray, op: Op, slot_index: int | None, num_slots: int, tempo: Tempo = Tempo.STANDARD) -> bool:
+def allows(mask: np.ndarray, op: Op, slot_index: int | None, tempo: Tempo = Tempo.STANDARD) -> bool:
     """Whether `mask` allows `op` on the slot; for GERMINATE, at `tempo` too (commit_horizon masks the tempos whose
     lifecycle would end after the run). What a rule-based controller asks before it acts."""
-    offsets = head_offsets(num_slots)
-    legal = bool(mask[offsets["op_slot"]][encode_joint(op, slot_index, num_slots)])
+    offsets = head_offsets()
+    legal = bool(mask[offsets["op_slot"]][encode_joint(op, slot_index)])
     return legal and (op is not Op.GERMINATE or bool(mask[offsets["tempo"]][int(tempo)]))
 
 
 def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[str]) -> FactoredAction:
     """Decode a MultiDiscrete action; raise ValueError if it picks a masked value of a head that matters."""
-    n = len(slot_ids)
-    offsets = head_offsets(n)
+    offsets = head_offsets()
     raw = np.asarray(action).ravel()
     if len(raw) != len(HEAD_NAMES):
         raise ValueError(f"action has {len(raw)} components; expected {len(HEAD_NAMES)} ({', '.join(HEAD_NAMES)})")
     values = []
-    for name, size, value in zip(HEAD_NAMES, action_nvec(n), raw):
+    for name, size, value in zip(HEAD_NAMES, action_nvec(), raw):
         if isinstance(value, (bool, np.bool_)) or not float(value).is_integer():
             raise ValueError(f"action head {name}={value.item()!r}: must be a whole number in [0, {size})")
         if not 0 <= int(value) < size:
             raise ValueError(f"action head {name}={int(value)}: out of range [0, {size})")
         values.append(int(value))
-    op, slot_index = decode_joint(values[0], n)
+    op, slot_index = decode_joint(values[0])
     if not mask[offsets["op_slot"]][values[0]]:
-        where = f" on slot {slot_ids[slot_index]}" if slot_index is not None else ""
+        where = "" if slot_index is None else (f" on slot {slot_ids[slot_index]}" if slot_index < len(slot_ids)
+                                               else f" on slot position {slot_index}, which this host does not have")
         raise ValueError(f"masked action: {op.name}{where} is not legal now (joint index {values[0]})")
     for name, value in zip(HEAD_NAMES[1:], values[1:]):
         if name in RELEVANT_HEADS[op] and not mask[offsets[name]][value]:

@@ -31,7 +31,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, FactoredAction, Op, Tempo, topology_blueprints
+from esper_ray.contracts.actions import (
+    BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, FactoredAction, Op, Tempo, check_slot_count, topology_blueprints,
+)
 from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
 from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
@@ -50,7 +52,7 @@ from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
 from esper_ray.env.spaces import MaskedMultiDiscrete
-from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size
+from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size, slot_descriptors
 from esper_ray.morpho import cpu_step
 from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
 from esper_ray.morpho.flops import FlopCounter, FlopTally
@@ -125,6 +127,8 @@ class MorphogeneticEnv(gym.Env):
         probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
         self.topology = probe.topology
         self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
+        check_slot_count(self.cfg.effective_host_preset, len(self.slot_ids))
+        self.slot_descriptors = slot_descriptors(probe.slots(), self.slot_ids)  # fixed for a host: where each slot sits
         if self.cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
             raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
                              f"{self.cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
@@ -139,14 +143,14 @@ class MorphogeneticEnv(gym.Env):
             self.val_x = self.data.val_x.to(self.device)
             self.val_y = self.data.val_y.to(self.device)
         self.random_guess_loss = math.log(self.data.num_classes)
-        n = len(self.slot_ids)
-        self.action_space = MaskedMultiDiscrete(action_nvec(n), mask_provider=self._current_mask)
+        # Sized for MAX_SLOTS whatever the host (observation.py, masks.py): a policy runs on any host.
+        self.action_space = MaskedMultiDiscrete(action_nvec(), mask_provider=self._current_mask)
         self.observation_space = gym.spaces.Dict({
-            "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(n),), dtype=np.float32),
-            "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * n),
+            "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(),), dtype=np.float32),
+            "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * MAX_SLOTS),
             # 0/1 per action value. MultiDiscrete rather than MultiBinary so that observation filters, which
             # leave discrete parts alone, never rescale the mask.
-            "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec(n))), 2), dtype=np.int8),
+            "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec())), 2), dtype=np.int8),
         })
         self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
         self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
@@ -479,7 +483,7 @@ class MorphogeneticEnv(gym.Env):
             last_action_success=self.last_success, last_op=self.last_op,
         )
         slots = self.model.seed_slots()
-        return {"features": build_features(view, slots), "blueprint_ids": blueprint_ids(slots), "action_mask": self._mask()}
+        return {"features": build_features(view, slots, self.slot_descriptors), "blueprint_ids": blueprint_ids(slots), "action_mask": self._mask()}
 
     def _info(self, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None, rollback_reason: str = "") -> dict[str, Any]:
         assert self.model is not None

@@ -1,4 +1,7 @@
-"""The observation: 23 base features + 31 per slot (DOMAIN.md section 6), slot blueprint ids, action mask.
+"""The observation: 23 base features + 37 per slot position (DOMAIN.md section 6) for MAX_SLOTS positions, slot
+blueprint ids, action mask. A slot's block is its 31 measured features, then 6 descriptors of where it sits
+(present, depth fraction, width, topology one-hot), so a position means the same on any host; the positions past the
+host's slots are absent: all zero, blueprint id NONE (and masked in the action head: masks.py).
 
 Features are raw (unnormalised) and bounded; normalisation happens in exactly one place, the policy's
 env-to-module connector, so the episode stores what the policy acted on. Accuracies are fractions.
@@ -12,7 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Blueprint, Op
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, Op
+from esper_ray.contracts.host import SlotSpec
+from esper_ray.contracts.registry import TOPOLOGIES
+from esper_ray.contracts.slots import forward_position, is_grid_slot
 from esper_ray.contracts.rewards import PP
 from esper_ray.contracts.stages import STAGE_ORDER, Stage
 from esper_ray.morpho.alpha_schedule import AlphaMode
@@ -20,6 +26,10 @@ from esper_ray.morpho.slot import SeedSlot
 
 BASE_FEATURES = 23
 SLOT_FEATURES = 31
+"""Measured features of a slot (the first part of its block)."""
+SLOT_DESCRIPTORS = 3 + len(TOPOLOGIES)
+"""Where a slot sits, fixed for a host: present, depth fraction, width, topology one-hot (slot_descriptors)."""
+SLOT_BLOCK = SLOT_FEATURES + SLOT_DESCRIPTORS
 HISTORY = 5
 FEATURE_BOUND = 10.0
 MISSING = -1.0  # sentinel for "not measured yet"
@@ -30,8 +40,26 @@ def symlog(x: float) -> float:
     return math.copysign(math.log1p(abs(x)), x)
 
 
-def feature_size(num_slots: int) -> int:
-    return BASE_FEATURES + SLOT_FEATURES * num_slots
+def feature_size() -> int:
+    """The same on every host: the features of MAX_SLOTS slot positions, absent ones zero."""
+    return BASE_FEATURES + SLOT_BLOCK * MAX_SLOTS
+
+
+def slot_descriptors(host_slots: Sequence[SlotSpec], slot_ids: Sequence[str]) -> np.ndarray:
+    """[len(slot_ids), SLOT_DESCRIPTORS]: present (1), depth fraction (the slot's position among all the host's slots
+    in forward order, 0 first .. 1 last, 0.5 for a host of one slot), width (log2 of its channels / 10) and its
+    topology one-hot. Forward order: `r{row}c{col}` slots by forward_position, a plug-in host's as slots() lists them."""
+    specs = {s.id: s for s in host_slots}
+    order = [s.id for s in host_slots]
+    if all(is_grid_slot(s) for s in order):
+        order = sorted(order, key=forward_position)
+    rows = []
+    for slot in slot_ids:
+        spec = specs[slot]
+        depth = order.index(slot) / (len(order) - 1) if len(order) > 1 else 0.5
+        topology = [float(spec.topology.value == t) for t in TOPOLOGIES]
+        rows.append([1.0, depth, math.log2(spec.channels) / 10.0, *topology])
+    return np.asarray(rows, dtype=np.float32).reshape(len(slot_ids), SLOT_DESCRIPTORS)
 
 
 @dataclass(frozen=True)
@@ -111,14 +139,20 @@ def slot_features(slot: SeedSlot, max_epochs: int) -> list[float]:
 
 
 def blueprint_ids(slots: Sequence[SeedSlot]) -> np.ndarray:
+    """[MAX_SLOTS]: each slot's seed's blueprint, NONE for an empty slot and an absent position."""
     ids = [int(s.blueprint) if s.blueprint is not None and s.stage is not Stage.DORMANT else BLUEPRINT_NONE_INDEX for s in slots]
-    return np.asarray(ids, dtype=np.int64)
+    return np.asarray(ids + [BLUEPRINT_NONE_INDEX] * (MAX_SLOTS - len(ids)), dtype=np.int64)
 
 
-def build_features(view: EpochView, slots: Sequence[SeedSlot]) -> np.ndarray:
+def build_features(view: EpochView, slots: Sequence[SeedSlot], descriptors: np.ndarray) -> np.ndarray:
+    """`descriptors`: slot_descriptors of `slots`, in their order."""
+    if len(slots) > MAX_SLOTS or descriptors.shape != (len(slots), SLOT_DESCRIPTORS):
+        raise ValueError(f"{len(slots)} slots with descriptors of shape {descriptors.shape}; at most MAX_SLOTS="
+                         f"{MAX_SLOTS} slots, {SLOT_DESCRIPTORS} descriptors each")
     values = base_features(view, slots)
-    for s in slots:
-        values += slot_features(s, view.max_epochs)
+    for s, d in zip(slots, descriptors.tolist()):
+        values += slot_features(s, view.max_epochs) + d
+    values += [0.0] * (SLOT_BLOCK * (MAX_SLOTS - len(slots)))  # absent positions
     features = np.asarray(values, dtype=np.float32)
     if not np.isfinite(features).all():
         bad = np.flatnonzero(~np.isfinite(features)).tolist()
@@ -129,7 +163,7 @@ def build_features(view: EpochView, slots: Sequence[SeedSlot]) -> np.ndarray:
 
 def slot_offset(slot_index: int) -> int:
     """Index of a slot's first feature in the feature vector."""
-    return BASE_FEATURES + SLOT_FEATURES * slot_index
+    return BASE_FEATURES + SLOT_BLOCK * slot_index
 
 
 # Positions inside a slot's block, for readers of the observation (the heuristic controller).
@@ -138,6 +172,10 @@ SLOT_ALPHA = 11
 SLOT_CONTRIBUTION = 12
 SLOT_EPOCHS_IN_STAGE = 28
 SLOT_CONTRIBUTION_FRESHNESS = 29
+SLOT_PRESENT = SLOT_FEATURES  # the first descriptor
+SLOT_DEPTH = SLOT_FEATURES + 1
+SLOT_WIDTH = SLOT_FEATURES + 2
+SLOT_TOPOLOGY = slice(SLOT_FEATURES + 3, SLOT_BLOCK)
 BASE_EPOCH = 0
 BASE_VAL_LOSS = 1
 BASE_VAL_ACCURACY = 2

@@ -23,20 +23,20 @@ from esper_ray.contracts.actions import (
 from esper_ray.env.masks import action_nvec, head_offsets
 
 
-def wait_action(num_slots: int) -> np.ndarray:
+def wait_action() -> np.ndarray:
     """WAIT with every other head at index 0 (WAIT reads no other head)."""
-    action = np.zeros(len(action_nvec(num_slots)), dtype=np.int64)
-    action[0] = encode_joint(Op.WAIT, None, num_slots)
+    action = np.zeros(len(action_nvec()), dtype=np.int64)
+    action[0] = encode_joint(Op.WAIT, None)
     return action
 
 
-def lifecycle_action(op: Op, slot_index: int | None, num_slots: int, *, blueprint: Blueprint = Blueprint.CONV_LIGHT,
+def lifecycle_action(op: Op, slot_index: int | None, *, blueprint: Blueprint = Blueprint.CONV_LIGHT,
                      style: Style = Style.SIGMOID_ADD, tempo: Tempo = Tempo.STANDARD,
                      alpha_target: AlphaTarget = AlphaTarget.FULL) -> np.ndarray:
     """One action of a rule-based controller: the heads GERMINATE reads as given, the others at their defaults
     (a prune is instant, a retarget linear)."""
     return np.array([
-        encode_joint(op, slot_index, num_slots), int(blueprint), int(style), int(tempo), int(alpha_target),
+        encode_joint(op, slot_index), int(blueprint), int(style), int(tempo), int(alpha_target),
         int(AlphaSpeed.INSTANT), int(AlphaCurve.LINEAR),
     ], dtype=np.int64)
 
@@ -45,20 +45,20 @@ class NoGrowthController:
     """Always WAIT: the host trains as it is."""
 
     def __init__(self, slot_ids: Sequence[str]) -> None:
-        self.num_slots = len(slot_ids)
+        pass
 
     def reset(self) -> None:
         pass
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        return wait_action(self.num_slots)
+        return wait_action()
 
 
 class RandomController:
     """Each head uniform over its legal values (the joint op/slot head over the legal (op, slot) pairs)."""
 
     def __init__(self, slot_ids: Sequence[str], seed: int) -> None:
-        self.offsets = head_offsets(len(slot_ids))
+        self.offsets = head_offsets()
         self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:

@@ -28,14 +28,14 @@ from ray.rllib.core.distribution.distribution import Distribution
 from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical, TorchDeterministic
 from ray.rllib.utils.annotations import override
 
-from esper_ray.contracts.actions import HEAD_NAMES, RELEVANT_HEADS, decode_joint
+from esper_ray.contracts.actions import HEAD_NAMES, RELEVANT_HEADS, decode_joint, joint_size
 
 
-def relevance_matrix(num_slots: int, joint_size: int) -> list[list[bool]]:
+def relevance_matrix() -> list[list[bool]]:
     """R[j][h]: does the op of joint index j read argument head h (heads after the joint one)?"""
     rows = []
-    for j in range(joint_size):
-        op, _ = decode_joint(j, num_slots)
+    for j in range(joint_size()):
+        op, _ = decode_joint(j)
         rows.append([name in RELEVANT_HEADS[op] for name in HEAD_NAMES[1:]])
     return rows
 

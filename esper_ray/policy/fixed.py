@@ -42,10 +42,9 @@ class FixedSeedController:
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         block = obs["features"][slot_offset(self.index) : slot_offset(self.index) + SLOT_FEATURES]
         op = self._wanted(decode_stage(block), block)
-        n = len(self.slot_ids)
-        if op is None or not allows(obs["action_mask"], op, self.index, n, self.seed.tempo):
-            return wait_action(n)
-        return lifecycle_action(op, self.index, n, blueprint=self.seed.blueprint, style=self.seed.style,
+        if op is None or not allows(obs["action_mask"], op, self.index, self.seed.tempo):
+            return wait_action()
+        return lifecycle_action(op, self.index, blueprint=self.seed.blueprint, style=self.seed.style,
                                 tempo=self.seed.tempo, alpha_target=AlphaTarget.FULL)
 
     def _wanted(self, stage: Stage, block: np.ndarray) -> Op | None:
@@ -70,18 +69,17 @@ class FixedPlanController:
 
     def __init__(self, slot_ids: Sequence[str], max_epochs: int, plan: FixedPlan, min_training_epochs: int) -> None:
         self.controllers = [FixedSeedController(slot_ids, max_epochs, seed, min_training_epochs) for seed in plan.seeds]
-        self.num_slots = len(slot_ids)
 
     def reset(self) -> None:
         for controller in self.controllers:
             controller.reset()
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
-        return first_acting(self.controllers, obs, self.num_slots)
+        return first_acting(self.controllers, obs)
 
 
-def first_acting(controllers: Sequence[FixedSeedController], obs: Mapping[str, np.ndarray], num_slots: int) -> np.ndarray:
+def first_acting(controllers: Sequence[FixedSeedController], obs: Mapping[str, np.ndarray]) -> np.ndarray:
     """The action of the first controller that does not wait; every one is asked, so each keeps its own count."""
-    waiting = wait_action(num_slots)
+    waiting = wait_action()
     actions = [controller.act(obs) for controller in controllers]
     return next((a for a in actions if not np.array_equal(a, waiting)), waiting)

@@ -205,7 +205,7 @@ class HeuristicController:
         n = len(self.slot_ids)
 
         def legal(op: Op, i: int) -> bool:
-            return allows(mask, op, i, n, TEMPO)
+            return allows(mask, op, i, TEMPO)
 
         for i, track in enumerate(self.t.slots):
             block = features[slot_offset(i) : slot_offset(i) + SLOT_FEATURES]
@@ -262,4 +262,4 @@ class HeuristicController:
         return None
 
     def _action(self, op: Op, slot_index: int | None, blueprint: Blueprint = Blueprint.CONV_LIGHT) -> np.ndarray:
-        return lifecycle_action(op, slot_index, len(self.slot_ids), blueprint=blueprint, tempo=TEMPO)
+        return lifecycle_action(op, slot_index, blueprint=blueprint, tempo=TEMPO)

@@ -3,6 +3,10 @@
 Illegal values are masked in the logits (the mask travels in the observation), and the action distribution
 ignores the heads that the chosen op does not read (see `distribution.py`). Observations arrive already
 normalised by the env-to-module connector; the module does no normalisation of its own.
+
+The spaces are sized for MAX_SLOTS slot positions on every host; an absent position has zero features, its
+blueprint embedding is zeroed (by its present flag, which the filter leaves as it is) and its joint entries are
+masked, so on a host of S slots the padding adds only zero inputs and masked logits.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, Op, encode_joint
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, MAX_SLOTS, Op, encode_joint
+from esper_ray.env.masks import action_nvec
+from esper_ray.env.observation import SLOT_PRESENT, feature_size, slot_offset
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
+from esper_ray.policy.layout import LAYOUT_KEY, check_layout
 
 # A masked logit: finite (so 0 * logit stays 0 in entropies) and far below any real logit.
 MASKED_LOGIT = -1e9
@@ -40,16 +47,23 @@ def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequent
 
 
 class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
-    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS), and
-    prune_logit and fossilize_logit (optional): the initial bias of the op head's PRUNE and FOSSILIZE entries."""
+    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS),
+    prune_logit and fossilize_logit (optional): the initial bias of the op head's PRUNE and FOSSILIZE entries, and
+    policy_layout (policy/layout.py; optional here, checked when given): what the inputs and outputs mean."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
         cfg = self.model_config
+        if cfg.get(LAYOUT_KEY) is not None:
+            check_layout(cfg[LAYOUT_KEY], "policy")
         spaces = self.observation_space.spaces  # type: ignore[union-attr]
         self.num_slots = int(spaces["blueprint_ids"].shape[0])
         features = int(spaces["features"].shape[0])
         self.nvec = [int(n) for n in self.action_space.nvec]  # type: ignore[union-attr]
+        if (self.num_slots, features, self.nvec) != (MAX_SLOTS, feature_size(), action_nvec()):
+            raise ValueError(f"policy: spaces of {self.num_slots} slots, {features} features and action heads {self.nvec}; "
+                             f"this code's are {MAX_SLOTS}, {feature_size()} and {action_nvec()} (MAX_SLOTS={MAX_SLOTS})")
+        self.present_columns = [slot_offset(i) + SLOT_PRESENT for i in range(MAX_SLOTS)]
         self.cell = int(cfg["lstm_cell_size"])
         self.embedding = nn.Embedding(BLUEPRINT_NONE_INDEX + 1, int(cfg["blueprint_embedding"]))
         nn.init.normal_(self.embedding.weight, std=0.02)
@@ -62,11 +76,11 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         self.policy_heads = nn.ModuleList([_mlp_head(self.cell, int(cfg["head_hidden"]), n, 0.01) for n in self.nvec])
         with torch.no_grad():  # priors, learnable like any bias: how often an untrained policy prunes and commits
             for op, key in ((Op.PRUNE, "prune_logit"), (Op.FOSSILIZE, "fossilize_logit")):
-                entries = [encode_joint(op, i, self.num_slots) for i in range(self.num_slots)]
+                entries = [encode_joint(op, i) for i in range(MAX_SLOTS)]  # absent positions are masked anyway
                 self.policy_heads[0][2].bias[entries] = float(cfg.get(key, 0.0))
         self.value_head = _mlp_head(self.cell, int(cfg["head_hidden"]), 1, 1.0)
         self.action_dist_cls = CausalFactoredDistribution.get_partial_dist_cls(
-            input_lens=self.nvec, relevance=relevance_matrix(self.num_slots, self.nvec[0])
+            input_lens=self.nvec, relevance=relevance_matrix()
         )
 
     @override(TorchRLModule)
@@ -76,7 +90,8 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
     def _embed(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         obs = batch[Columns.OBS]
         features = obs["features"].float()  # [B, T, F]
-        blueprints = self.embedding(obs["blueprint_ids"].long()).flatten(-2)  # [B, T, S * E]
+        present = features[..., self.present_columns].unsqueeze(-1)  # [B, T, S, 1]: absent positions add nothing
+        blueprints = (self.embedding(obs["blueprint_ids"].long()) * present).flatten(-2)  # [B, T, S * E]
         x = self.encoder(torch.cat([features, blueprints], dim=-1))
         state = batch[Columns.STATE_IN]
         if x.shape[1] == 1 and x.device.type == "cpu":

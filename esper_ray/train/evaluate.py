@@ -36,13 +36,14 @@ from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feature_filter_of
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.policy.layout import check_layout, saved_layout
 from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.grow import NetworkFiles, network_keeper
 from esper_ray.train.checkpoints import load_checkpoint_config
 from esper_ray.train.overlap import learn_pending
+from esper_ray.train.rounds import MODULE_PATH
 from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
-MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
 EVAL_SEED_STRIDE = 1_000_000  # reset seeds of evaluation episodes start here; training resets use small seeds
 
@@ -123,6 +124,9 @@ def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndar
 
 
 def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
+    """The checkpoint's module and observation filter; ValueError in one line when its policy layout (MAX_SLOTS,
+    features, blueprint table: policy/layout.py) is not this code's."""
+    check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
     module = RLModule.from_checkpoint(str((checkpoint / MODULE_PATH).resolve()))
     module.eval()
     pipeline = ConnectorPipelineV2.from_checkpoint(str((checkpoint / ENV_TO_MODULE_PATH).resolve()))
@@ -132,19 +136,11 @@ def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
 def check_policy_fits(checkpoint: Path, env: MorphogeneticEnv) -> None:
     """Refuse, in one line, a host run the checkpoint's policy cannot decide for, before any host trains.
 
-    The one compatibility check of `eval` and `grow`: today a policy's observation and action head grow with the
-    number of slots (23 + 31 x S features, 1 + 5 x S action values), so it runs only with as many enabled slots as
-    it was trained with (a policy for any host, issue 68 item 3, replaces this body).
+    The one compatibility check of `eval` and `grow`. A policy's spaces hold MAX_SLOTS slot positions whatever the
+    host (the env refuses a host with more), so any host fits; what must match is the policy layout the checkpoint
+    records (MAX_SLOTS, the features, the blueprint table: policy/layout.py). `env`: the run (its slots fit already).
     """
-    cfg = load_checkpoint_config(checkpoint)
-    if len(cfg.slots) == len(env.slot_ids):
-        return
-    host = env.cfg.effective_host_preset
-    raise ValueError(
-        f"checkpoint {checkpoint}: its policy decides for {len(cfg.slots)} slots (trained on {', '.join(cfg.slots)} of "
-        f"host {cfg.host_name}) and this run enables {len(env.slot_ids)} ({', '.join(env.slot_ids)} of host {host}); "
-        f"today a policy runs only with as many slots as it was trained with: name {len(cfg.slots)} of the host's "
-        f"slots with --env slots=[...] (`esper-ray host` lists them), or use a checkpoint trained with {len(env.slot_ids)}")
+    check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
 
 
 def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan | None = None) -> Controller:

@@ -27,6 +27,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
+from esper_ray.policy.layout import LAYOUT_KEY, policy_layout
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
 from esper_ray.train.callbacks import MorphoMetrics
 from esper_ray.train.clawback import clawback_connector
@@ -47,7 +48,7 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     steps_per_runner = cfg.episodes_per_env * cfg.max_epochs
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1, prune_logit=cfg.prune_logit,
-                        fossilize_logit=cfg.fossilize_logit)
+                        fossilize_logit=cfg.fossilize_logit, **{LAYOUT_KEY: policy_layout()})
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
         .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
