@@ -147,5 +147,9 @@ def test_two_rounds_of_train_on_a_family_log_each_member(ray_local, tmp_path, ca
     assert code == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
-    logged = json.dumps(rows)
-    assert all(f"esper/family_{m}_episodes" in logged for m in MEMBERS)
+    # each round's episodes counted by member (3 a round of the mean length: one of each, unless a rollback cut one)
+    for row in rows:
+        counts = {m: row["by_member"].get(f"{m}_episodes", 0) for m in MEMBERS}
+        assert sum(counts.values()) == row["episodes"] > 0, row["by_member"]
+        assert all(0 <= row["by_member"][f"{m}_final_accuracy"] <= 1 for m in MEMBERS if counts[m])
+    assert all(any(f"{m}_episodes" in row["by_member"] for row in rows) for m in MEMBERS)
