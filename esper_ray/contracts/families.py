@@ -109,7 +109,7 @@ def _register_builtins() -> None:
     _cnn("digits-impaired-k5", **digits, base_channels=3, kernel_size=5)
     registry.register_task("synthetic-gray", "esper_ray.data.datasets:synthetic_gray_task", hosts=("synthetic-gray",),
                           batch_size=64, host_lr=0.05)
-    _cnn("synthetic-gray", in_channels=1, image_size=16, base_channels=4, blocks=3, kernel_size=3, pool_layers=3)
+    _cnn("synthetic-gray", in_channels=1, image_size=16, base_channels=3, blocks=3, kernel_size=3, pool_layers=3)
 
     impaired = {"task": "digits-impaired"}
     synthetic = {"task": "synthetic", "host_preset": "synthetic-small", "synthetic_size": 500, "synthetic_held_out": 200,
@@ -131,7 +131,7 @@ def _register_builtins() -> None:
     register_family("digits-held-out", (
         Member("digits", {"task": "digits"}),  # the digits host: 3x3 kernels, 8/16/32 channels
         Member("impaired-k5", {**impaired, "host_preset": "digits-impaired-k5"}),
-        Member("synthetic-gray", {"task": "synthetic-gray", "synthetic_size": 2_000, "synthetic_held_out": 400}),
+        Member("synthetic-gray", {"task": "synthetic-gray", "synthetic_size": 1_000, "synthetic_held_out": 300}),
     ), builtin=True)
 
 
