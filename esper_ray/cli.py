@@ -80,9 +80,10 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
 
 
 def _print_saved(folder: Path | None, as_json: bool) -> None:
+    from esper_ray.train.grow import saved_line
+
     if folder is not None:  # on stderr under --json, so stdout stays one JSON document
-        print(f"grown network: {folder} (see {folder / 'summary.md'}; load it with esper_ray.load_grown({str(folder)!r}))",
-              file=sys.stderr if as_json else sys.stdout)
+        print(saved_line(folder), file=sys.stderr if as_json else sys.stdout)
 
 
 def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
@@ -190,10 +191,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
           file=sys.stderr if args.json else sys.stdout, flush=True)
     summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
-                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}")
+                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}",
+                                                    shared_name(checkpoint))
                                if folder else None, threads=args.threads)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
+    return 0
+
+
+def _cmd_grow(args: argparse.Namespace) -> int:
+    with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
+        from esper_ray.train.grow_command import GrowRequest, run_grow
+        from esper_ray.train.resources import quiet_ray_logs
+
+    quiet_ray_logs()  # no Ray is started, but RLlib's modules log their own deprecation notices
+    run_grow(GrowRequest(args.checkpoint, args.host, args.task, tuple(args.plugins), tuple(args.env or ()), args.seed,
+                         args.save, args.sample, args.threads))
     return 0
 
 
@@ -355,6 +368,43 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     evaluate.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     evaluate.set_defaults(func=_cmd_eval)
+
+    grow = sub.add_parser(
+        "grow", allow_abbrev=False, parents=[verbose_after],
+        help="a trained controller grows your host (built in or a plug-in's) once, and the network is kept; no RL training",
+        description="Grow a host network with a trained controller: the checkpoint's policy, frozen, makes every "
+        "decision of ONE host training run on --host (a registered host, or a package.module:HostClass import string) "
+        "and its task, and the grown network is saved as `eval --save` saves one (weights.pt, architecture.json, "
+        "summary.md, accuracy.png; esper_ray.load_grown(DIR)). Unlike `eval`, which scores a checkpoint on its own "
+        "task over several episodes, grow runs once, on the host you name, for the network it gives you; unlike "
+        "`train`, it trains no controller. The run takes the checkpoint's env settings (epochs, lifecycle) with the "
+        "host, its task and its slots put in (the checkpoint's slots where the host has them all, else every slot "
+        "the host declares), then --env. Refused in one line before the host trains: an unknown host or task, a "
+        "policy that cannot decide for this host (today: another number of slots), a --save folder that is in use. "
+        "Runs in this process, without Ray.",
+    )
+    grow.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or a training output folder (its newest checkpoint)")
+    grow.add_argument("--host", required=True, metavar="NAME_OR_IMPORT_STRING",
+                      help="the host to grow: a registered name (digits, cifar10, text, ... or a plug-in's) or "
+                           "package.module:HostClass (built with no arguments)")
+    grow.add_argument("--task", default=None, metavar="NAME",
+                      help="the data it grows on (default: the checkpoint's task if the host is one of its own, else "
+                           "the task the host is registered for; a host no task lists needs --task)")
+    grow.add_argument("--plugins", nargs="+", default=[], metavar="MOD",
+                      help="modules that register your own tasks, hosts or blueprints (docs/plugins.md), imported "
+                           "with those the checkpoint names")
+    grow.add_argument("--env", action="append", metavar="KEY=VALUE",
+                      help="an env setting on top of the checkpoint's (repeatable), e.g. --env max_epochs=40 "
+                           "--env 'slots=[h0, h1, h2]' --env device=cpu")
+    grow.add_argument("--seed", type=int, default=None, help="env seed: the host's initialisation and data order "
+                      "(default: the checkpoint's training seed)")
+    grow.add_argument("--sample", action="store_true",
+                      help="sample each decision from the policy instead of taking its most likely one (draws fixed by --seed)")
+    grow.add_argument("--save", metavar="DIR", help="a new folder for the network (default: a new one under the run "
+                      "folder's grown/, or ./grown/ where that cannot be written, named HOST-seedS and numbered past "
+                      "any that exists; printed)")
+    grow.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
+    grow.set_defaults(func=_cmd_grow)
 
     ab = sub.add_parser(
         "ab", allow_abbrev=False, parents=[verbose_after],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, Tempo, decode_joint, encode_joint
 from esper_ray.contracts.controllers import FixedPlan, FixedSeed
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import head_offsets
 from esper_ray.policy.fixed import FixedPlanController, FixedSeedController
@@ -204,3 +206,26 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
     # a step later the controller is refused that tempo, so it plants nothing (GERMINATE may still be legal at FAST)
     _, _, info = episode(commit_horizon=True, wait=last_legal[tempo], steps=last_legal[tempo] + 2)
     assert info["count/germinated"] == 0 and info["count/refused"] == 0
+
+
+def test_a_learned_controller_trains_with_the_commit_horizon_and_the_rule_based_ones_without_it():
+    """TrainConfig's env gets TRAINING_ENV_DEFAULTS (commit_horizon on) unless its `env` says otherwise; EnvConfig, which
+    the heuristic, fixed and no-growth controllers run on, keeps it off. Read through the env the settings build: the
+    fast tempo's last legal step is the last step at which a PPO run's env still allows GERMINATE."""
+    max_epochs = LifecycleConfig().commit_steps(Tempo.FAST) + 2
+    offsets = head_offsets(3)
+    germinate = [encode_joint(Op.GERMINATE, i, 3) for i in range(3)]
+
+    def germinate_legal_at_the_end(env_config: dict) -> bool:
+        env = MorphogeneticEnv({**env_config, "device": "cpu", "batch_size": 1024})
+        obs, _ = env.reset(seed=0)
+        for _ in range(max_epochs - 1):
+            obs, *_ = env.step(np.asarray([encode_joint(Op.WAIT, None, 3)] + [0] * 6))
+        return bool(obs["action_mask"][offsets["op_slot"]][germinate].any())
+
+    trained = TrainConfig(task="digits-impaired", max_epochs=max_epochs)
+    assert trained.lr == 3e-4
+    assert not germinate_legal_at_the_end(trained.env_config())
+    assert germinate_legal_at_the_end(TrainConfig(task="digits-impaired", max_epochs=max_epochs,
+                                                  env={"commit_horizon": False}).env_config())
+    assert germinate_legal_at_the_end({"task": "digits-impaired", "max_epochs": max_epochs})  # EnvConfig's default

@@ -93,7 +93,8 @@ class EnvConfig:
     tempo's does not (with the defaults, after step 11 of 25). A run keeps only its fossils, so such a seed can
     never be kept, and one that blends and is then dropped costs the host what it adapted to it: on digits-impaired
     every greedy policy of step_and_batch.yaml planted the fixed arm's seed at step 1 and then a second one at steps
-    12-25, never kept (docs/learning.md s. 8)."""
+    12-25, never kept (docs/learning.md s. 8). Off here (`esper-ray heuristic`, `host`), on in runs set up from
+    training settings (train, eval, every arm of ab: TrainConfig's TRAINING_ENV_DEFAULTS)."""
     mask_cut_off: bool = False
     """Mask GERMINATE in a slot the loss cannot reach once the seed below is kept: upstream of a CNN seed that blends
     by ADD (toward any target: seeds are kept at alpha 1 only) or holds it. A CNN seed reads the host detached, so at

@@ -98,7 +98,11 @@ class GreedyPolicyController:
             out = self.module.forward_inference(batch)
         self.state = out[Columns.STATE_OUT]
         dist = self.module.get_inference_action_dist_cls().from_logits(out[Columns.ACTION_DIST_INPUTS])
-        return dist.to_deterministic().sample()[0, 0].cpu().numpy()
+        return self.choose(dist)[0, 0].cpu().numpy()
+
+    def choose(self, dist: Any) -> torch.Tensor:
+        """The action drawn from the masked distribution: here its most likely value (`grow --sample` samples)."""
+        return dist.to_deterministic().sample()
 
 
 def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndarray], state: dict[str, torch.Tensor],
@@ -123,6 +127,24 @@ def load_policy(checkpoint: Path) -> tuple[RLModule, FeatureMeanStdFilter]:
     module.eval()
     pipeline = ConnectorPipelineV2.from_checkpoint(str((checkpoint / ENV_TO_MODULE_PATH).resolve()))
     return module, feature_filter_of(pipeline, f"checkpoint {checkpoint}")
+
+
+def check_policy_fits(checkpoint: Path, env: MorphogeneticEnv) -> None:
+    """Refuse, in one line, a host run the checkpoint's policy cannot decide for, before any host trains.
+
+    The one compatibility check of `eval` and `grow`: today a policy's observation and action head grow with the
+    number of slots (23 + 31 x S features, 1 + 5 x S action values), so it runs only with as many enabled slots as
+    it was trained with (a policy for any host, issue 68 item 3, replaces this body).
+    """
+    cfg = load_checkpoint_config(checkpoint)
+    if len(cfg.slots) == len(env.slot_ids):
+        return
+    host = env.cfg.effective_host_preset
+    raise ValueError(
+        f"checkpoint {checkpoint}: its policy decides for {len(cfg.slots)} slots (trained on {', '.join(cfg.slots)} of "
+        f"host {cfg.host_name}) and this run enables {len(env.slot_ids)} ({', '.join(env.slot_ids)} of host {host}); "
+        f"today a policy runs only with as many slots as it was trained with: name {len(cfg.slots)} of the host's "
+        f"slots with --env slots=[...] (`esper-ray host` lists them), or use a checkpoint trained with {len(env.slot_ids)}")
 
 
 def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan | None = None) -> Controller:
@@ -191,6 +213,7 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
     if seed is not None:
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
+    check_policy_fits(checkpoint, env)
     module, feature_filter = load_policy(checkpoint)
     return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True,
                         on_episode_end=on_episode_end, label="eval")

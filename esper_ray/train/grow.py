@@ -1,4 +1,4 @@
-"""`--save DIR` of `esper-ray eval` and `heuristic`, and `esper-ray ab --save`: keep the network a host run grew,
+"""`--save DIR` of `esper-ray eval`, `heuristic` and `grow`, and `esper-ray ab --save`: keep the network a host run grew,
 with its description.
 
     DIR/weights.pt, DIR/architecture.json   the network (morpho/grown_artifact.py; `esper_ray.load_grown(DIR)`)
@@ -51,8 +51,10 @@ def input_description(data: TaskData, example: Any) -> dict[str, Any]:
                        "stores them; logits [B, classes]"}
 
 
-def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory, controller: str) -> None:
-    """Write the env's final network and its description into `folder` (summary needs its test accuracy)."""
+def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory, controller: str,
+                   checkpoint: str | None = None) -> None:
+    """Write the env's final network and its description into `folder` (summary needs its test accuracy);
+    `checkpoint`: the policy's checkpoint as files meant for sharing name it (RUN/checkpoints/round_N), if one grew it."""
     if env.model is None or summary.test_accuracy is None or summary.test_loss is None:
         raise RuntimeError("save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)")
     network = grown_from(env.model, env.cfg.plugins)
@@ -79,6 +81,8 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
         "val_accuracy_by_epoch": history.val_accuracy, "train_accuracy_by_epoch": history.train_accuracy,
         "esper_ray_version": esper_ray.__version__,
     }
+    if checkpoint is not None:
+        run["checkpoint"] = checkpoint
     extra = {"run": run, "input": input_description(env.data, env.data.test_x[0]), "slots": slots}
     architecture = {**describe(network), **extra}
     folder.mkdir(parents=True, exist_ok=True)
@@ -88,13 +92,18 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
     save_grown_network(folder, network, extra)
 
 
-def saver(folder: Path, controller: str) -> EpisodeEnd:
+def saver(folder: Path, controller: str, checkpoint: str | None = None) -> EpisodeEnd:
     """The `on_episode_end` hook of a `--save` run (one episode: check_save_folder refuses more)."""
 
     def save(env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory) -> None:
-        save_grown_run(folder, env, summary, history, controller)
+        save_grown_run(folder, env, summary, history, controller, checkpoint)
 
     return save
+
+
+def saved_line(folder: Path) -> str:
+    """What a command prints once it has kept a network."""
+    return f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with esper_ray.load_grown({str(folder)!r}))"
 
 
 def episode_folder(root: Path, episode: int) -> Path:
