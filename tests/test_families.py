@@ -153,3 +153,11 @@ def test_two_rounds_of_train_on_a_family_log_each_member(ray_local, tmp_path, ca
         assert sum(counts.values()) == row["episodes"] > 0, row["by_member"]
         assert all(0 <= row["by_member"][f"{m}_final_accuracy"] <= 1 for m in MEMBERS if counts[m])
     assert all(any(f"{m}_episodes" in row["by_member"] for row in rows) for m in MEMBERS)
+
+
+def test_a_controller_trained_on_a_family_grows_the_one_host_asked_for():
+    from esper_ray.train.grow_command import grow_env_config
+
+    base = TrainConfig(family="digits-family-3slot").env_config(shard=0, num_shards=1)
+    config = grow_env_config(base, ("r0c0", "r0c1", "r0c2"), "digits", None, (), {}, None)
+    assert "family" not in config and config["host_preset"] == "digits"
