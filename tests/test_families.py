@@ -161,3 +161,17 @@ def test_a_controller_trained_on_a_family_grows_the_one_host_asked_for():
     base = TrainConfig(family="digits-family-3slot").env_config(shard=0, num_shards=1)
     config = grow_env_config(base, ("r0c0", "r0c1", "r0c2"), "digits", None, (), {}, None)
     assert "family" not in config and config["host_preset"] == "digits"
+
+
+def test_an_experiment_file_names_a_family_under_training_or_per_arm():
+    from esper_ray.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec.from_mapping({
+        "name": "families", "seeds": [0], "rounds": 1,
+        "training": {"family": "digits-family-3slot", "max_epochs": 25},
+        "arms": {"family": {"controller": "ppo"}, "one_host": {"controller": "ppo", "family": None}},
+    })
+    configs = {t.arm: TrainConfig.from_mapping(t.train) for t in spec.trials()}
+    assert configs["family"].family == "digits-family-3slot" and configs["one_host"].family is None
+    with pytest.raises(ValueError, match="nope"):
+        TrainConfig.from_mapping({**configs["family"].to_dict(), "family": "nope"})
