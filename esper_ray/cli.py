@@ -164,7 +164,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from esper_ray.train.runner import format_outcome, run_training
 
     cfg, resume = train_config_from_args(args)
-    print(f"esper-ray train: task {cfg.task}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
+    what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
+    print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
           f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
           f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)", flush=True)
     outcome = run_training(cfg, Path(cfg.output), resume=resume)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from esper_ray.contracts import registry
+from esper_ray.contracts import families, registry
 from esper_ray.contracts.fields import MAX_INT, check_int, check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
@@ -48,6 +49,13 @@ class EnvConfig:
     plugins: tuple[str, ...] = ()
     """Modules that register tasks, hosts or blueprints ('package.module' or 'package.module:function'), imported
     before any name is looked up, in every process that builds this env (docs/plugins.md)."""
+    family: str | None = None
+    """A registered family of hosts and tasks (digits-family, digits-family-3slot, digits-held-out or a plug-in's):
+    each episode draws one member and applies its settings over these (docs/families.md). None: every episode
+    uses these settings as they are."""
+    train_samples: int | None = None
+    """A data budget: train on the training split's first this many samples only (split among the shards; None:
+    all of them)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
     """Enabled injection slots: `r{row}c{col}` on the built-in hosts, the names a plug-in host declares on its own."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
@@ -165,6 +173,8 @@ class EnvConfig:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
         if self.text_max_bytes is not None:
             check_int("text_max_bytes", self.text_max_bytes, 1_000)
+        if self.train_samples is not None:
+            check_int("train_samples", self.train_samples, max(self.num_shards, 1))  # every shard needs a sample
         if self.host_preset is not None:
             registry.host(self.host_preset, field="host_preset")  # an unknown name lists the known ones; an import string registers itself
         own = list(registry.task(self.task).hosts)
@@ -192,6 +202,38 @@ class EnvConfig:
         if self.gate_mode not in [m.value for m in GateMode]:
             raise ValueError(f"gate_mode={self.gate_mode!r}: choose one of {[m.value for m in GateMode]}")
         self.reward_config  # validates reward_mode / reward_family / gamma together
+        if self.family is not None:
+            self.members()  # each member's settings, checked now
+
+    def members(self) -> tuple[tuple[families.Member, EnvConfig], ...]:
+        """The family's members, each with the env settings of its episodes (these, its overrides applied); () without
+        a family. ValueError naming the family, the member and the field for a setting that does not fit."""
+        if self.family is None:
+            return ()
+        out = []
+        for member in families.family(self.family):
+            where = f"family {self.family!r}, member {member.name!r}"
+            fixed = sorted(families.RUN_KEYS & set(member.env))
+            if fixed:
+                raise ValueError(f"{where}: {fixed} are the run's settings, the same for every member; set them on the run")
+            try:
+                check_keys(EnvConfig, member.env, "env setting")
+                cfg = dataclasses.replace(self, family=None, **member.env)
+                cfg.check_slots()
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+            out.append((member, cfg))
+        return tuple(out)
+
+    def check_slots(self) -> None:
+        """ValueError unless the host has every slot in `slots` (its shapes only: built on the meta device)."""
+        import torch
+
+        from esper_ray.contracts.slots import check_slots
+        from esper_ray.morpho.hosts import build_host
+
+        with torch.device("meta"):
+            check_slots(list(self.slots), build_host(self.effective_host_preset).slot_ids)
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> EnvConfig:

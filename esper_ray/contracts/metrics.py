@@ -61,6 +61,9 @@ DRIVER_SAMPLING_SECONDS = "esper/driver_sampling_seconds"
 DRIVER_WEIGHT_SYNC_SECONDS = "esper/driver_weight_sync_seconds"
 """Wall seconds the driver spends after sampling to send the new weights to the runners (overlap only): the runners
 stand idle meanwhile."""
+FAMILY_PREFIX = "esper/family_"
+"""Followed by a family member's name: `esper/family_<member>_episodes` (a sum over the round) and
+`esper/family_<member>_final_accuracy` (a mean over its episodes), so a run on a family shows each host apart."""
 EPISODES = "esper/episodes"
 EPISODE_RETURN = "esper/episode_return"
 """This round's mean episode return (RLlib's episode_return_mean is smoothed over the last 100 episodes)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ MAX_COUNT = 100_000
 # fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds (docs/results/studies/
 # horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46 (studies/commit_horizon/).
 TRAINING_ENV_DEFAULTS: dict[str, Any] = {"commit_horizon": True}
-TRAIN_OWNED_ENV_KEYS = frozenset({"task", "plugins", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
+TRAIN_OWNED_ENV_KEYS = frozenset({"task", "family", "plugins", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class TrainConfig:
     alone reaches ~98 %), cifar10 (needs env.data_dir), synthetic (generated CIFAR-shaped data), text (byte-level
     language modelling: Python's embedded help texts, or the .txt files of env.data_dir), or a task a plug-in
     registers."""
+    family: str | None = None
+    """A registered family of hosts and tasks to train on (digits-family-3slot, digits-family, or a plug-in's): each
+    episode draws one member, whose settings override these (docs/families.md). None: one host, these settings."""
     plugins: tuple[str, ...] = ()
     """Modules that register your own tasks, hosts or blueprints ('package.module' or 'package.module:function'),
     imported in every process of the run, Ray's workers included, and recorded in its checkpoints (docs/plugins.md)."""
@@ -183,7 +187,8 @@ class TrainConfig:
     def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:
         """The env_config every env runner receives (shard and num_shards are filled in per runner)."""
         config: dict[str, Any] = {
-            **TRAINING_ENV_DEFAULTS, "task": self.task, "plugins": list(self.plugins), "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
+            **TRAINING_ENV_DEFAULTS, "task": self.task, **({"family": self.family} if self.family is not None else {}),
+            "plugins": list(self.plugins), "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
             "reward_family": self.reward_family, "gamma": self.gamma, "seed": self.seed, **self.env,
         }
         if shard is not None:
@@ -207,5 +212,23 @@ class TrainConfig:
         return self.learner_cpus if self.learner_cpus is not None else 0.0
 
     @property
+    def episode_lengths(self) -> tuple[int, ...]:
+        """Epochs of an episode: max_epochs, or each family member's."""
+        members = EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).members()
+        return tuple(cfg.max_epochs for _, cfg in members) or (self.max_epochs,)
+
+    @property
+    def longest_episode(self) -> int:
+        """The LSTM's sequence length less its bootstrap step: the longest episode, so each stays one sequence."""
+        return max(self.episode_lengths)
+
+    @property
+    def episode_steps_per_env(self) -> int:
+        """Steps an env runner samples a round: episodes_per_env episodes of the mean length (a family's members
+        are drawn in turn, so its episodes average that)."""
+        lengths = self.episode_lengths
+        return math.ceil(self.episodes_per_env * sum(lengths) / len(lengths))
+
+    @property
     def episode_steps_per_round(self) -> int:
-        return self.envs * self.episodes_per_env * self.max_epochs
+        return self.envs * self.episode_steps_per_env

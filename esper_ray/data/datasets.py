@@ -129,11 +129,12 @@ def load_cifar10(data_dir: str | None) -> TaskData:
 
 
 def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10,
-                   held_out: int | None = None) -> TaskData:
+                   held_out: int | None = None, seed: int = SPLIT_SEED, name: str = "synthetic") -> TaskData:
     """Learnable CIFAR-shaped data, stored as CIFAR is (uint8): each class is a smooth random prototype, samples add
     noise and a gain, quantised as 128 + 32 x, so `prepare` gives back x (about unit scale). Validation and test get
-    `held_out` samples each (default: a fifth of train_size)."""
-    gen = torch.Generator().manual_seed(SPLIT_SEED)
+    `held_out` samples each (default: a fifth of train_size). `seed` fixes the prototypes and samples: another seed
+    is another data set."""
+    gen = torch.Generator().manual_seed(seed)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=gen)
     prototypes = torch.nn.functional.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False)
     held_out = max(train_size // 5 if held_out is None else held_out, num_classes)
@@ -148,7 +149,7 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
     val_x, val_y = sample(held_out)
     test_x, test_y = sample(held_out)
     mean, std = (128 / 255,) * channels, (32 / 255,) * channels
-    return TaskData("synthetic", train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 255.0, mean, std)
+    return TaskData(name, train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 255.0, mean, std)
 
 
 def load_text_task(data_dir: str | None, seq_len: int, max_bytes: int | None) -> TaskData:
@@ -168,6 +169,12 @@ def cifar10_task(context: TaskContext) -> TaskData:
 
 def synthetic_task(context: TaskContext) -> TaskData:
     return make_synthetic(context.synthetic_size, held_out=context.synthetic_held_out)
+
+
+def synthetic_gray_task(context: TaskContext) -> TaskData:
+    """digits-held-out's data set (contracts/families.py): 16x16 grey images of other prototypes than synthetic's."""
+    return make_synthetic(context.synthetic_size, image_size=16, channels=1, held_out=context.synthetic_held_out,
+                          seed=SPLIT_SEED + 1, name="synthetic-gray")
 
 
 def text_task(context: TaskContext) -> TaskData:

@@ -35,6 +35,7 @@ from esper_ray.contracts.actions import (
     BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, FactoredAction, Op, Tempo, check_slot_count, topology_blueprints,
 )
 from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
+from esper_ray.contracts.families import Member
 from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
 from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
 from esper_ray.contracts.slots import check_slots, is_grid_slot
@@ -62,6 +63,8 @@ from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.rewards import compute_reward
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+FAMILY_STREAM = 6_811
+"""Keys the member draws' generator apart from the episode seeds' (both start from the run's seed)."""
 HOST_MOMENTUM = 0.9
 HOST_WEIGHT_DECAY = 5e-4
 
@@ -113,7 +116,8 @@ class MorphogeneticEnv(gym.Env):
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.cfg = EnvConfig.from_mapping(dict(config or {}))
-        self.reward_config = self.cfg.reward_config  # this env's own copy
+        self._base_cfg = self.cfg  # with a family, self.cfg is the current member's settings
+        self.model: MorphogeneticModel | None = None
         self.device = resolve_device(self.cfg.device)
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         if self.device.type == "cuda":
@@ -124,26 +128,15 @@ class MorphogeneticEnv(gym.Env):
         self.graphs = StepGraphs(enabled=graphs, capture=functools.partial(CapturedStep, memory=memory))
         self.val_graphs = ValidationGraphs(enabled=graphs and self.cfg.graph_validation,
                                            capture=functools.partial(CapturedValidation, memory=memory))
-        probe = build_host(self.cfg.effective_host_preset)  # its slots, topology and context length
-        self.topology = probe.topology
-        self.slot_ids: list[str] = check_slots(list(self.cfg.slots), probe.slot_ids)
-        check_slot_count(self.cfg.effective_host_preset, len(self.slot_ids))
-        self.slot_descriptors = slot_descriptors(probe.slots(), self.slot_ids)  # fixed for a host: where each slot sits
-        if self.cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
-            raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
-                             f"{self.cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
-        self.blueprints = self._usable_blueprints()
-        self.flop_counter = FlopCounter(self.cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
-        seq_len = int(probe.example_input().shape[-1]) if self.cfg.tokens else 64  # a token task's context: the host's
-        self.data: TaskData = load_task(self.cfg.task, TaskContext(
-            self.cfg.data_dir, self.cfg.synthetic_size, seq_len, self.cfg.text_max_bytes, self.cfg.synthetic_held_out))
-        idx = shard_indices(len(self.data.train_y), self.cfg.shard, self.cfg.num_shards)
-        with self._on_stream():
-            self.shard = DeviceShard(self.data.train_x[idx], self.data.train_y[idx], self.device)
-            self.val_x = self.data.val_x.to(self.device)
-            self.val_y = self.data.val_y.to(self.device)
-        self.random_guess_loss = math.log(self.data.num_classes)
-        # Sized for MAX_SLOTS whatever the host (observation.py, masks.py): a policy runs on any host.
+        self.family = self.cfg.members()  # (member, its env settings) per member; () without a family
+        if self.family:
+            _check_slot_counts(self.cfg.family, self.family)  # every member now, not at its first draw
+        self._member: str | None = None  # the member whose host, data and slots are in place
+        self._placed = False
+        self._member_data: dict[str, tuple[TaskData, DeviceShard, torch.Tensor, torch.Tensor]] = {}
+        self._family_seed, self._family_draws = self.cfg.seed, 0
+        self._use(*self.family[0]) if self.family else self._use(None, self.cfg)
+        # Sized for MAX_SLOTS whatever the host (observation.py, masks.py): a policy runs on any host, a family's too.
         self.action_space = MaskedMultiDiscrete(action_nvec(), mask_provider=self._current_mask)
         self.observation_space = gym.spaces.Dict({
             "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(),), dtype=np.float32),
@@ -153,11 +146,74 @@ class MorphogeneticEnv(gym.Env):
             "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec())), 2), dtype=np.int8),
         })
         self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
-        self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
         self._round: int | None = None  # set by start_round() in RLlib training
         self._episode_in_round = 0
-        self.model: MorphogeneticModel | None = None
-        self._commit_steps = {tempo: self.cfg.lifecycle.commit_steps(tempo) for tempo in Tempo}
+
+    def _use(self, member: Member | None, cfg: EnvConfig) -> None:
+        """Put a member's host, slots and data in place (the run's own settings without a family): everything that
+        follows from the env settings but the device, the spaces and the RNGs. Each member's data is loaded once."""
+        name = member.name if member is not None else None
+        if self._placed and name == self._member:
+            return
+        self.cfg, self._member, self._placed = cfg, name, True
+        self.reward_config = cfg.reward_config  # this env's own copy
+        probe = build_host(cfg.effective_host_preset)  # its slots, topology and context length
+        self.topology = probe.topology
+        self.slot_ids: list[str] = check_slots(list(cfg.slots), probe.slot_ids)
+        check_slot_count(cfg.effective_host_preset, len(self.slot_ids))
+        self.slot_descriptors = slot_descriptors(probe.slots(), self.slot_ids)  # fixed for a host: where each slot sits
+        if cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
+            raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
+                             f"{cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
+        self.blueprints = self._usable_blueprints()
+        self.flop_counter = FlopCounter(cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
+        key = name or ""
+        if key not in self._member_data:
+            seq_len = int(probe.example_input().shape[-1]) if cfg.tokens else 64  # a token task's context: the host's
+            data = load_task(cfg.task, TaskContext(
+                cfg.data_dir, cfg.synthetic_size, seq_len, cfg.text_max_bytes, cfg.synthetic_held_out))
+            available = len(data.train_y)
+            if cfg.train_samples is not None and cfg.train_samples > available:
+                where = f"family {self.family_name!r}, member {name!r}: " if name is not None else ""
+                raise ValueError(f"{where}train_samples={cfg.train_samples:,}: task {cfg.task} has only {available:,} "
+                                 "training samples")
+            idx = shard_indices(min(available, cfg.train_samples or available), cfg.shard, cfg.num_shards)
+            with self._on_stream():
+                shard = DeviceShard(data.train_x[idx], data.train_y[idx], self.device)
+                self._member_data[key] = (data, shard, data.val_x.to(self.device), data.val_y.to(self.device))
+        self.data, self.shard, self.val_x, self.val_y = self._member_data[key]
+        self.random_guess_loss = math.log(self.data.num_classes)
+        self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
+        self._commit_steps = {tempo: cfg.lifecycle.commit_steps(tempo) for tempo in Tempo}
+        if self.model is not None:  # another host: its own optimizer, and none of the old graphs
+            self.model = None
+            self.graphs.forget()
+            self.val_graphs.forget()
+
+    @property
+    def family_name(self) -> str | None:
+        return self._base_cfg.family
+
+    @property
+    def member(self) -> str | None:
+        """The family member of the current episode (None without a family)."""
+        return self._member
+
+    def _draw_member(self) -> None:
+        """Pick this episode's member: position g = episode x num_shards + shard in a sequence of shuffled blocks of
+        every member, so the envs of a round together use each member once per block (and each env every member over
+        enough episodes), the same in every run of this seed. In training rounds the blocks restart each round, keyed by
+        (seed, round), so a resumed run draws as the uninterrupted one did; else they run on from reset(seed=...)."""
+        if not self.family:
+            return
+        if self._round is not None:
+            position, key = self._episode_in_round * self.cfg.num_shards + self.cfg.shard, [self._base_cfg.seed, self._round]
+        else:
+            position, key = self._family_draws * self.cfg.num_shards + self.cfg.shard, [self._family_seed]
+            self._family_draws += 1
+        block, at = divmod(position, len(self.family))
+        order = np.random.default_rng([FAMILY_STREAM, *key, block]).permutation(len(self.family))
+        self._use(*self.family[int(order[at])])
 
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -199,6 +255,9 @@ class MorphogeneticEnv(gym.Env):
 
     # ------------------------------------------------------------------ phases
     def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if seed is not None and self._round is None:
+            self._family_seed, self._family_draws = seed, 0
+        self._draw_member()
         if self._round is not None:
             rng = np.random.default_rng([self.cfg.seed, self.cfg.shard, self._round, self._episode_in_round])
             self._episode_in_round += 1
@@ -490,6 +549,7 @@ class MorphogeneticEnv(gym.Env):
         info: dict[str, Any] = {
             "epoch": self.epoch,
             "episode_seed": self._episode_seed,
+            **({"family_member": self._member} if self._member is not None else {}),
             "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
             "committed_accuracy": self.committed_accuracy,
             "val_correct": self.val.correct[0], "val_total": self.val.samples,
@@ -515,6 +575,17 @@ class MorphogeneticEnv(gym.Env):
         if self.precision.scaler is not None:
             info["grad_scale"] = float(self.precision.scaler.get_scale())
         return info
+
+
+def _check_slot_counts(name: str | None, members: tuple[tuple[Member, EnvConfig], ...]) -> None:
+    """One line for a member whose host has more slots than the policy's spaces hold (shapes only: the meta device)."""
+    for member, cfg in members:
+        with torch.device("meta"):
+            slots = check_slots(list(cfg.slots), build_host(cfg.effective_host_preset).slot_ids)
+        try:
+            check_slot_count(cfg.effective_host_preset, len(slots))
+        except ValueError as error:
+            raise ValueError(f"family {name!r}, member {member.name!r}: {error}") from None
 
 
 @contextlib.contextmanager

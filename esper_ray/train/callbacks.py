@@ -53,6 +53,9 @@ class MorphoMetrics(RLlibCallback):
         log(m.SEEDS_PRUNED, final["count/pruned"], reduce="mean")
         log(m.ROLLBACKS, final["count/rollbacks"], reduce="sum")
         log(m.EPISODES, 1, reduce="sum")
+        if "family_member" in final:  # the env's info names the episode's family member
+            log(f"{m.FAMILY_PREFIX}{final['family_member']}_episodes", 1, reduce="sum")
+            log(f"{m.FAMILY_PREFIX}{final['family_member']}_final_accuracy", final["committed_accuracy"], reduce="mean")
         log(m.EPISODE_RETURN, sum(chunk.get_return() for chunk in chunks), reduce="mean")
         for outcome in m.BLUEPRINT_OUTCOMES:
             prefix = f"count/{outcome}/"

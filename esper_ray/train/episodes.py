@@ -59,6 +59,8 @@ class EpisodeSummary:
     """Parameters of the seeds still live (not fossilized) when the run ended: not part of the kept network."""
     test_accuracy_with_probation: float | None = None
     """Held-out test accuracy with the seeds on probation in (where test_accuracy is measured)."""
+    family_member: str | None = None
+    """The family member the episode ran on (EnvConfig.family; None without one)."""
     torch_threads: int = 0
     """torch's intra-op threads in the process that ran the episode, read at its end (train/threads.py)."""
 
@@ -158,7 +160,7 @@ def run_episode(
         test_accuracy=test.accuracy if test else None, test_loss=test.loss if test else None,
         final_accuracy_with_probation=float(info["val_accuracy"]), params_on_probation=int(info["seed_params"]) - kept,
         test_accuracy_with_probation=test.accuracy_with_probation if test else None,
-        torch_threads=torch.get_num_threads(),
+        family_member=info.get("family_member"), torch_threads=torch.get_num_threads(),
     )
 
 
@@ -192,7 +194,7 @@ def format_summary(s: EpisodeSummary) -> str:
         probation = (f" ({s.params_on_probation:,} params still on probation dropped; with them "
                      f"{100 * (with_probation or 0.0):.2f}%)")
     return (
-        f"episode {s.episode}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
+        f"episode {s.episode}{f' ({s.family_member})' if s.family_member else ''}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
         f"params kept {s.params_added:,} on a {s.host_params:,}-param host{probation}, seeds germinated {s.germinated} / "
         f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, training {s.train_flops:.3g} FLOPs, "
         f"{s.seconds:.1f}s"

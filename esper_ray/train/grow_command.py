@@ -95,7 +95,7 @@ def grow_env_config(base: Mapping[str, Any], checkpoint_slots: Sequence[str], ho
             raise ValueError(f"--task: {err}") from None
     host_slots = build_host(host).slot_ids
     slots = list(checkpoint_slots) if set(checkpoint_slots) <= set(host_slots) else list(host_slots)
-    config = {k: v for k, v in base.items() if task == base["task"] or k not in TASK_BOUND_ENV_KEYS}
+    config = {k: v for k, v in base.items() if (task == base["task"] or k not in TASK_BOUND_ENV_KEYS) and k != "family"}
     config.update(task=task, host_preset=host, plugins=list(plugins), slots=slots, **overrides)
     if seed is not None:
         config["seed"] = seed

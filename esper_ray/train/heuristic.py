@@ -17,6 +17,25 @@ def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool =
                   on_episode_end: EpisodeEnd | None = None, threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
     use_threads(threads)
     env = MorphogeneticEnv(env_config)
-    controller = HeuristicController(env.slot_ids, env.cfg.max_epochs, topology=env.topology.value)
+    controller = PerMemberHeuristic(env)
     return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end,
                         label="heuristic")
+
+
+class PerMemberHeuristic:
+    """The heuristic controller for the env's current host: rebuilt at an episode's start when a family's member
+    (EnvConfig.family) brings other slots, another run length or topology."""
+
+    def __init__(self, env: MorphogeneticEnv) -> None:
+        self.env = env
+        self._key: tuple[Any, ...] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        key = (tuple(self.env.slot_ids), self.env.cfg.max_epochs, self.env.topology.value)
+        if key != self._key:
+            self._key, self.inner = key, HeuristicController(list(key[0]), key[1], topology=key[2])
+        self.inner.reset()
+
+    def act(self, obs: Any) -> Any:
+        return self.inner.act(obs)

@@ -45,9 +45,9 @@ def observation_filter(env: object, spaces: object, device: object) -> FeatureMe
 
 def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPOConfig:
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/progress.py)."""
-    steps_per_runner = cfg.episodes_per_env * cfg.max_epochs
+    steps_per_runner = cfg.episode_steps_per_env
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
-    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.max_epochs + 1, prune_logit=cfg.prune_logit,
+    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.longest_episode + 1, prune_logit=cfg.prune_logit,
                         fossilize_logit=cfg.fossilize_logit, **{LAYOUT_KEY: policy_layout()})
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)

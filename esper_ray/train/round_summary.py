@@ -43,6 +43,9 @@ class RoundSummary:
     by_blueprint: dict[str, float] = field(default_factory=dict)
     """Seeds per episode by outcome and blueprint, {"germinated_attention": 0.4, "fossilized_attention": 0.1, ...}:
     what the policy plants and keeps (empty where no episode ended this round)."""
+    by_member: dict[str, float] = field(default_factory=dict)
+    """With a family (TrainConfig.family): each member's episodes this round and their mean final accuracy,
+    {"impaired_episodes": 2, "impaired_final_accuracy": 0.31, ...} (members with no episode ended are absent)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +90,8 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         seconds=seconds,
         by_blueprint={key.removeprefix(m.BLUEPRINT_COUNT_PREFIX): float(value) for key, value in sorted(runners.items())
                       if key.startswith(m.BLUEPRINT_COUNT_PREFIX)},
+        by_member={key.removeprefix(m.FAMILY_PREFIX): float(value) for key, value in sorted(runners.items())
+                   if key.startswith(m.FAMILY_PREFIX) and math.isfinite(float(value))},
     )
 
 
