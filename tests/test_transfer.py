@@ -269,3 +269,14 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
     assert all(f"### Host `{h}`" in report for h in hosts)
     cost = {row["arm"]: row["host_runs_per_new_host"] for row in results["statistics"]["held_out"]["cost"]}
     assert cost == {"ppo": 1, "heuristic": 1, "none": 1, "fixed": 1, "search": 3}
+
+    # the PPO trial's checkpoint, as a `checkpoint` arm: evaluated frozen on the same hosts, nothing trained
+    checkpoint = sorted((out / "tune").glob("ppo_seed0_*/checkpoint_*"))[-1]
+    frozen = {**experiment, "name": "frozen", "compare": [["frozen", "none"]],
+              "arms": {"frozen": {"controller": "checkpoint", "checkpoint": str(checkpoint)}, "none": {"controller": "none"}}}
+    path.write_text(yaml.safe_dump(frozen))
+    assert main(["ab", str(path), "--output", str(tmp_path / "frozen")]) == 0
+    results = json.loads((tmp_path / "frozen" / "results.json").read_text())
+    assert all(t["status"] == "finished" and t["history"] == [] for t in results["trials"])
+    assert {row["arm"]: row["host_runs_per_new_host"] for row in results["statistics"]["held_out"]["cost"]} == {"frozen": 1, "none": 1}
+    assert "trained before this run" in (tmp_path / "frozen" / "report.md").read_text()
