@@ -24,7 +24,8 @@ from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import COMPUTE_COLUMNS, EVAL_COLUMNS, FINISHED, ExperimentRecord, TrialResult
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
-from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, validation_score
+from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
 from esper_ray.train.episodes import EpisodeSummary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,6 +161,15 @@ def test_a_trial_reports_each_host_its_cost_there_and_the_mean_over_hosts():
     assert metrics["eval/host_runs/a"] == 5 and metrics["eval/host_runs/b"] == 2 and metrics["eval/host_runs"] == 3.5
     assert metrics["eval/not_applicable/c"] == 1.0 and "eval/test_accuracy/c" not in metrics
     assert metrics["eval/search_plan/a"] == "norm@r0c1"
+
+
+def test_a_fixed_plan_a_held_out_host_cannot_take_is_not_applicable_there_in_one_line():
+    plan = FixedPlan.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "x", topology="cnn", slots=["r0c0", "r0c1"])
+    assert plan_on_host(plan, TrainConfig(task="digits")) == plan
+    missing_slot = plan_on_host(plan, TrainConfig(task="digits", slots=("r0c0", "r0c2")))
+    assert isinstance(missing_slot, str) and "slot='r0c1': not an enabled slot" in missing_slot and "\n" not in missing_slot
+    missing_blueprint = plan_on_host(plan, TrainConfig(task="text", slots=("r0c1",)))
+    assert isinstance(missing_blueprint, str) and "conv_heavy" in missing_blueprint
 
 
 # -------------------------------------------------------------------------------------------- the statistics

@@ -100,7 +100,7 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     """Means over the evaluation episodes (the A/B metrics) and their spread; with no episode (a fixed plan that
     no held-out host could take) their count 0 and NaN figures."""
     if not summaries:
-        return {EVAL_PREFIX + "episodes": 0.0, EVAL_PREFIX + "test_accuracy": math.nan}
+        return {EVAL_PREFIX + "episodes": 0.0, EVAL_PREFIX + "test_accuracy": math.nan, EVAL_PREFIX + "params_added": math.nan}
     test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
     test_loss, test_perplexity = test_loss_and_perplexity(summaries)
     val = np.asarray([s.final_accuracy for s in summaries], dtype=float)
@@ -179,6 +179,15 @@ def held_out_metrics(by_host: dict[str, HostEvaluation]) -> dict[str, Any]:
     if ran:
         metrics[EVAL_PREFIX + HOST_RUNS] = float(np.mean([len(e.summaries) + e.search_runs for e in ran]))
     return metrics
+
+
+def plan_on_host(plan: FixedPlan, cfg: TrainConfig) -> FixedPlan | str:
+    """A fixed plan as it is, read against a host's topology and slots; where the host lacks its slot or blueprint,
+    why (one line), so the trial records it as not applicable there instead of failing."""
+    try:
+        return FixedPlan.from_mapping(plan.to_dict(), "fixed", topology=topology_of(cfg.task, cfg.host_name), slots=cfg.slots)
+    except ValueError as err:
+        return str(err)
 
 
 def search_host(cfg: TrainConfig, settings: SearchSettings, metric: str,
@@ -314,15 +323,10 @@ class MorphoTrial(tune.Trainable):
                 lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
                 controller = FixedPlanController(cfg.slots, cfg.max_epochs, search.best, lifecycle.min_training_epochs)
             else:
-                fixed = self.fixed
-                if fixed is not None and host is not None:
-                    try:  # the plan as the file gives it, read against this host's topology and slots
-                        fixed = FixedPlan.from_mapping(fixed.to_dict(), "fixed", topology=topology_of(cfg.task, cfg.host_name),
-                                                       slots=cfg.slots)
-                    except ValueError as err:
-                        print(f"{self.label}: fixed({self.fixed.label}) is not applicable on held-out host {host}: {err}",
-                              flush=True)
-                        return HostEvaluation([], not_applicable=str(err))
+                fixed = self.fixed if self.fixed is None or host is None else plan_on_host(self.fixed, cfg)
+                if isinstance(fixed, str):
+                    print(f"{self.label}: fixed({self.fixed.label}) is not applicable on held-out host {host}: {fixed}", flush=True)
+                    return HostEvaluation([], not_applicable=fixed)
                 controller = baseline_controller(self.controller, cfg, fixed)
             # in this process: each network is saved straight into the trial's folder
             keep = episodes_saver(self._networks_folder(host), label + where) if self.save_networks else None
