@@ -21,6 +21,7 @@ from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_hel
 from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pair
 from esper_ray.experiments.plan_search import RandomPlanSearch, SearchSettings, candidate_plans, run_search
 from esper_ray.experiments.report import write_report
+from esper_ray.experiments.runner import TrialWork
 from esper_ray.experiments.results import COMPUTE_COLUMNS, EVAL_COLUMNS, FINISHED, ExperimentRecord, TrialResult
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
@@ -75,6 +76,8 @@ def test_every_trial_evaluates_on_each_held_out_host_with_the_arms_settings_and_
     assert "host_preset" not in digits["env"] and digits["env"]["batch_size"] == 256  # the arm's host is not the task's
     assert wide["max_epochs"] == 4 and "max_epochs" not in wide["env"]
     assert trials[("s", 0)].search == SearchSettings(5, "random")
+    # the time left counts every host's evaluation episodes, and a search's candidates there
+    assert TrialWork.of(trials[("s", 0)], 4).evaluation == 2 * (5 + 4) and TrialWork.of(ppo, 4).evaluation == 2 * 4
     assert trials[("c", 0)].checkpoint == str(Path("runs/ck").resolve())
     assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()  # results read it back the same
 
