@@ -251,6 +251,8 @@ def test_the_report_has_a_table_per_host_a_pooled_table_and_the_cost_per_new_hos
     assert cost["search"]["host_runs_per_new_host"] == 5 and cost["ppo"]["host_runs_per_new_host"] == 1
     assert cost["ppo"]["one_off"].startswith("8 host runs of training per seed")  # 1 round x 2 envs x 4 episodes (defaults)
     assert "| search | search | 5 | 4 |" in report
+    gap = next(p for p in results["statistics"]["held_out"]["pooled"] if p["arm_b"] == "search")["hodges_lehmann"]
+    assert f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 20 % of its host runs" in report
     assert json.loads((tmp_path / "results.json").read_text())["statistics"]["held_out"]["hosts"] == ["digits", "wide"]
 
 
