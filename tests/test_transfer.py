@@ -19,7 +19,8 @@ from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pair
-from esper_ray.experiments.plan_search import RandomPlanSearch, SearchSettings, candidate_plans, run_search
+from esper_ray.experiments.plan_search import RandomPlanSearch, candidate_plans, run_search
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.runner import TrialWork
 from esper_ray.experiments.results import COMPUTE_COLUMNS, EVAL_COLUMNS, FINISHED, ExperimentRecord, TrialResult

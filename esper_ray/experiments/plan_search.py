@@ -18,7 +18,7 @@ nothing. With a budget at least the number of candidates, every candidate runs o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,43 +28,12 @@ from ray.tune.search import Searcher
 
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.controllers import FixedPlan, FixedSeed
-from esper_ray.contracts.train_config import MAX_COUNT
+from esper_ray.experiments.search_settings import ALGORITHMS, SearchSettings
 
-ALGORITHMS = ("random",)
-"""Search algorithms a `search` arm may name. (Tune's OptunaSearch is a Searcher too and would slot in here; it
-needs optuna, which this project does not depend on.)"""
 SEARCH_EPISODE_OFFSET = 500_000
 """A search episode's reset seed: the evaluation episodes' base for the seed plus this (they use base + i, i below
 100,000), so it is none of theirs and none of training's (small seeds)."""
 PLAN_KEY = "plan"
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    budget: int
-    """Host runs (candidates tried) per host."""
-    algorithm: str = "random"
-
-    @classmethod
-    def from_mapping(cls, value: Any, where: str) -> SearchSettings:
-        example = "e.g. {budget: 16, algorithm: random}"
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where}={value!r}: must be a mapping, {example}")
-        unknown = sorted(set(value) - {"budget", "algorithm"})
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: ['algorithm', 'budget']")
-        if "budget" not in value:
-            raise ValueError(f"{where}: missing `budget` (host runs of the search per host), {example}")
-        budget = value["budget"]
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_COUNT:
-            raise ValueError(f"{where}.budget={budget!r}: must be an integer in [1, {MAX_COUNT:,}] (host runs per host)")
-        algorithm = value.get("algorithm", "random")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"{where}.algorithm={algorithm!r}: choose one of {list(ALGORITHMS)}")
-        return cls(budget, algorithm)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"budget": self.budget, "algorithm": self.algorithm}
 
 
 def candidate_plans(topology: str, slots: Sequence[str]) -> list[FixedPlan]:

@@ -43,7 +43,7 @@ from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
-from esper_ray.experiments.plan_search import SearchSettings
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import topology_of
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters

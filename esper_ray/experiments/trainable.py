@@ -40,8 +40,8 @@ from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.held_out import host_key
-from esper_ray.experiments.plan_search import (SEARCH_EPISODE_OFFSET, SearchOutcome, SearchSettings, candidate_plans,
-                                               make_searcher, run_search)
+from esper_ray.experiments.plan_search import SEARCH_EPISODE_OFFSET, SearchOutcome, candidate_plans, make_searcher, run_search
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
                                               SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY, per_kparam)
