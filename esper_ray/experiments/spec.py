@@ -86,8 +86,9 @@ class ExperimentSpec:
     name: str
     """Experiment name; results go to esper_runs/<name> unless --output says otherwise."""
     arms: Mapping[str, Mapping[str, Any]]
-    """Arm name -> `controller` (ppo, heuristic, none, random or fixed; default ppo), for `fixed` the seed it plants
-    (`fixed: {blueprint: conv_heavy, slot: r0c1}`), and the training settings that differ from `training` (a
+    """Arm name -> `controller` (ppo, heuristic, none, random, fixed, checkpoint or search; default ppo), for `fixed`
+    the seed it plants (`fixed: {blueprint: conv_heavy, slot: r0c1}`), for `checkpoint` its `checkpoint: PATH`, for
+    `search` its `search: {budget: N, algorithm: random}`, and the training settings that differ from `training` (a
     reward_mode, say)."""
     seeds: tuple[int, ...]
     """Seeds shared by every arm: seed s gives the same host initialisation, data order and evaluation episodes
