@@ -412,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
         "allow, started in a recorded random order, PPO trials first (they take longest). Each PPO arm trains, "
         "then every arm runs the same held-out evaluation episodes (greedy policy, or the arm's "
-        "heuristic/none/random controller) and is scored on a test split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
+        "heuristic/none/random/fixed controller, a trained checkpoint, or a per-host search over fixed plans; with "
+        "`held_out` in the file, on each held-out host, reported per host and pooled) and is scored on a test split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
         "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs. A file made for GPUs runs "
         "on a machine without any too: every trial on the CPUs, said and recorded (envs_on_cpus).",
     )

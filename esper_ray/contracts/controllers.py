@@ -23,6 +23,10 @@ class ControllerKind(str, Enum):
     """Plants one named seed (blueprint, slot) at the first step and fossilizes it as early as the lifecycle and
     gates allow, then waits: the host "born bigger", the baseline a growth claim at equal size is read against.
     Several named seeds (a list) are planted in order, each as soon as the env allows (FixedPlan)."""
+    CHECKPOINT = "checkpoint"
+    """An A/B arm only: the greedy policy of an already trained checkpoint, evaluated without training (frozen)."""
+    SEARCH = "search"
+    """An A/B arm only: per host, a search over fixed plans at a stated budget of host runs (experiments/plan_search.py)."""
 
     @classmethod
     def parse(cls, value: object, where: str = "controller") -> ControllerKind:

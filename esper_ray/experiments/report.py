@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
 from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
+from esper_ray.experiments import held_out_report  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import FINISHED, TUNE_DIR, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
 from esper_ray.experiments.rollout_blocks import block_lines  # noqa: E402
@@ -73,7 +74,9 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     spec = record.spec
     values = metric_by_arm(record)
     arms = [summarize_arm(arm, by_seed) for arm, by_seed in values.items()]
-    pairs = compare_arms(values, spec.compared_pairs)
+    held_out = held_out_report.held_out_statistics(record) if spec.held_out is not None else None
+    # with held-out hosts the verdict is the pooled one (a pair pooled over the hosts both its arms ran on)
+    pairs = held_out["pooled"] if held_out is not None else compare_arms(values, spec.compared_pairs)
     verdicts = [verdict(p, spec.metric, spec.alpha, len(pairs)) for p in pairs]
     family = "the pairs of the experiment's `compare`" if spec.compare is not None else "all pairs"
     arm_compute, pair_compute = summarize_compute(record)
@@ -88,8 +91,11 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
         "compute": {"arms": [asdict(a) for a in arm_compute], "pairs": [asdict(p) for p in pair_compute],
                     "size_verdicts": size_verdicts},
     }
+    if held_out is not None:
+        results["statistics"]["held_out"] = held_out_report.as_json(held_out)
     (output / "results.json").write_text(json.dumps(strict_json(results), indent=2, allow_nan=False))
-    (output / "report.md").write_text(markdown(record, arms, pairs, verdicts, arm_compute, size_verdicts))
+    extra = held_out_report.held_out_lines(held_out, spec.metric) if held_out is not None else []
+    (output / "report.md").write_text(markdown(record, arms, pairs, verdicts, arm_compute, size_verdicts, extra))
     colors = arm_colors(list(spec.arms))
     plot_metric_by_arm(output / FIGURES[0], values, spec.metric, colors)
     plot_learning_curves(output / FIGURES[1], record, colors)
@@ -118,7 +124,8 @@ def _ppo_first(record: ExperimentRecord) -> bool:
 
 
 def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str],
-             arm_compute: list[ArmCompute], size_verdicts: list[str]) -> str:
+             arm_compute: list[ArmCompute], size_verdicts: list[str], held_out: list[str] | None = None) -> str:
+    """`held_out`: the held-out hosts' section (held_out_report.py), after the pairs."""
     spec = record.spec
     planned = len(record.trials)
     excluded = record.excluded
@@ -171,6 +178,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
             f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
             f"{'; '.join(p.notes)} |"
         )
+    lines += held_out or []
     lines += kept_lines(record)
     lines += loss_lines(record)
     lines += compute_lines(arm_compute)
@@ -194,7 +202,12 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
 
 def _controller_label(spec: Any, arm: str) -> str:
     fixed = spec.fixed_plan(arm)
-    return f"fixed({fixed.label})" if fixed is not None else spec.controller(arm).value
+    if fixed is not None:
+        return f"fixed({fixed.label})"
+    search = spec.search_settings(arm)
+    if search is not None:
+        return f"search({search.algorithm}, budget {search.budget})"
+    return spec.controller(arm).value
 
 
 def kept_lines(record: ExperimentRecord) -> list[str]:
@@ -242,6 +255,11 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
             sweep = spec.arms[arm].get("sweep_host_runs")
             rows.append(f"| {arm} | " + (f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"
                                          if sweep is not None else "the sweep that picked its seed (not stated in the file) |"))
+        elif kind is ControllerKind.CHECKPOINT:
+            rows.append(f"| {arm} | trained before this run ({spec.arms[arm]['checkpoint']}); frozen here |")
+        elif kind is ControllerKind.SEARCH:
+            search = spec.search_settings(arm)
+            rows.append(f"| {arm} | none before; on every host a search of up to {search.budget} host runs ({search.algorithm}) |")
         else:
             rows.append(f"| {arm} | none (rules, no training) |")
     return ["", "## What each controller cost before its evaluation", "", "| arm | training or search |", "|---|---|", *rows]

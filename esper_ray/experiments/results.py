@@ -16,6 +16,7 @@ from typing import Any
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.continuation import continued_rows, links_of
+from esper_ray.experiments.held_out import host_key
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
@@ -27,6 +28,8 @@ their finished trials are read again."""
 EXPERIMENT_FILE = "experiment.json"
 ON_CPUS_KEY = "envs_on_cpus"
 """In experiment.json: true when the file asked for GPUs, the machine had none, and every trial ran on the CPUs."""
+SEARCH_PLAN = "search_plan"
+"""Per held-out host, the plan a search trial picked (trainable.SEARCH_PLAN; a string in its result)."""
 HISTORY_COLUMNS = ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
 OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germinated", "pruned")
 """Per round, NaN in runs made before they were recorded."""
@@ -61,6 +64,8 @@ class TrialResult:
     """Means over the held-out evaluation episodes (present once the trial finished its evaluation)."""
     started_at: float = math.nan
     """Wall-clock time of the trial's first result minus its duration (Unix seconds)."""
+    plans: dict[str, str] = field(default_factory=dict)
+    """A search trial's chosen plan per held-out host (`conv_heavy@r0c1`)."""
     ran_in: list[str] = field(default_factory=list)
     """The run's Tune folders its results come from, oldest first: `tune`, or a folder --salvage set aside, or
     both for a trial continued from a killed run's checkpoint."""
@@ -70,6 +75,10 @@ class TrialResult:
         if per_param:
             return [per_kparam(r["final_accuracy"], int(r["host_params"] + r["params_added"])) for r in self.history]
         return [r["final_accuracy"] for r in self.history]
+
+    def host_value(self, column: str, host: str) -> float:
+        """A figure of one held-out host (`test_accuracy` there, `host_runs`), NaN when the trial has none there."""
+        return (self.evaluation or {}).get(host_key(column, host), math.nan)
 
     def metric(self, name: str, last_rounds: int) -> float:
         """The comparison metric, NaN when the trial has none (yet)."""
@@ -120,10 +129,13 @@ def read_experiment_file(output: Path) -> dict[str, Any]:
     return record
 
 
-def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[str, float]], dict[str, float] | None, float]:
-    """Per-round history (each round once), the evaluation and the start time of a trial's results."""
+def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[str, float]], dict[str, float] | None, float,
+                                                                      dict[str, str]]:
+    """Per-round history (each round once), the evaluation (with its per-host figures, `test_accuracy/<host>`),
+    the start time of a trial's results, and a search trial's plans per host."""
+    plans: dict[str, str] = {}
     if not results:
-        return [], None, math.nan
+        return [], None, math.nan, plans
     history: list[dict[str, float]] = []
     evaluation = None
     for row in results:
@@ -134,11 +146,18 @@ def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[st
             if isinstance(by_blueprint, dict):
                 entry.update({f"{BY_BLUEPRINT}/{k}": number(v) for k, v in by_blueprint.items()})
             history.append(entry)
-        if math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy"))):
+        # an evaluation with no episode is one a fixed plan no held-out host could take: it happened, all n/a
+        if math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy"))) or number(row.get(EVAL_PREFIX + "episodes")) == 0:
             evaluation = {c: number(row.get(EVAL_PREFIX + c))
-                          for c in EVAL_COLUMNS + LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS}
+                          for c in EVAL_COLUMNS + LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS + ("host_runs",)}
+            for key, value in row.items():  # per held-out host: eval/<figure>/<host>
+                figure = key[len(EVAL_PREFIX):] if key.startswith(EVAL_PREFIX) else ""
+                if figure.startswith(SEARCH_PLAN + "/") and isinstance(value, str):
+                    plans[figure.split("/", 1)[1]] = value
+                elif "/" in figure:
+                    evaluation[figure] = number(value)
     first = results[0]
-    return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s"))
+    return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s")), plans
 
 
 def tune_folders(output: Path) -> list[Path]:
@@ -178,7 +197,7 @@ def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str,
     if key not in positions:
         return None
     arm, seed = key
-    history, evaluation, started = _history_and_evaluation(continued_rows(output, planned) + read_results(trial.folder))
+    history, evaluation, started, plans = _history_and_evaluation(continued_rows(output, planned) + read_results(trial.folder))
     controller = spec.controller(arm)
     if trial.status == "ERROR":
         status = ERROR
@@ -188,7 +207,8 @@ def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str,
         status = INCOMPLETE if history or evaluation else NOT_STARTED
     ran_in = [Path(link["folder"]).parts[0] for link in links_of(planned)] + [trial.folder.parent.name]
     return TrialResult(arm=arm, seed=seed, position=positions[key], controller=controller, status=status,
-                       error=trial.error, history=history, evaluation=evaluation, started_at=started, ran_in=ran_in)
+                       error=trial.error, history=history, evaluation=evaluation, started_at=started, plans=plans,
+                       ran_in=ran_in)
 
 
 def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
@@ -219,6 +239,7 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
                 "history": t.history, "evaluation": t.evaluation,
                 "final_metric": t.metric(record.spec.metric, record.spec.rollout_rounds),
                 "in_statistics": t.status == FINISHED, "ran_in": t.ran_in,
+                **({"search_plans": t.plans} if t.plans else {}),
             }
             for t in record.trials
         ],

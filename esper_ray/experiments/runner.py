@@ -5,7 +5,8 @@ Output folder (default esper_runs/<name>):
     tune/                           Ray Tune's experiment (one folder per trial, TensorBoard logs included)
     tune_files.json                 the manifest of tune/ (size and SHA-256 of each file) as the command left it
     tune_salvaged_N/                a tune/ that no longer matched its manifest, set aside by --resume --salvage
-    networks/ARM/seedS/episodeI/    with --save: every evaluation episode's grown network (esper_ray.load_grown)
+    networks/ARM/seedS/episodeI/    with --save: every evaluation episode's grown network (esper_ray.load_grown);
+                                    networks/ARM/seedS/HOST/episodeI/ on a held-out host
     results.json, report.md, *.png  the report (see report.py), rewritten after every run or resume
 """
 
@@ -70,13 +71,16 @@ class TrialWork:
     per_round: int
     """Episodes of one PPO round (every env runner's); 0 for a baseline, which does not train."""
     evaluation: int
+    """Host runs after training: the evaluation episodes on every host, and a search arm's candidates."""
     rounds_before: int = 0
     """Rounds an earlier command trained: a trial that --salvage continues from its checkpoint of that round."""
 
     @classmethod
     def of(cls, trial: TrialSpec, eval_episodes: int, rounds_before: int = 0) -> TrialWork:
         cfg = TrainConfig.from_mapping(trial.train)
-        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, eval_episodes,
+        hosts = max(1, len(trial.held_out))
+        per_host = eval_episodes + (trial.search.budget if trial.search is not None else 0)
+        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, hosts * per_host,
                    rounds_before)
 
     def total(self, rounds: int) -> int:
@@ -219,6 +223,13 @@ def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], l
     have = ray.cluster_resources()
     for arm, trial in first_trials(spec).items():
         check_env_config(TrainConfig.from_mapping(trial.train), log=lambda _: None)
+        for host, settings in trial.held_out:
+            try:
+                check_env_config(TrainConfig.from_mapping(settings), log=lambda _: None)
+            except ValueError as err:
+                raise ValueError(f"held_out host {host!r}: {err}") from None
+        if trial.checkpoint is not None:
+            check_checkpoint(arm, trial.checkpoint)
         need = needs[arm]
         short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
         if short:
@@ -227,6 +238,16 @@ def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], l
             if local:
                 raise ValueError(message)
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
+
+
+def check_checkpoint(arm: str, path: str) -> None:
+    """A `checkpoint` arm's checkpoint holds a policy and its observation filter, before any trial starts."""
+    from esper_ray.train.evaluate import ENV_TO_MODULE_PATH, MODULE_PATH
+
+    missing = [str(p) for p in (MODULE_PATH, ENV_TO_MODULE_PATH) if not (Path(path) / p).is_dir()]
+    if missing:
+        raise ValueError(f"arms.{arm}.checkpoint={path}: not a checkpoint folder (no {', '.join(missing)} in it); give "
+                         "one that `esper-ray train` wrote (esper_runs/train/checkpoint_NNNNNN) or an A/B PPO trial's")
 
 
 def needs_cpu_fallback(spec: ExperimentSpec, have: dict[str, float], local: bool) -> bool:
@@ -284,12 +305,16 @@ def gather_networks(output: Path) -> int:
     """Copy the networks the trials kept (tune/<trial>/networks/episodeI/) to networks/ARM/seedS/episodeI/;
     returns how many the run holds."""
     count = 0
-    for kept in sorted(k for folder in tune_folders(output) for k in folder.glob(f"*/{NETWORKS_DIR}/episode*")):
-        match = TRIAL_DIR_RE.match(kept.parent.parent.name)
+    patterns = (f"*/{NETWORKS_DIR}/episode*", f"*/{NETWORKS_DIR}/*/episode*")  # the trial's own host, held-out hosts
+    for kept in sorted(k for folder in tune_folders(output) for pattern in patterns for k in folder.glob(pattern)):
+        own_host = kept.parent.name == NETWORKS_DIR
+        trial = kept.parent.parent if own_host else kept.parent.parent.parent
+        match = TRIAL_DIR_RE.match(trial.name)
         if match is None or not kept.is_dir():
             continue
         arm, seed = match.group(1), int(match.group(2))
-        shutil.copytree(kept, output / NETWORKS_DIR / arm / f"seed{seed}" / kept.name, dirs_exist_ok=True)
+        host = [] if own_host else [kept.parent.name]
+        shutil.copytree(kept, Path(output, NETWORKS_DIR, arm, f"seed{seed}", *host, kept.name), dirs_exist_ok=True)
         count += 1
     return count
 
@@ -481,7 +506,10 @@ def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save
               continues: dict[tuple[str, int], dict[str, Any]]) -> tune.Tuner:
     trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
                "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
-               "eval_episodes": spec.eval_episodes, "train": t.train} for i, t in enumerate(ordered)]
+               "eval_episodes": spec.eval_episodes, "train": t.train, "metric": spec.metric,
+               "held_out": [{"name": name, "train": settings} for name, settings in t.held_out],
+               "search": t.search.to_dict() if t.search is not None else None, "checkpoint": t.checkpoint}
+              for i, t in enumerate(ordered)]
     for trial in trials:
         if (trial["arm"], trial["seed"]) in continues:
             trial[CONTINUES_KEY] = continues[(trial["arm"], trial["seed"])]

@@ -17,6 +17,11 @@
     alpha: 0.05
     order_seed: 7                   # optional: seed of the random start order (drawn and recorded if absent)
     compare: [[ppo, none], [ppo, heuristic]]   # optional: the pairs the verdict tests (default: every pair)
+    held_out:                       # optional: evaluate every trial on these hosts instead (experiments/held_out.py)
+      - {name: digits, env: {task: digits}}
+Two arm kinds exist only here: `controller: checkpoint` with `checkpoint: PATH` (a trained checkpoint's greedy
+policy, evaluated without training) and `controller: search` with `search: {budget: 16, algorithm: random}` (per
+host, a search over fixed plans: experiments/plan_search.py).
 """
 
 from __future__ import annotations
@@ -37,15 +42,18 @@ from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
+from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import topology_of
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
 METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
-ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs")
+ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs", "checkpoint", "search")
 """Arm keys that are not training settings; `sweep_host_runs`: the host runs of the sweep that picked a fixed arm's
-seed (once for all seeds), shown in the report's cost table."""
+seed (once for all seeds), shown in the report's cost table; `checkpoint`: the checkpoint a `checkpoint` arm evaluates;
+`search`: a `search` arm's budget and algorithm."""
 GPU_SETTINGS = ("gpus_per_env", "learner_gpus", "mps")
 """Training settings that put a trial on GPUs; on_cpus() takes them out."""
 DEFAULT_LAST_ROUNDS = 3
@@ -61,6 +69,12 @@ class TrialSpec:
     """TrainConfig settings of this trial (its own copy)."""
     fixed: FixedPlan | None = None
     """The seed(s) a `fixed` controller plants (None for the other controllers)."""
+    held_out: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """(host name, TrainConfig settings) of each held-out host the trial evaluates on; empty: on its own settings."""
+    checkpoint: str | None = None
+    """A `checkpoint` arm's checkpoint folder, absolute."""
+    search: SearchSettings | None = None
+    """A `search` arm's budget and algorithm."""
 
     @property
     def name(self) -> str:
@@ -72,8 +86,9 @@ class ExperimentSpec:
     name: str
     """Experiment name; results go to esper_runs/<name> unless --output says otherwise."""
     arms: Mapping[str, Mapping[str, Any]]
-    """Arm name -> `controller` (ppo, heuristic, none, random or fixed; default ppo), for `fixed` the seed it plants
-    (`fixed: {blueprint: conv_heavy, slot: r0c1}`), and the training settings that differ from `training` (a
+    """Arm name -> `controller` (ppo, heuristic, none, random, fixed, checkpoint or search; default ppo), for `fixed`
+    the seed it plants (`fixed: {blueprint: conv_heavy, slot: r0c1}`), for `checkpoint` its `checkpoint: PATH`, for
+    `search` its `search: {budget: N, algorithm: random}`, and the training settings that differ from `training` (a
     reward_mode, say)."""
     seeds: tuple[int, ...]
     """Seeds shared by every arm: seed s gives the same host initialisation, data order and evaluation episodes
@@ -102,6 +117,10 @@ class ExperimentSpec:
     compare: tuple[tuple[str, str], ...] | None = None
     """The pairs of arms the verdict tests, as [A, B] lists: the family Holm corrects over, fixed before the run
     (e.g. the learned controller against each baseline). Default: every pair of arms."""
+    held_out: Any = None
+    """Hosts no arm trains on, where every trial is evaluated instead: a list of {name, env} (env: EnvConfig
+    overrides such as task, host_preset, max_epochs) or a registered host family's name (experiments/held_out.py).
+    The metric is then reported per host and as the mean over the hosts (the trial's metric)."""
 
     def __post_init__(self) -> None:
         check_folder_name("name", self.name)
@@ -148,13 +167,32 @@ class ExperimentSpec:
             kind = ControllerKind.parse(settings.get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
             if "sweep_host_runs" in settings:
                 check_int(f"arms.{arm}.sweep_host_runs", settings["sweep_host_runs"], 0)
+            for key, own in (("checkpoint", ControllerKind.CHECKPOINT), ("search", ControllerKind.SEARCH)):
+                if kind is own and key not in settings:
+                    raise ValueError(f"arms.{arm}: a `controller: {own.value}` arm needs `{key}`, e.g. {_ARM_EXAMPLES[key]}")
+                if kind is not own and key in settings:
+                    raise ValueError(f"arms.{arm}: `{key}` belongs to a `controller: {own.value}` arm; this arm's "
+                                     f"controller is {kind.value}")
+            if kind is ControllerKind.CHECKPOINT and (not isinstance(settings["checkpoint"], str) or not settings["checkpoint"]):
+                raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
+                                 "checkpoint folder (relative to where `esper-ray ab` runs, or absolute)")
+            if kind is ControllerKind.SEARCH:
+                SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search")
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
                 raise ValueError(f"arms.{arm}: `fixed` names the seed of a fixed controller, e.g. controller: fixed, "
                                  f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
                                  + (" and it has none" if kind is ControllerKind.FIXED else ""))
         object.__setattr__(self, "compare", self._checked_compare())
+        if self.held_out is not None:
+            parse_held_out(self.held_out)  # raises naming the entry
+            object.__setattr__(self, "held_out", _plain(copy.deepcopy(self.held_out)))
         for trial in self.trials():
             cfg = TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+            for host, settings in trial.held_out:
+                try:
+                    TrainConfig.from_mapping(settings)
+                except ValueError as err:
+                    raise ValueError(f"held_out host {host!r} (arm {trial.arm}): {err}") from None
             if cfg.lead:  # a runner never leads into the round after a save, and a trial saves after every round
                 raise ValueError(f"arms.{trial.arm}: lead=true does nothing in an A/B (Tune checkpoints a trial "
                                  "after every round, and no env runner leads past a checkpoint); leave it out")
@@ -216,6 +254,20 @@ class ExperimentSpec:
         return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task, train.host_name), slots=train.slots)
 
     @property
+    def held_out_hosts(self) -> tuple[HeldOutHost, ...]:
+        """The held-out hosts (none without `held_out`)."""
+        return parse_held_out(self.held_out) if self.held_out is not None else ()
+
+    def search_settings(self, arm: str) -> SearchSettings | None:
+        settings = self.arms[arm]
+        return SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search") if "search" in settings else None
+
+    def checkpoint_path(self, arm: str) -> str | None:
+        """A `checkpoint` arm's checkpoint, absolute (a Tune trial runs in its own folder)."""
+        path = self.arms[arm].get("checkpoint")
+        return str(Path(path).expanduser().resolve()) if path is not None else None
+
+    @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
 
@@ -245,10 +297,14 @@ class ExperimentSpec:
     def trials(self) -> list[TrialSpec]:
         """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
         out = []
+        hosts = self.held_out_hosts
         for arm in self.arms:
             settings, fixed = self._arm_settings(arm), self.fixed_plan(arm)
+            search, checkpoint = self.search_settings(arm), self.checkpoint_path(arm)
             for seed in self.seeds:
-                out.append(TrialSpec(arm, seed, self.controller(arm), copy.deepcopy({**settings, "seed": seed}), fixed))
+                train = copy.deepcopy({**settings, "seed": seed})
+                held_out = tuple((h.name, host_settings(train, h)) for h in hosts)
+                out.append(TrialSpec(arm, seed, self.controller(arm), train, fixed, held_out, checkpoint, search))
         return out
 
     def _arm_settings(self, arm: str) -> dict[str, Any]:
@@ -262,6 +318,10 @@ class ExperimentSpec:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["last_rounds"] = self.rollout_rounds
         return out
+
+
+_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoint_000120",
+                 "search": "controller: search, search: {budget: 16, algorithm: random}"}
 
 
 def _on_cuda(env: Mapping[str, Any]) -> bool:

@@ -310,7 +310,11 @@ def compare_arms(values: Mapping[str, Mapping[int, float]], family: Sequence[tup
     """The pairs of `family` (default: every pair of arms, in arm order); Holm over those pairs, separately for the
     paired and the unpaired test."""
     family = list(itertools.combinations(values, 2)) if family is None else family
-    pairs = [compare_pair(a, values[a], b, values[b]) for a, b in family]
+    return holm_over([compare_pair(a, values[a], b, values[b]) for a, b in family])
+
+
+def holm_over(pairs: Sequence[PairComparison]) -> list[PairComparison]:
+    """The pairs with their Holm-adjusted p-values over this family, separately for the paired and unpaired test."""
     paired_holm = holm([p.wilcoxon_p for p in pairs])
     unpaired_holm = holm([p.mann_whitney_p for p in pairs])
     return [replace(p, wilcoxon_p_holm=w, mann_whitney_p_holm=u) for p, w, u in zip(pairs, paired_holm, unpaired_holm)]

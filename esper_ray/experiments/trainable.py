@@ -2,7 +2,15 @@
 
 A `ppo` trial builds the trial's PPO algorithm and trains it round by round; after its last round it runs the
 evaluation episodes with the greedy policy on its own env runners. A baseline trial (`heuristic`, `none`,
-`random`, `fixed`) has nothing to train: its single step runs the same evaluation episodes in the trial's process.
+`random`, `fixed`, and the A/B-only `checkpoint` and `search`) has nothing to train: its single step runs the same
+evaluation episodes in the trial's process (a `checkpoint` trial with its checkpoint's greedy policy; a `search`
+trial first searches over fixed plans per host: plan_search.py).
+
+With held-out hosts (held_out.py) the evaluation runs on each of them in turn, and the trial reports per host
+`eval/<figure>/<host>` (test and validation accuracy, parameters, the host runs it spent there), and as
+`eval/<figure>` the means over its evaluation episodes of every host (equal counts: the mean over hosts). A fixed
+plan a host cannot take (its slot or blueprint missing) is not applicable there: said in one line, recorded as
+`eval/not_applicable/<host>`, and left out of the means.
 With `esper-ray ab --save` every evaluation episode's grown network is written into the trial's folder,
 `networks/episode<i>/` (train/grow.py; runner.py gathers them under the run's `networks/`).
 
@@ -17,6 +25,8 @@ import json
 import math
 import time
 from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,14 +36,21 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.result import DONE
 
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
+from esper_ray.experiments.held_out import host_key
+from esper_ray.experiments.plan_search import SEARCH_EPISODE_OFFSET, SearchOutcome, candidate_plans, make_searcher, run_search
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
                                               SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY, per_kparam)
 from esper_ray.morpho.hosts import topology_of
-from esper_ray.train.episodes import EpisodeSummary
-from esper_ray.train.evaluate import baseline_controller, evaluate_on_env_runners, evaluation_episodes, run_evaluation_episodes
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.policy.fixed import FixedPlanController
+from esper_ray.train.episodes import Controller, EpisodeSummary, run_episode
+from esper_ray.train.evaluate import (EVAL_SEED_STRIDE, GreedyPolicyController, baseline_controller, evaluate_on_env_runners,
+                                      evaluation_episodes, load_policy, run_evaluation_episodes)
 from esper_ray.train.env_runner import runner_start_seconds
 from esper_ray.train.gpu_spread import spread_gpu
 from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
@@ -80,7 +97,10 @@ def _mean_of(summaries: list[EpisodeSummary], field: str) -> float:
 
 
 def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
-    """Means over the evaluation episodes (the A/B metrics) and their spread."""
+    """Means over the evaluation episodes (the A/B metrics) and their spread; with no episode (a fixed plan that
+    no held-out host could take) their count 0 and NaN figures."""
+    if not summaries:
+        return {EVAL_PREFIX + "episodes": 0.0, EVAL_PREFIX + "test_accuracy": math.nan, EVAL_PREFIX + "params_added": math.nan}
     test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
     test_loss, test_perplexity = test_loss_and_perplexity(summaries)
     val = np.asarray([s.final_accuracy for s in summaries], dtype=float)
@@ -114,6 +134,78 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     }
 
 
+HOST_FIGURES = ("test_accuracy", "test_accuracy_per_param", "val_accuracy", "val_accuracy_per_param", "final_params",
+                "params_added")
+"""Figures a trial reports per held-out host (`eval/test_accuracy/<host>`), beside its host runs there."""
+HOST_RUNS, SEARCH_RUNS, NOT_APPLICABLE, SEARCH_PLAN = "host_runs", "search_runs", "not_applicable", "search_plan"
+"""Per host: the host runs the trial spent there (its cost of a new host), of which the search's; 1.0 where the
+arm's fixed plan does not fit the host; the plan a search picked (a string)."""
+
+
+@dataclass
+class HostEvaluation:
+    """One host's part of a trial's evaluation."""
+
+    summaries: list[EpisodeSummary]
+    search_runs: int = 0
+    not_applicable: str | None = None
+    """Why the arm cannot run on this host (None: it ran)."""
+    search: SearchOutcome | None = None
+
+
+def validation_score(summary: EpisodeSummary, metric: str) -> float:
+    """What a search ranks a candidate by: the validation counterpart of the experiment's metric (never the test
+    split, which only the chosen plan's evaluation reads)."""
+    if metric.endswith("_per_param"):
+        return per_kparam(summary.final_accuracy, summary.total_params)
+    return float(summary.final_accuracy)
+
+
+def held_out_metrics(by_host: dict[str, HostEvaluation]) -> dict[str, Any]:
+    """The trial's evaluation over held-out hosts: the pooled figures (every host's episodes; equal counts make
+    them the mean over hosts) and each host's own, its cost in host runs, and where it was not applicable."""
+    ran = [e for e in by_host.values() if e.not_applicable is None]
+    metrics: dict[str, Any] = evaluation_metrics([s for e in ran for s in e.summaries])
+    for host, e in by_host.items():
+        if e.not_applicable is not None:
+            metrics[EVAL_PREFIX + host_key(NOT_APPLICABLE, host)] = 1.0
+            continue
+        own = evaluation_metrics(e.summaries)
+        metrics.update({EVAL_PREFIX + host_key(f, host): own[EVAL_PREFIX + f] for f in HOST_FIGURES})
+        metrics[EVAL_PREFIX + host_key(HOST_RUNS, host)] = float(len(e.summaries) + e.search_runs)
+        metrics[EVAL_PREFIX + host_key(SEARCH_RUNS, host)] = float(e.search_runs)
+        if e.search is not None:
+            metrics[EVAL_PREFIX + host_key(SEARCH_PLAN, host)] = e.search.best.label
+    if ran:
+        metrics[EVAL_PREFIX + HOST_RUNS] = float(np.mean([len(e.summaries) + e.search_runs for e in ran]))
+    return metrics
+
+
+def plan_on_host(plan: FixedPlan, cfg: TrainConfig) -> FixedPlan | str:
+    """A fixed plan as it is, read against a host's topology and slots; where the host lacks its slot or blueprint,
+    why (one line), so the trial records it as not applicable there instead of failing."""
+    try:
+        return FixedPlan.from_mapping(plan.to_dict(), "fixed", topology=topology_of(cfg.task, cfg.host_name), slots=cfg.slots)
+    except ValueError as err:
+        return str(err)
+
+
+def search_host(cfg: TrainConfig, settings: SearchSettings, metric: str,
+                run: Callable[[TrainConfig, FixedPlanController, int], EpisodeSummary] | None = None) -> SearchOutcome:
+    """The search over fixed plans on one host: every candidate on the same search episode (shard 0, a reset seed
+    no evaluation or training episode uses), ranked by validation."""
+    candidates = candidate_plans(topology_of(cfg.task, cfg.host_name), cfg.slots)
+    lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
+    reset_seed = EVAL_SEED_STRIDE * (cfg.seed + 1) + SEARCH_EPISODE_OFFSET
+
+    def score(plan: Any) -> float:
+        controller = FixedPlanController(cfg.slots, cfg.max_epochs, plan, lifecycle.min_training_epochs)
+        env = MorphogeneticEnv(cfg.env_config(shard=0, num_shards=cfg.envs))
+        return validation_score(run_episode(env, controller, 0, reset_seed=reset_seed), metric)
+
+    return run_search(make_searcher(settings, len(candidates), seed=cfg.seed), candidates, settings.budget, score)
+
+
 class MorphoTrial(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config: dict[str, Any]) -> PlacementGroupFactory:
@@ -134,6 +226,12 @@ class MorphoTrial(tune.Trainable):
         self.fixed = fixed_plan_of(config)
         self.save_networks = bool(config[TRIAL_KEY].get("save_networks", False))  # absent in runs started before --save
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
+        # held-out hosts, a checkpoint arm's checkpoint, a search arm's settings: absent in runs started before them
+        self.held_out = [(h["name"], TrainConfig.from_mapping(h["train"])) for h in config[TRIAL_KEY].get("held_out") or []]
+        self.metric = str(config[TRIAL_KEY].get("metric", "test_accuracy"))
+        search = config[TRIAL_KEY].get("search")
+        self.search = SearchSettings.from_mapping(search, "search") if search is not None else None
+        self.checkpoint = config[TRIAL_KEY].get("checkpoint")
         if self.controller is not ControllerKind.PPO:
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
             use_threads(threads_of_cpus(self.cfg.cpus_per_env))  # and on the CPUs Tune reserved for it (its bundle)
@@ -166,10 +264,15 @@ class MorphoTrial(tune.Trainable):
         trains = self.algo.iteration < self.cfg.rounds
         metrics: dict[str, Any] = self._train_round() if trains else dict(self.round_summary)
         if self.algo.iteration >= self.cfg.rounds:  # the last round: score the greedy policy on held-out data
-            networks: dict[int, NetworkFiles] = {}
             keep = f"the greedy PPO policy of A/B trial {self.label}" if self.save_networks else None
-            metrics.update(evaluation_metrics(evaluate_on_env_runners(self.algo, self.cfg, self.eval_episodes, keep, networks)))
-            self._write_networks(networks)
+
+            def on_runners(host: str | None, cfg: TrainConfig) -> HostEvaluation:
+                networks: dict[int, NetworkFiles] = {}
+                summaries = evaluate_on_env_runners(self.algo, cfg, self.eval_episodes, keep, networks)
+                self._write_networks(networks, host)
+                return HostEvaluation(summaries)
+
+            metrics.update(self._evaluate(on_runners))
             metrics[DONE] = True  # a continued trial reaches its last round before Tune's count of iterations does
         return metrics
 
@@ -194,22 +297,52 @@ class MorphoTrial(tune.Trainable):
         self.round_summary = checkpoint_summary(checkpoint)
         self.continue_from = None
 
+    def _evaluate(self, on_host: Callable[[str | None, TrainConfig], HostEvaluation]) -> dict[str, Any]:
+        """The evaluation on the trial's own settings, or on each held-out host (held_out_metrics)."""
+        if not self.held_out:
+            return evaluation_metrics(on_host(None, self.cfg).summaries)
+        return held_out_metrics({host: on_host(host, cfg) for host, cfg in self.held_out})
+
+    def _networks_folder(self, host: str | None) -> Path:
+        """networks/ in the trial's folder, networks/<host>/ for a held-out host's episodes."""
+        return Path(self.logdir) / NETWORKS_DIR / (host or "")
+
     def _baseline_step(self) -> dict[str, Any]:
-        controller = baseline_controller(self.controller, self.cfg, self.fixed)
-        # in this process: each network is saved straight into the trial's folder
         label = f"the {self.controller.value} controller of A/B trial {self.label}"
-        keep = episodes_saver(Path(self.logdir) / NETWORKS_DIR, label) if self.save_networks else None
-        summaries = run_evaluation_episodes(evaluation_episodes(self.cfg, self.eval_episodes), controller, on_episode_end=keep)
+        policy = load_policy(Path(self.checkpoint)) if self.controller is ControllerKind.CHECKPOINT else None
+
+        def in_process(host: str | None, cfg: TrainConfig) -> HostEvaluation:
+            where = f" on held-out host {host}" if host else ""
+            search = None
+            if self.controller is ControllerKind.CHECKPOINT:
+                controller: Controller = GreedyPolicyController(*policy)
+            elif self.controller is ControllerKind.SEARCH:
+                search = search_host(cfg, self.search, self.metric)
+                print(f"{self.label}: search{where}: {search.best.label} best by validation ({search.best_score:.4f}) of "
+                      f"{search.runs} plans tried", flush=True)
+                lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
+                controller = FixedPlanController(cfg.slots, cfg.max_epochs, search.best, lifecycle.min_training_epochs)
+            else:
+                fixed = self.fixed if self.fixed is None or host is None else plan_on_host(self.fixed, cfg)
+                if isinstance(fixed, str):
+                    print(f"{self.label}: fixed({self.fixed.label}) is not applicable on held-out host {host}: {fixed}", flush=True)
+                    return HostEvaluation([], not_applicable=fixed)
+                controller = baseline_controller(self.controller, cfg, fixed)
+            # in this process: each network is saved straight into the trial's folder
+            keep = episodes_saver(self._networks_folder(host), label + where) if self.save_networks else None
+            summaries = run_evaluation_episodes(evaluation_episodes(cfg, self.eval_episodes), controller, on_episode_end=keep)
+            return HostEvaluation(summaries, search.runs if search else 0, search=search)
+
+        metrics = self._evaluate(in_process)
         self.evaluated = True
-        metrics: dict[str, Any] = evaluation_metrics(summaries)
         metrics[DONE] = True  # nothing to train: one step is the whole trial
         return metrics
 
-    def _write_networks(self, networks: dict[int, NetworkFiles]) -> None:
+    def _write_networks(self, networks: dict[int, NetworkFiles], host: str | None = None) -> None:
         """The networks the env runners sent back, into the trial's folder (Tune copies it to the run's storage
         with the trial's checkpoint)."""
         for episode, files in sorted(networks.items()):
-            write_network_files(episode_folder(Path(self.logdir) / NETWORKS_DIR, episode), files)
+            write_network_files(episode_folder(self._networks_folder(host), episode), files)
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:
