@@ -203,3 +203,47 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
         main(["eval", "--checkpoint", str(run), "--episodes", "1"])
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]
     assert "its policy layout does not match this code's: max_slots 8 there, 4 here" in line
+
+
+# ----------------------------------------------------------------------------- blueprints a host does not offer
+@pytest.mark.parametrize("choose", ["greedy", "sampled"])
+def test_a_blueprint_the_host_lacks_is_never_planted_even_by_a_policy_that_prefers_it(choose):
+    """A policy whose blueprint head all but insists on the CNN blueprints (as one trained on digits would), and whose op
+    head prefers GERMINATE, acts on a vector host: every seed it plants is one the host offers. The mask, not the
+    policy, keeps them out: the same logits unmasked pick conv_heavy."""
+    import torch
+
+    from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+    from esper_ray.train.evaluate import GreedyPolicyController
+
+    env = toy_env("any-mlp-4", 4, max_epochs=12, commit_horizon=False)
+    offered = {b.key for b in env.blueprints}
+    cnn_only = {b.key for b in topology_blueprints("cnn")} - offered
+    assert "conv_heavy" in cnn_only
+    torch.manual_seed(0)
+    module = MorphoPolicyModule(observation_space=env.observation_space,
+                                action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+                                model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=13))
+    nvec = [int(n) for n in env.action_space.nvec]
+    with torch.no_grad():
+        joint_bias, blueprint_bias = module.policy_heads[0][2].bias, module.policy_heads[1][2].bias
+        joint_bias[[encode_joint(Op.GERMINATE, i) for i in range(MAX_SLOTS)]] = 8.0
+        blueprint_bias[[int(Blueprint[k.upper()]) for k in cnn_only]] = 30.0
+        blueprint_bias[int(Blueprint.CONV_HEAVY)] = 40.0
+    filter_ = filter_for(env.observation_space)
+    controller = GreedyPolicyController(module, filter_)
+    if choose == "sampled":
+        controller.choose = lambda dist: dist.sample()
+    planted = {}
+    for episode in range(3):
+        obs, _ = env.reset(seed=episode)
+        controller.reset()
+        terminated = False
+        while not terminated:
+            obs, _, terminated, _, info = env.step(controller.act(obs))  # a masked action would raise
+        for key, n in info.items():
+            if key.startswith("count/germinated/") and n:
+                planted[key.removeprefix("count/germinated/")] = planted.get(key.removeprefix("count/germinated/"), 0) + n
+    assert planted and set(planted) <= offered, planted
+    unmasked = torch.cat([h(torch.zeros(1, module.cell)) for h in module.policy_heads], dim=-1)
+    assert int(torch.split(unmasked, nvec, dim=-1)[1].argmax()) == int(Blueprint.CONV_HEAVY)

@@ -17,6 +17,7 @@ from scipy import stats
 
 from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
+from esper_ray.contracts.families import family
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pair
 from esper_ray.experiments.plan_search import RandomPlanSearch, candidate_plans, run_search
@@ -264,8 +265,8 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
     experiment.update(seeds=[0, 1], rounds=1, last_rounds=1, eval_episodes=1, max_concurrent_trials=2)
     experiment["training"].update(max_epochs=3, envs=1, episodes_per_env=1, env={"batch_size": 1024})
     experiment["arms"]["search"]["search"]["budget"] = 2
-    for host in experiment["held_out"]:
-        host["env"] = {**host["env"], "max_epochs": 3, **({"synthetic_size": 600} if host["env"]["task"] == "synthetic" else {})}
+    assert experiment["held_out"] == "digits-held-out" and experiment["training"]["family"] == "digits-family"
+    experiment["held_out"] = [{"name": m.name, "env": {**m.env, "max_epochs": 3}} for m in family("digits-held-out")]
     path = tmp_path / "transfer.yaml"
     path.write_text(yaml.safe_dump(experiment))
     out = tmp_path / "run"
