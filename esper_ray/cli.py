@@ -17,6 +17,7 @@ import yaml
 
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
+from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TrainConfig
@@ -94,16 +95,6 @@ def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
     else:
         for s in summaries:
             print(format_summary(s))
-
-
-def parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env {pair!r}: expected KEY=VALUE, e.g. --env batch_size=128")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def _plain(value: Any) -> Any:
@@ -257,13 +248,6 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 def ab_resume_command(experiment: str | Path, output: Path) -> str:
     """The command that resumes an A/B run, quoted for a POSIX shell so that it works as pasted (spaces, quotes)."""
     return shlex.join(["esper-ray", "ab", str(experiment), "--output", str(output), "--resume"])
-
-
-def shared_name(checkpoint: Path) -> str:
-    """How a file meant for sharing (summary.md, architecture.json) names a checkpoint: by the run folder's name and
-    the path inside it (RUN/checkpoints/round_NNNNN), wherever the command ran. Never relative to the current folder
-    (run from / that is the whole path, with the user's name from /home) nor an absolute path of this machine."""
-    return "/".join(checkpoint.expanduser().resolve().parts[-3:])
 
 
 def experiment_source(path: Path, cwd: Path | None = None) -> str:

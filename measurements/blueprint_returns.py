@@ -108,7 +108,7 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
             controller.reset()
         done, t, ret, curve = False, 0, 0.0, []
         while not done:
-            action = first_acting(controllers, obs, len(slots))
+            action = first_acting(controllers, obs)
             obs, reward, terminated, truncated, info = env.step(action)
             ret += gamma**t * reward
             curve.append(info["committed_accuracy"])

@@ -100,6 +100,7 @@ def test_a_salvaged_trial_whose_last_round_is_checkpointed_is_evaluated_not_trai
     trial = object.__new__(trainable.MorphoTrial)
     trial.algo, trial.cfg, trial.continue_from, trial.round_summary = algo, TrainConfig(rounds=3), str(last), {}
     trial.eval_episodes, trial.save_networks, trial.label, trial.setup_report = 1, False, "ppo/seed1", {}
+    trial.held_out = []  # no held-out hosts: the evaluation on the trial's own settings
     metrics = trial.step()
     assert not trained and algo.iteration == 3
     assert metrics[EVAL_PREFIX + "test_accuracy"] == 0.5 and metrics["done"] is True

@@ -89,7 +89,6 @@ def test_the_built_in_held_out_family_shares_no_host_with_the_training_family_an
     ({"max_epochs": 0}, r"family 'bad-.*', member 'm': max_epochs=0: must be an integer >= 1"),
     ({"widths": 3}, r"member 'm': unknown env setting\(s\) \['widths'\]"),
     ({"seed": 3}, r"member 'm': \['seed'\] are the run's settings"),
-    ({"host_preset": "digits-impaired-2b"}, r"member 'm': slot 'r0c2' does not exist"),
     ({"train_samples": 0}, r"member 'm': train_samples=0"),
     ({"task": "nope"}, r"member 'm': task='nope': unknown"),
 ])
@@ -98,6 +97,12 @@ def test_a_bad_member_is_refused_naming_the_family_the_member_and_the_field(env,
     register_family(name, [Member("ok"), Member("m", env)])
     with pytest.raises(ValueError, match=match):
         EnvConfig(family=name)
+
+
+def test_a_member_whose_host_lacks_a_slot_is_refused_when_the_env_is_built_naming_it():
+    register_family("bad-slots", [Member("ok"), Member("m", {"host_preset": "digits-impaired-2b"})])
+    with pytest.raises(ValueError, match=r"family 'bad-slots', member 'm': slot 'r0c2' does not exist"):
+        MorphogeneticEnv({"family": "bad-slots", "device": "cpu"})
 
 
 def test_unknown_families_and_malformed_members_are_refused():

@@ -218,22 +218,11 @@ class EnvConfig:
                 raise ValueError(f"{where}: {fixed} are the run's settings, the same for every member; set them on the run")
             try:
                 check_keys(EnvConfig, member.env, "env setting")
-                cfg = dataclasses.replace(self, family=None, **member.env)
-                cfg.check_slots()
+                cfg = dataclasses.replace(self, family=None, **member.env)  # its slots: checked by the env (a host)
             except ValueError as err:
                 raise ValueError(f"{where}: {err}") from None
             out.append((member, cfg))
         return tuple(out)
-
-    def check_slots(self) -> None:
-        """ValueError unless the host has every slot in `slots` (its shapes only: built on the meta device)."""
-        import torch
-
-        from esper_ray.contracts.slots import check_slots
-        from esper_ray.morpho.hosts import build_host
-
-        with torch.device("meta"):
-            check_slots(list(self.slots), build_host(self.effective_host_preset).slot_ids)
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> EnvConfig:

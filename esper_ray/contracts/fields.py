@@ -12,7 +12,10 @@ import types
 import typing
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 MAX_INT = 2**32 - 1
@@ -106,3 +109,20 @@ def check_types(obj: Any) -> None:
             allowed = [_describe(h) for h in typing.get_args(hint) if h is not type(None)] or [_describe(hint)]
             optional = type(None) in typing.get_args(hint)
             raise ValueError(f"{f.name}={value!r}: must be {' or '.join(allowed)}{' (or left out)' if optional else ''}")
+
+
+def parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env {pair!r}: expected KEY=VALUE, e.g. --env batch_size=128")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def shared_name(checkpoint: Path) -> str:
+    """How a file meant for sharing (summary.md, architecture.json) names a checkpoint: by the run folder's name and
+    the path inside it (RUN/checkpoints/round_NNNNN), wherever the command ran. Never relative to the current folder
+    (run from / that is the whole path, with the user's name from /home) nor an absolute path of this machine."""
+    return "/".join(checkpoint.expanduser().resolve().parts[-3:])

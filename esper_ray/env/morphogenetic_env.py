@@ -578,11 +578,12 @@ class MorphogeneticEnv(gym.Env):
 
 
 def _check_slot_counts(name: str | None, members: tuple[tuple[Member, EnvConfig], ...]) -> None:
-    """One line for a member whose host has more slots than the policy's spaces hold (shapes only: the meta device)."""
+    """One line for a member whose host lacks one of its slots or has more than the policy's spaces hold (shapes only:
+    the meta device), when the env is built rather than at the member's first draw."""
     for member, cfg in members:
-        with torch.device("meta"):
-            slots = check_slots(list(cfg.slots), build_host(cfg.effective_host_preset).slot_ids)
         try:
+            with torch.device("meta"):
+                slots = check_slots(list(cfg.slots), build_host(cfg.effective_host_preset).slot_ids)
             check_slot_count(cfg.effective_host_preset, len(slots))
         except ValueError as error:
             raise ValueError(f"family {name!r}, member {member.name!r}: {error}") from None

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from esper_ray.cli import parse_env_overrides, shared_name
 from esper_ray.contracts import registry
+from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.morpho.hosts import build_host
 from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
