@@ -15,8 +15,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 MAX_INT = 2**32 - 1
 """The largest integer a setting takes unless it names a smaller bound: numpy's seeds are 32-bit, and a count
@@ -112,6 +110,8 @@ def check_types(obj: Any) -> None:
 
 
 def parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    import yaml  # here, not at import: a Ctrl-C while a command loads is handled from entry.py on
+
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
