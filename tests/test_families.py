@@ -77,12 +77,15 @@ def test_the_built_in_held_out_family_shares_no_host_with_the_training_family_an
     def parts(name: str) -> set[tuple[str, str]]:
         return {(cfg.task, cfg.effective_host_preset) for _, cfg in EnvConfig(family=name).members()}
 
-    training, held_out = parts("digits-family"), parts("digits-held-out")
-    assert len(EnvConfig(family="digits-family").members()) >= 6 and len(held_out) >= 2
-    assert not {host for _, host in training} & {host for _, host in held_out}
-    assert {task for task, _ in held_out} - {task for task, _ in training}  # a data set no training member uses
+    training = parts("digits-family")
+    assert len(EnvConfig(family="digits-family").members()) >= 6
+    for name in ("digits-held-out", "digits-held-out-starved"):
+        held_out = parts(name)
+        assert len(held_out) >= 2
+        assert not {host for _, host in training} & {host for _, host in held_out}
+        assert {task for task, _ in held_out} - {task for task, _ in training}  # a data set no training member uses
     assert parts("digits-family-3slot") <= training
-    assert {"digits-family", "digits-family-3slot", "digits-held-out"} <= set(family_names(builtin_only=True))
+    assert {"digits-family", "digits-family-3slot", "digits-held-out", "digits-held-out-starved"} <= set(family_names(builtin_only=True))
 
 
 @pytest.mark.parametrize("env, match", [

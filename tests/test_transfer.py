@@ -60,6 +60,8 @@ def spec_with(**change) -> ExperimentSpec:
     ({"arms": {"a": {}, "c": {"controller": "checkpoint"}}}, r"arms.c: a `controller: checkpoint` arm needs `checkpoint`"),
     ({"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": 5}}}, r"arms.c.checkpoint=5: must be the path"),
     ({"arms": {"a": {}, "c": {"controller": "ppo", "checkpoint": "x"}}}, r"arms.c: `checkpoint` belongs to a `controller: checkpoint`"),
+    ({"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": "runs/{arm}/ck"}}},
+     r"arms.c.checkpoint='runs/\{arm\}/ck': the only field a checkpoint path may hold is \{seed\}"),
 ])
 def test_bad_held_out_hosts_and_arms_fail_naming_the_field_and_value(change, match):
     with pytest.raises(ValueError, match=match):
@@ -82,6 +84,25 @@ def test_every_trial_evaluates_on_each_held_out_host_with_the_arms_settings_and_
     assert TrialWork.of(trials[("s", 0)], 4).evaluation == 2 * (5 + 4) and TrialWork.of(ppo, 4).evaluation == 2 * 4
     assert trials[("c", 0)].checkpoint == str(Path("runs/ck").resolve())
     assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()  # results read it back the same
+
+
+def test_a_checkpoint_arm_with_seed_in_its_path_evaluates_each_seeds_own_controller():
+    spec = spec_with(arms={"a": {}, "c": {"controller": "checkpoint", "checkpoint": "runs/seed{seed}/ck"}})
+    paths = {t.seed: t.checkpoint for t in spec.trials() if t.arm == "c"}
+    assert paths == {s: str(Path(f"runs/seed{s}/ck").resolve()) for s in spec.seeds} and len(set(paths.values())) == len(spec.seeds)
+    assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()  # results read it back the same
+
+
+def test_a_plugins_family_can_be_the_held_out_one(tmp_path, monkeypatch):
+    """The family is looked up after the run's plug-ins are imported (a module no other test imports)."""
+    (tmp_path / "held_out_family_plugin.py").write_text(
+        "from esper_ray.contracts.families import Member, register_family\n"
+        "register_family('plugin-held-out', [Member('short', {'max_epochs': 4})])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "held_out_family_plugin" not in sys.modules
+    spec = spec_with(training={**BASE["training"], "plugins": ["held_out_family_plugin"]}, held_out="plugin-held-out")
+    assert [h.name for h in spec.held_out_hosts] == ["short"]
+    monkeypatch.delitem(sys.modules, "held_out_family_plugin")
 
 
 def test_a_held_out_host_drops_the_family_the_arm_trains_on():
@@ -252,9 +273,11 @@ def test_the_report_has_a_table_per_host_a_pooled_table_and_the_cost_per_new_hos
     cost = {row["arm"]: row for row in results["statistics"]["held_out"]["cost"]}
     assert cost["search"]["host_runs_per_new_host"] == 5 and cost["ppo"]["host_runs_per_new_host"] == 1
     assert cost["ppo"]["one_off"].startswith("8 host runs of training per seed")  # 1 round x 2 envs x 4 episodes (defaults)
-    assert "| search | search | 5 | 4 |" in report
+    # a grown network costs a controller one host run and the search its 4 candidates; this evaluation spent 5 there
+    assert cost["search"]["host_runs_per_network"] == 4 and cost["ppo"]["host_runs_per_network"] == 1
+    assert "| search | search | 4 | 5 | 4 |" in report and "| ppo | ppo | 1 | 1 | 0 |" in report
     gap = next(p for p in results["statistics"]["held_out"]["pooled"] if p["arm_b"] == "search")["hodges_lehmann"]
-    assert f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 20 % of its host runs" in report
+    assert f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 25 % of its host runs per grown network" in report
     assert json.loads((tmp_path / "results.json").read_text())["statistics"]["held_out"]["hosts"] == ["digits", "wide"]
 
 

@@ -6,7 +6,9 @@ host_preset, slots, max_epochs, train_samples, ...); a run with `family` set dra
 (env/morphogenetic_env.py) and applies its overrides to the run's own env settings.
 
 Built in: `digits-family` (training: digits-impaired variants of other widths, kernels, block counts, data budgets and
-run lengths, and small synthetic ones), `digits-family-3slot` (its members with the default 3 slots) and `digits-held-out` (hosts no training member uses, one on another data set).
+run lengths, and small synthetic ones), `digits-family-3slot` (its members with the default 3 slots), and two held-out
+families of hosts no training member uses, each with a data set none trains on: `digits-held-out` (hosts with room to
+spare, where growth adds little) and `digits-held-out-starved` (starved as the training hosts are, where it pays).
 Their hosts and the held-out data set register here, as plug-ins would (not `builtin`: the built-in tasks and hosts
 stay the ones the README lists).
 
@@ -110,6 +112,15 @@ def _register_builtins() -> None:
                           batch_size=64, host_lr=0.05)
     _cnn("synthetic-gray", in_channels=1, image_size=16, base_channels=3, blocks=3, kernel_size=3, pool_layers=3)
 
+    # held out and starved as the training members are (1x1 kernels, 2-3 channels): slot counts and shapes no training
+    # member has, and the grey data set; each kept because a baseline grew it >= 5 points above no growth on seeds
+    # 100-101 (docs/results/transfer_starved/README.md says which candidates failed that rule)
+    _cnn("digits-impaired-5b", **{**digits, "blocks": 5}, base_channels=2, kernel_size=1)
+    _cnn("digits-impaired-6b", **{**digits, "blocks": 6}, base_channels=2, kernel_size=1)
+    _cnn("digits-impaired-k3-2b", **{**digits, "blocks": 2}, base_channels=2, kernel_size=3)
+    _cnn("synthetic-3c", in_channels=3, image_size=32, base_channels=3, blocks=3, kernel_size=1, pool_layers=3)
+    _cnn("synthetic-gray-starved", in_channels=1, image_size=16, base_channels=2, blocks=3, kernel_size=1, pool_layers=3)
+
     impaired = {"task": "digits-impaired"}
     synthetic = {"task": "synthetic", "host_preset": "synthetic-small", "synthetic_size": 500, "synthetic_held_out": 200,
                  "batch_size": 64, "host_lr": 0.05, "val_batch_size": 1_024}
@@ -131,6 +142,14 @@ def _register_builtins() -> None:
         Member("digits", {"task": "digits"}),  # the digits host: 3x3 kernels, 8/16/32 channels
         Member("impaired-k5", {**impaired, "host_preset": "digits-impaired-k5"}),
         Member("synthetic-gray", {"task": "synthetic-gray", "synthetic_size": 1_000, "synthetic_held_out": 300}),
+    ), builtin=True)
+    register_family("digits-held-out-starved", (
+        Member("impaired-5b", {**impaired, "host_preset": "digits-impaired-5b", "slots": [f"r0c{i}" for i in range(5)]}),
+        Member("impaired-6b", {**impaired, "host_preset": "digits-impaired-6b", "slots": [f"r0c{i}" for i in range(6)]}),
+        Member("impaired-k3-2b", {**impaired, "host_preset": "digits-impaired-k3-2b", "slots": ["r0c0", "r0c1"]}),
+        Member("synthetic-3c", {**synthetic, "host_preset": "synthetic-3c"}),
+        Member("gray-starved", {"task": "synthetic-gray", "host_preset": "synthetic-gray-starved", "synthetic_size": 1_000,
+                                "synthetic_held_out": 300}),
     ), builtin=True)
 
 

@@ -20,8 +20,8 @@
     held_out:                       # optional: evaluate every trial on these hosts instead (experiments/held_out.py)
       - {name: digits, env: {task: digits}}
 Two arm kinds exist only here: `controller: checkpoint` with `checkpoint: PATH` (a trained checkpoint's greedy
-policy, evaluated without training) and `controller: search` with `search: {budget: 16, algorithm: random}` (per
-host, a search over fixed plans: experiments/plan_search.py).
+policy, evaluated without training; `{seed}` in PATH: each seed's own checkpoint) and `controller: search` with
+`search: {budget: 16, algorithm: random}` (per host, a search over fixed plans: experiments/plan_search.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from esper_ray.contracts import registry
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
@@ -50,6 +51,7 @@ from esper_ray.morpho.hosts import topology_of
 # of the final grown model.
 METRICS = ("test_accuracy", "test_accuracy_per_param", "rollout_accuracy", "rollout_accuracy_per_param")
 SET_BY_EXPERIMENT = ("seed", "rounds", "output", "address")
+SEED_FIELD = "{seed}"
 ARM_ONLY_KEYS = ("controller", "fixed", "sweep_host_runs", "checkpoint", "search")
 """Arm keys that are not training settings; `sweep_host_runs`: the host runs of the sweep that picked a fixed arm's
 seed (once for all seeds), shown in the report's cost table; `checkpoint`: the checkpoint a `checkpoint` arm evaluates;
@@ -175,7 +177,11 @@ class ExperimentSpec:
                                      f"controller is {kind.value}")
             if kind is ControllerKind.CHECKPOINT and (not isinstance(settings["checkpoint"], str) or not settings["checkpoint"]):
                 raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
-                                 "checkpoint folder (relative to where `esper-ray ab` runs, or absolute)")
+                                 "checkpoint folder (relative to where `esper-ray ab` runs, or absolute; "
+                                 f"{SEED_FIELD} in it stands for each trial's seed)")
+            if kind is ControllerKind.CHECKPOINT and re.search(r"\{(?!seed\})[^}]*\}", settings["checkpoint"]):
+                raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: the only field a checkpoint path "
+                                 f"may hold is {SEED_FIELD} (each trial's seed)")
             if kind is ControllerKind.SEARCH:
                 SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search")
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
@@ -184,6 +190,9 @@ class ExperimentSpec:
                                  + (" and it has none" if kind is ControllerKind.FIXED else ""))
         object.__setattr__(self, "compare", self._checked_compare())
         if self.held_out is not None:
+            for settings in (self.training, *self.arms.values()):  # a plug-in's family may be the held-out one
+                plugins = settings.get("plugins", ())
+                registry.load_plugins(plugins if isinstance(plugins, (list, tuple)) else ())
             parse_held_out(self.held_out)  # raises naming the entry
             object.__setattr__(self, "held_out", _plain(copy.deepcopy(self.held_out)))
         for trial in self.trials():
@@ -262,10 +271,11 @@ class ExperimentSpec:
         settings = self.arms[arm]
         return SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search") if "search" in settings else None
 
-    def checkpoint_path(self, arm: str) -> str | None:
-        """A `checkpoint` arm's checkpoint, absolute (a Tune trial runs in its own folder)."""
+    def checkpoint_path(self, arm: str, seed: int) -> str | None:
+        """A `checkpoint` arm's checkpoint for `seed`, absolute (a Tune trial runs in its own folder); `{seed}` in the
+        path stands for the trial's seed, so each seed evaluates its own controller (paired with the other arms')."""
         path = self.arms[arm].get("checkpoint")
-        return str(Path(path).expanduser().resolve()) if path is not None else None
+        return str(Path(path.replace(SEED_FIELD, str(seed))).expanduser().resolve()) if path is not None else None
 
     @property
     def trains_any_policy(self) -> bool:
@@ -300,11 +310,12 @@ class ExperimentSpec:
         hosts = self.held_out_hosts
         for arm in self.arms:
             settings, fixed = self._arm_settings(arm), self.fixed_plan(arm)
-            search, checkpoint = self.search_settings(arm), self.checkpoint_path(arm)
+            search = self.search_settings(arm)
             for seed in self.seeds:
                 train = copy.deepcopy({**settings, "seed": seed})
                 held_out = tuple((h.name, host_settings(train, h)) for h in hosts)
-                out.append(TrialSpec(arm, seed, self.controller(arm), train, fixed, held_out, checkpoint, search))
+                out.append(TrialSpec(arm, seed, self.controller(arm), train, fixed, held_out,
+                                     self.checkpoint_path(arm, seed), search))
         return out
 
     def _arm_settings(self, arm: str) -> dict[str, Any]:
