@@ -23,13 +23,14 @@ from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pa
 from esper_ray.experiments.plan_search import RandomPlanSearch, candidate_plans, run_search
 from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.runner import TrialWork
+from esper_ray.experiments.runner import TrialWork, check_checkpoint
 from esper_ray.experiments.results import COMPUTE_COLUMNS, EVAL_COLUMNS, FINISHED, ExperimentRecord, TrialResult
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
 from esper_ray.train.episodes import EpisodeSummary
+from esper_ray.train.evaluate import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
@@ -320,3 +321,16 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
     assert all(t["status"] == "finished" and t["history"] == [] for t in results["trials"])
     assert {row["arm"]: row["host_runs_per_new_host"] for row in results["statistics"]["held_out"]["cost"]} == {"frozen": 1, "none": 1}
     assert "trained before this run" in (tmp_path / "frozen" / "report.md").read_text()
+
+
+def test_transfer_starved_yaml_reads_controllers_this_code_loads(monkeypatch):
+    """transfer_starved.yaml evaluates the controllers docs/results/transfer/ kept, one a seed: each is a checkpoint
+    folder, and its policy layout is this code's (a change of the layout must retrain them or drop the file)."""
+    monkeypatch.chdir(REPO)  # its paths are relative to the repository's root, where `esper-ray ab` runs it
+    spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / "transfer_starved.yaml")
+    frozen = [t for t in spec.trials() if t.controller is ControllerKind.CHECKPOINT]
+    assert sorted(t.seed for t in frozen) == list(range(8)) and len({t.checkpoint for t in frozen}) == 8
+    for trial in frozen:
+        check_checkpoint(trial.arm, trial.checkpoint)
+    module, feature_filter = load_policy(Path(frozen[0].checkpoint))
+    assert module is not None and feature_filter is not None
