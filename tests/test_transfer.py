@@ -30,7 +30,8 @@ from esper_ray.experiments.statistics import holm
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
 from esper_ray.train.episodes import EpisodeSummary
-from esper_ray.train.evaluate import load_policy
+from esper_ray.policy.layout import check_layout, saved_layout
+from esper_ray.train.rounds import MODULE_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
@@ -332,5 +333,4 @@ def test_transfer_starved_yaml_reads_controllers_this_code_loads(monkeypatch):
     assert sorted(t.seed for t in frozen) == list(range(8)) and len({t.checkpoint for t in frozen}) == 8
     for trial in frozen:
         check_checkpoint(trial.arm, trial.checkpoint)
-    module, feature_filter = load_policy(Path(frozen[0].checkpoint))
-    assert module is not None and feature_filter is not None
+        check_layout(saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint)  # what load_policy checks first
