@@ -17,9 +17,8 @@ import yaml
 
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
-from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
-from esper_ray.contracts.fields import check_int
+from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred

@@ -151,7 +151,7 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for row in stats["cost"]:
-        lines.append(f"| {row['arm']} | {row['controller']} | {_fmt(row.get('host_runs_per_network', math.nan))} | "
+        lines.append(f"| {row['arm']} | {row['controller']} | {_fmt(row['host_runs_per_network'])} | "
                      f"{_fmt(row['host_runs_per_new_host'])} | "
                      f"{_fmt(row['search_runs_per_new_host'])} | {row['one_off']} | {', '.join(row['not_applicable_on']) or '-'} |")
     header = ["| A | B | seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |", "|---|---|---|---|---|---|"]
