@@ -27,11 +27,23 @@ def ray_local():
     ray.shutdown()
 
 
-# The files that take longest (seconds of one worker on 2 cores, 600 tests: test_train 605, test_experiments 315,
-# test_faults 237, test_readme 150 of 1,814 in all) start first, so that xdist's two workers end together; its
+# The files that take longest (seconds of one worker on 2 cores, measured once: test_train 605, test_experiments
+# 315, test_faults 237, test_readme 150 of 1,814 in all) start first, so that xdist's two workers end together; its
 # default order, by number of tests, left the few long tests of test_faults and test_readme for the end
 # (pyproject.toml turns that order off with --no-loadscope-reorder).
 LONGEST_FIRST = ("test_train.py", "test_experiments.py", "test_faults.py", "test_readme.py")
+
+
+def pytest_sessionstart(session):
+    """Say before the first dot that the long files come first, so a progress line that stands still for minutes
+    does not read as a hang (the controller only: xdist's workers print nothing)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"esper-ray: the long files run first ({', '.join(LONGEST_FIRST)}: Ray clusters and training "
+                            "runs, minutes each); the percentage may stand still for minutes while they run. The whole "
+                            "suite takes 10-25 minutes on 2 cores; -m 'not expensive' skips the Ray tests.")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -78,3 +78,18 @@ def test_every_results_folder_is_listed_in_its_index(folder):
     listed = index_names(REPO / folder / "README.md")
     assert folders and folders <= listed, f"{folder}/README.md leaves out {sorted(folders - listed)}"
     assert listed <= folders, f"{folder}/README.md lists folders that do not exist: {sorted(listed - folders)}"
+
+
+def test_pytest_says_before_the_first_dot_which_files_run_long(tmp_path):
+    """A quiet run prints which files are long before its progress line, so minutes without a dot do not read as a
+    hang (tests/conftest.py's pytest_sessionstart)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import LONGEST_FIRST
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--collect-only",
+                           "tests/test_docs_layout.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    first = done.stdout.splitlines()[0]
+    assert "long files run first" in first, done.stdout[:500]
+    assert all(name in first for name in LONGEST_FIRST)
