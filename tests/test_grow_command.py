@@ -13,7 +13,7 @@ import esper_ray
 from esper_ray.cli import main, shared_name
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE
-from esper_ray.train.grow_command import TASK_BOUND_ENV_KEYS, grow_env_config
+from esper_ray.train.grow_command import TASK_BOUND_ENV_KEYS, default_save_folder, grow_env_config
 
 PLUGIN = "tests.plugin_parts"
 TOY_HOST = "tests.plugin_parts:ToyMLP"
@@ -61,6 +61,31 @@ def test_an_unknown_host_or_task_is_one_line_listing_what_is_registered(host, ta
     with pytest.raises(ValueError, match=match) as err:
         grow_env_config(CHECKPOINT_ENV, CHECKPOINT_ENV["slots"], host, task, [PLUGIN], {}, None)
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------- from a shipped controller (no Ray)
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "results" / "transfer" / "controllers" / "seed0"
+
+
+def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, capsys):
+    """docs/results/transfer/controllers/seedS are checkpoints `grow` and `eval` take with no copy or added file."""
+    folder = tmp_path / "net"
+    code, out, err = grow(capsys, str(SHIPPED), "--host", "digits", "--save", str(folder), "--env", "max_epochs=2",
+                          "--env", "device=cpu")
+    assert code == 0, err
+    assert f"checkpoint {SHIPPED} (round 120) grows host digits" in out
+    architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
+    assert architecture["run"]["checkpoint"] == "transfer/controllers/seed0" and architecture["run"]["epochs"] == 2
+    assert esper_ray.load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    assert main(["eval", "--checkpoint", str(SHIPPED), "--episodes", "1", "--env", "device=cpu"]) == 0
+    assert "(round 120)" in capsys.readouterr().out
+
+
+def test_a_shipped_controllers_network_goes_under_the_current_folder_not_beside_the_controller(tmp_path, monkeypatch):
+    """A checkpoint that lies in no run folder has no RUN/grown/: the default --save is ./grown/HOST-seedS."""
+    monkeypatch.chdir(tmp_path)
+    assert default_save_folder(SHIPPED, "digits", 0) == (tmp_path / "grown" / "digits-seed0").resolve()
+    assert not (SHIPPED.parents[1] / "grown").exists()
 
 
 # ----------------------------------------------------------------------------- from a trained checkpoint
