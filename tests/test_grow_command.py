@@ -93,8 +93,8 @@ def episode(index: int, test: float, params_added: int) -> EpisodeSummary:
 
 def test_eval_ends_with_the_mean_test_accuracy_and_committed_params_over_its_episodes():
     line = mean_line([episode(0, 0.70, 0), episode(1, 0.80, 600), episode(2, 0.75, 300)])
-    assert line == ("mean over 3 episodes: test acc 75.00% (min 70.00%, max 80.00%), params kept 300 (committed network "
-                    "460 params in all)")
+    assert line == ("mean over 3 episodes: test acc 75.00% (min 70.00%, max 80.00%), params kept 300 "
+                    "(committed network 460 params in all)")
 
 
 def test_a_shipped_controllers_network_goes_under_the_current_folder_not_beside_the_controller(tmp_path, monkeypatch):

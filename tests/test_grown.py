@@ -360,8 +360,9 @@ def summary_architecture(task: str, seeds: list[dict] | None = None) -> dict:
     data = load_task_data(task)
     seeds = seeds or []
     run = {"task": task, "host_preset": task, "controller": "test", "seed": 0, "max_epochs": 2, "epochs": 2,
-           "ended_by_rollback": False, "device": "cpu", "amp": "fp32", "test_accuracy": 0.5, "test_accuracy_with_probation": 0.5,
-           "params_dropped_on_probation": 0, "test_loss": 1.0, "initial_val_accuracy": 0.1, "final_val_accuracy": 0.5,
+           "ended_by_rollback": False, "device": "cpu", "amp": "fp32", "test_accuracy": 0.5,
+           "test_accuracy_with_probation": 0.5, "params_dropped_on_probation": 0, "test_loss": 1.0,
+           "initial_val_accuracy": 0.1, "final_val_accuracy": 0.5,
            "val_accuracy_by_epoch": [0.1, 0.3, 0.5], "train_accuracy_by_epoch": [None, 0.2, 0.4]}
     slots = {s["slot"]: {"stage": "FOSSILIZED", "blueprint": "mlp", "in_network": True, "germinated_epoch": 1,
                          "fossilized_epoch": 2} for s in seeds}
@@ -396,7 +397,8 @@ def test_a_saved_network_with_no_kept_seed_says_it_is_the_host_alone(tmp_path):
     note = "no seed was kept (none was fossilized by the run's end): this is the host alone"
     alone = summary_architecture("digits")
     grown = summary_architecture("digits", [{"slot": "r0c1", "blend": "add", "alpha": 1.0, "params": 40}])
-    assert f"**N{note[1:]}.**" in summary_markdown(tmp_path, alone) and "no seed" not in summary_markdown(tmp_path, grown)
+    assert f"**N{note[1:]}.**" in summary_markdown(tmp_path, alone)
+    assert "no seed" not in summary_markdown(tmp_path, grown)
     for architecture, says in ((alone, True), (grown, False)):
         (tmp_path / ARCHITECTURE_FILE).write_text(json.dumps(architecture))
         assert (note in saved_line(tmp_path)) == says

@@ -42,9 +42,10 @@ def check_save_folder(path: str | Path, episodes: int) -> Path:
 def input_description(data: TaskData, example: Any) -> dict[str, Any]:
     """How to turn the task's raw samples into what the network's forward takes (TaskData.prepare)."""
     if data.tokens:
-        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64", "vocab": data.num_classes,
-                "prepare": f"token ids [B, T] (0..{data.num_classes - 1}) as they are; logits [B, T, {data.num_classes}] "
-                           "predict the next token"}
+        vocab = data.num_classes
+        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64", "vocab": vocab,
+                "prepare": f"token ids [B, T] (0..{vocab - 1}) as they are; logits [B, T, {vocab}] predict the next "
+                           "token"}
     if not data.mean:  # a plug-in's own features: scaled only (TaskData.prepare)
         return {"kind": "features", "shape": list(example.shape), "scale": data.scale,
                 "prepare": "x = raw / scale, for raw inputs [B, ...] stored as the task stores them; logits [B, classes]"}
