@@ -168,7 +168,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
         from esper_ray.train.checkpoints import resolve_checkpoint, round_of
-        from esper_ray.train.evaluate import run_evaluation
+        from esper_ray.train.evaluate import mean_line, run_evaluation
         from esper_ray.train.grow import check_save_folder, saver
         from esper_ray.train.resources import quiet_ray_logs
 
@@ -185,6 +185,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                                                     shared_name(checkpoint))
                                if folder else None, threads=args.threads)
     _print_summaries(summaries, args.json)
+    print(mean_line(summaries), file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON document
     _print_saved(folder, args.json)
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.checkpoints import LATEST_FILE, MANIFEST_FILE, latest_round, resolve_checkpoint
+from esper_ray.train.checkpoints import LATEST_FILE, MANIFEST_FILE, in_a_run, latest_round, resolve_checkpoint, round_of
 from esper_ray.train.runner import save_round
 
 STATE = "learner_group/learner/state.pkl"
@@ -226,3 +226,16 @@ def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_fo
     out, err = capsys.readouterr()
     assert json.loads(out) == [] and "checkpoint" not in out  # stdout stays one JSON document
     assert f"esper-ray eval: checkpoint {output / 'checkpoints' / 'round_00001'} (round 1)" in err
+
+
+def test_a_checkpoint_on_its_own_takes_its_round_from_round_json_as_an_ab_trials_does(tmp_path):
+    """A shipped controller (docs/results/transfer/controllers/seedS) is an A/B trial's checkpoint under any name:
+    its round is the one its round.json records; a folder with neither that name nor the file is refused."""
+    shipped = tmp_path / "seed3"
+    shipped.mkdir()
+    (shipped / "round.json").write_text(json.dumps({"round": 120, "summary": {}}))
+    assert round_of(shipped) == 120 and not in_a_run(shipped)
+    assert round_of(tmp_path / "run" / "checkpoints" / "round_00007") == 7
+    assert in_a_run(tmp_path / "run" / "checkpoints" / "round_00007")
+    with pytest.raises(ValueError, match=r"other: not an esper-ray checkpoint folder .*round.json"):
+        round_of(tmp_path / "other")

@@ -13,7 +13,9 @@ import esper_ray
 from esper_ray.cli import main, shared_name
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE
-from esper_ray.train.grow_command import TASK_BOUND_ENV_KEYS, grow_env_config
+from esper_ray.train.episodes import EpisodeSummary
+from esper_ray.train.evaluate import mean_line
+from esper_ray.train.grow_command import TASK_BOUND_ENV_KEYS, default_save_folder, grow_env_config
 
 PLUGIN = "tests.plugin_parts"
 TOY_HOST = "tests.plugin_parts:ToyMLP"
@@ -61,6 +63,45 @@ def test_an_unknown_host_or_task_is_one_line_listing_what_is_registered(host, ta
     with pytest.raises(ValueError, match=match) as err:
         grow_env_config(CHECKPOINT_ENV, CHECKPOINT_ENV["slots"], host, task, [PLUGIN], {}, None)
     assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------- from a shipped controller (no Ray)
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "results" / "transfer" / "controllers" / "seed0"
+
+
+def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, capsys):
+    """docs/results/transfer/controllers/seedS are checkpoints `grow` and `eval` take with no copy or added file."""
+    folder = tmp_path / "net"
+    code, out, err = grow(capsys, str(SHIPPED), "--host", "digits", "--save", str(folder), "--env", "max_epochs=2",
+                          "--env", "device=cpu")
+    assert code == 0, err
+    assert f"checkpoint {SHIPPED} (round 120) grows host digits" in out
+    architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
+    assert architecture["run"]["checkpoint"] == "transfer/controllers/seed0" and architecture["run"]["epochs"] == 2
+    assert esper_ray.load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    assert main(["eval", "--checkpoint", str(SHIPPED), "--episodes", "1", "--env", "device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "(round 120)" in out and out.strip().splitlines()[-1].startswith("mean over 1 episode: test acc ")
+
+
+def episode(index: int, test: float, params_added: int) -> EpisodeSummary:
+    return EpisodeSummary(episode=index, steps=3, episode_return=0.0, initial_accuracy=0.1, final_accuracy=0.5,
+                          host_params=160, params_added=params_added, germinated=1, fossilized=1, pruned=0, rollbacks=0,
+                          refused=0, train_flops=1, seed_train_flops=0, validation_flops=1, counterfactual_flops=0,
+                          rolled_back=False, seconds=1.0, test_accuracy=test, test_loss=1.0)
+
+
+def test_eval_ends_with_the_mean_test_accuracy_and_committed_params_over_its_episodes():
+    line = mean_line([episode(0, 0.70, 0), episode(1, 0.80, 600), episode(2, 0.75, 300)])
+    assert line == ("mean over 3 episodes: test acc 75.00% (min 70.00%, max 80.00%), params kept 300 "
+                    "(committed network 460 params in all)")
+
+
+def test_a_shipped_controllers_network_goes_under_the_current_folder_not_beside_the_controller(tmp_path, monkeypatch):
+    """A checkpoint that lies in no run folder has no RUN/grown/: the default --save is ./grown/HOST-seedS."""
+    monkeypatch.chdir(tmp_path)
+    assert default_save_folder(SHIPPED, "digits", 0) == (tmp_path / "grown" / "digits-seed0").resolve()
+    assert not (SHIPPED.parents[1] / "grown").exists()
 
 
 # ----------------------------------------------------------------------------- from a trained checkpoint

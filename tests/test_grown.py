@@ -346,3 +346,59 @@ def test_a_mask_the_weights_do_not_hold_is_bounded_before_it_is_built(tmp_path):
     message = str(err.value)
     assert f"{2 * 8192 * 8192:,} bytes of buffers" in message and f"{MAX_DERIVED_BYTES:,}" in message, message
     assert "\n" not in message
+
+
+# ------------------------------------------------------------------------------------- summary.md, no Ray
+def summary_architecture(task: str, seeds: list[dict] | None = None) -> dict:
+    """An architecture description as save_grown_run writes one (the run's parts summary.md reads), for `task`'s own
+    host and input; `seeds`: the kept seeds (none: the host alone)."""
+    from esper_ray.contracts import registry
+    from esper_ray.morpho.hosts import topology_of
+    from esper_ray.train.grow import input_description
+
+    registry.load_plugins(["tests.plugin_parts"])  # toy-blobs: a vector host's own features
+    data = load_task_data(task)
+    seeds = seeds or []
+    run = {"task": task, "host_preset": task, "controller": "test", "seed": 0, "max_epochs": 2, "epochs": 2,
+           "ended_by_rollback": False, "device": "cpu", "amp": "fp32", "test_accuracy": 0.5,
+           "test_accuracy_with_probation": 0.5, "params_dropped_on_probation": 0, "test_loss": 1.0,
+           "initial_val_accuracy": 0.1, "final_val_accuracy": 0.5,
+           "val_accuracy_by_epoch": [0.1, 0.3, 0.5], "train_accuracy_by_epoch": [None, 0.2, 0.4]}
+    slots = {s["slot"]: {"stage": "FOSSILIZED", "blueprint": "mlp", "in_network": True, "germinated_epoch": 1,
+                         "fossilized_epoch": 2} for s in seeds}
+    kept = sum(s["params"] for s in seeds)
+    return {"topology": topology_of(task), "host": task, "contents": "the committed model", "seeds": seeds,
+            "params": {"host": 100, "seeds": kept, "total": 100 + kept}, "run": run,
+            "input": input_description(data, data.test_x[0]), "slots": slots}
+
+
+def use_it_block(task: str) -> str:
+    from esper_ray.train.grow_summary import summary_markdown
+
+    return summary_markdown(Path("net"), summary_architecture(task)).split("## Use it")[1].split("```")[1]
+
+
+@pytest.mark.parametrize("task, said", [
+    ("digits", "x = (raw.float() / 16.0 - mean) / std  # raw: [B, 1, 8, 8] images as the task stores them"),
+    ("text", "logits = net(tokens)  # tokens: [B, T] int64 token ids (0..255), T <= 64; logits [B, T, 256]"),
+    ("toy-blobs", "x = raw.float() / 1.0  # raw: [B, 16] float features as the task stores them"),
+])
+def test_summary_usage_feeds_each_kind_of_input_as_its_network_takes_it(task, said):
+    """A CNN host's network takes normalised images, a text host's token ids, a vector host's float features."""
+    block = use_it_block(task)
+    assert said in block, block
+    assert ("tokens" in block) == (task == "text") and ("logits = net(x)  # [B, classes]" in block) == (task != "text")
+
+
+def test_a_saved_network_with_no_kept_seed_says_it_is_the_host_alone(tmp_path):
+    from esper_ray.train.grow import saved_line
+    from esper_ray.train.grow_summary import summary_markdown
+
+    note = "no seed was kept (none was fossilized by the run's end): this is the host alone"
+    alone = summary_architecture("digits")
+    grown = summary_architecture("digits", [{"slot": "r0c1", "blend": "add", "alpha": 1.0, "params": 40}])
+    assert f"**N{note[1:]}.**" in summary_markdown(tmp_path, alone)
+    assert "no seed" not in summary_markdown(tmp_path, grown)
+    for architecture, says in ((alone, True), (grown, False)):
+        (tmp_path / ARCHITECTURE_FILE).write_text(json.dumps(architecture))
+        assert (note in saved_line(tmp_path)) == says

@@ -31,6 +31,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
 from esper_ray.train.episodes import EpisodeSummary
 from esper_ray.policy.layout import check_layout, saved_layout
+from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
 from esper_ray.train.rounds import MODULE_PATH
 
 REPO = Path(__file__).resolve().parents[1]
@@ -334,3 +335,15 @@ def test_transfer_starved_yaml_reads_controllers_this_code_loads(monkeypatch):
     for trial in frozen:
         check_checkpoint(trial.arm, trial.checkpoint)
         check_layout(saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint)  # what load_policy checks first
+
+
+def test_the_kept_controllers_are_complete_checkpoints_with_the_transfer_runs_settings():
+    """`eval` and `grow` take each kept controller as it is: it matches its files.json, its train_config.json holds
+    the settings its seed's PPO trial of docs/results/transfer/ trained with, and its round is the run's last."""
+    record = json.loads((REPO / "docs" / "results" / "transfer" / "experiment.json").read_text())
+    spec = ExperimentSpec.from_mapping(record["experiment"])
+    for trial in (t for t in spec.trials() if t.arm == "ppo"):
+        folder = REPO / "docs" / "results" / "transfer" / "controllers" / f"seed{trial.seed}"
+        assert resolve_checkpoint(folder) == folder  # complete: matches its manifest
+        assert load_checkpoint_config(folder) == TrainConfig.from_mapping(trial.train)
+        assert round_of(folder) == spec.rounds

@@ -8,6 +8,9 @@
     checkpoints/latest.json     the newest checkpoint, as a path relative to checkpoints/, so a copied or moved
                                 run folder (rsync-down, then eval) resumes its own checkpoint
 
+A checkpoint folder may also stand on its own (docs/results/transfer/controllers/seedS: an A/B trial's, with
+train_config.json and files.json added, its round in round.json): `eval` and `grow` take either.
+
 A checkpoint is written into round_NNNNN.partial and renamed when complete, and latest.json is written to a
 temporary name and renamed over the old one, so latest.json only ever names a complete checkpoint, whatever
 cuts a save short. A checkpoint damaged later (an interrupted copy, a full disk) fails its files.json check
@@ -32,6 +35,7 @@ TRAIN_CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest.json"
 PARTIAL_SUFFIX = ".partial"
 RUN_MARKERS = ("config.json", "metrics.jsonl", "checkpoints")
+TRIAL_ROUND_FILE = "round.json"  # an A/B trial's checkpoint records its round here (experiments/trainable.py)
 
 
 def checkpoint_dir(output: Path, round_: int) -> Path:
@@ -150,11 +154,23 @@ def _round_number(folder: Path) -> int | None:
 
 
 def round_of(checkpoint: Path) -> int:
-    """The round a checkpoint folder (`round_NNNNN`) was saved after."""
+    """The round a checkpoint folder was saved after: its name's (`round_NNNNN`), else the one its round.json
+    records (an A/B trial's checkpoint, as docs/results/transfer/controllers/ keeps them, under any name)."""
     number = _round_number(checkpoint)
     if number is None:
-        raise ValueError(f"{checkpoint}: not an esper-ray checkpoint folder (expected a name like round_00010)")
+        try:
+            number = json.loads((checkpoint / TRIAL_ROUND_FILE).read_text())["round"]
+        except (OSError, ValueError, KeyError, TypeError):
+            number = None
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise ValueError(f"{checkpoint}: not an esper-ray checkpoint folder (expected a name like round_00010, or a "
+                         f"{TRIAL_ROUND_FILE} holding {{\"round\": N}})")
     return number
+
+
+def in_a_run(checkpoint: Path) -> bool:
+    """Whether the checkpoint lies in a training output folder (RUN/checkpoints/round_NNNNN), not on its own."""
+    return checkpoint.parent.name == "checkpoints" and _round_number(checkpoint) is not None
 
 
 def run_folder_of(checkpoint: Path) -> Path:

@@ -16,7 +16,7 @@ same filter class, so evaluation feeds the network what training fed it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +196,18 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_net
         raise RuntimeError(f"evaluation: episodes {sorted(set(range(episodes)) - set(done))} did not return "
                            f"(an env runner failed); {len(done)} of {episodes} finished")
     return summaries
+
+
+def mean_line(summaries: Sequence[EpisodeSummary]) -> str:
+    """The line `eval` ends with: the mean held-out test accuracy over its episodes and the mean committed network
+    (parameters the kept seeds add, and in all), the numbers an evaluation is compared by."""
+    n = len(summaries)
+    tested = [s.test_accuracy for s in summaries if s.test_accuracy is not None]
+    test = f"test acc {100 * float(np.mean(tested)):.2f}%" if len(tested) == n and n else "test acc not measured"
+    spread = f" (min {100 * min(tested):.2f}%, max {100 * max(tested):.2f}%)" if n > 1 and len(tested) == n else ""
+    return (f"mean over {n} episode{'s' if n != 1 else ''}: {test}{spread}, params kept "
+            f"{float(np.mean([s.params_added for s in summaries])):,.0f} (committed network "
+            f"{float(np.mean([s.total_params for s in summaries])):,.0f} params in all)")
 
 
 def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,

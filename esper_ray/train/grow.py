@@ -12,6 +12,7 @@ device, accuracies and curves), how to prepare inputs (`input`) and every enable
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
-from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, plot_accuracy, summary_markdown
+from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, no_seed_note, plot_accuracy, summary_markdown
 from esper_ray.train.run_lock import writable_folder
 
 
@@ -41,8 +42,10 @@ def check_save_folder(path: str | Path, episodes: int) -> Path:
 def input_description(data: TaskData, example: Any) -> dict[str, Any]:
     """How to turn the task's raw samples into what the network's forward takes (TaskData.prepare)."""
     if data.tokens:
-        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64",
-                "prepare": "token ids [B, T] (bytes, 0..255) as they are; logits [B, T, vocab] predict the next byte"}
+        vocab = data.num_classes
+        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64", "vocab": vocab,
+                "prepare": f"token ids [B, T] (0..{vocab - 1}) as they are; logits [B, T, {vocab}] predict the next "
+                           "token"}
     if not data.mean:  # a plug-in's own features: scaled only (TaskData.prepare)
         return {"kind": "features", "shape": list(example.shape), "scale": data.scale,
                 "prepare": "x = raw / scale, for raw inputs [B, ...] stored as the task stores them; logits [B, classes]"}
@@ -102,8 +105,10 @@ def saver(folder: Path, controller: str, checkpoint: str | None = None) -> Episo
 
 
 def saved_line(folder: Path) -> str:
-    """What a command prints once it has kept a network."""
-    return f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with esper_ray.load_grown({str(folder)!r}))"
+    """What a command prints once it has kept a network (read back from its architecture file: what was kept)."""
+    note = no_seed_note(json.loads((folder / ARCHITECTURE_FILE).read_text()))
+    return (f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with esper_ray.load_grown({str(folder)!r}))"
+            + (f"; {note}" if note else ""))
 
 
 def episode_folder(root: Path, episode: int) -> Path:

@@ -26,7 +26,7 @@ from esper_ray.contracts import registry
 from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.morpho.hosts import build_host
-from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
+from esper_ray.train.checkpoints import in_a_run, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
 from esper_ray.train.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
 from esper_ray.train.evaluate import GreedyPolicyController, check_policy_fits, load_policy
 from esper_ray.train.grow import check_save_folder, save_grown_run, saved_line
@@ -104,10 +104,12 @@ def grow_env_config(base: Mapping[str, Any], checkpoint_slots: Sequence[str], ho
 
 def default_save_folder(checkpoint: Path, host: str, seed: int) -> Path:
     """A new, empty folder for the network: RUN/grown/HOST-seedS, numbered -2, -3, ... past any that exists, so no
-    network is ever written over; under the current folder when the run folder cannot be written. Created here
-    (mkdir that fails on an existing folder: two grow commands never pick the same one)."""
+    network is ever written over; under the current folder when the run folder cannot be written or the checkpoint
+    lies in none. Created here (mkdir that fails on an existing folder: two grow commands never pick the same one)."""
     name = re.sub(r"[^\w.-]+", "-", host).strip("-") + f"-seed{seed}"
-    for root in (run_folder_of(checkpoint) / GROWN_FOLDER, Path.cwd() / GROWN_FOLDER):
+    # a checkpoint on its own (a shipped controller) has no run folder: its parent may be anything, a repository's docs
+    roots = [run_folder_of(checkpoint) / GROWN_FOLDER] if in_a_run(checkpoint) else []
+    for root in (*roots, Path.cwd() / GROWN_FOLDER):
         try:
             writable_folder(root, "--save")
         except ValueError:
@@ -120,8 +122,9 @@ def default_save_folder(checkpoint: Path, host: str, seed: int) -> Path:
                 return folder.resolve()
             except FileExistsError:
                 n += 1
-    raise ValueError(f"no folder to keep the network in: neither {run_folder_of(checkpoint) / GROWN_FOLDER} nor "
-                     f"{Path.cwd() / GROWN_FOLDER} can be written; give --save DIR")
+    tried = [str(root) for root in (*roots, Path.cwd() / GROWN_FOLDER)]
+    what = f"neither {tried[0]} nor {tried[1]} can" if len(tried) == 2 else f"{tried[0]} cannot"
+    raise ValueError(f"no folder to keep the network in: {what} be written; give --save DIR")
 
 
 class GrowProgress:

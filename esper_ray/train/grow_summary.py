@@ -42,18 +42,30 @@ def architecture_rows(architecture: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
+def prepare_lines(architecture: Mapping[str, Any]) -> list[str]:
+    """How to feed the network, by the kind of input its task has (architecture.json's `input`, grow.py): normalised
+    images [B, C, H, W], token ids [B, T], or a plug-in's own features (float vectors [B, F] for a vector host)."""
     spec = architecture["input"]
+    shape = ", ".join(str(n) for n in spec["shape"])
     if spec["kind"] == "images":
-        c, h, w = spec["shape"]
-        prepare = [
+        return [
             f"mean = torch.tensor({spec['mean']})[None, :, None, None]",
             f"std = torch.tensor({spec['std']})[None, :, None, None]",
-            f"x = (raw.float() / {spec['scale']} - mean) / std  # raw: [B, {c}, {h}, {w}] images as the task stores them",
+            f"x = (raw.float() / {spec['scale']} - mean) / std  # raw: [B, {shape}] images as the task stores them",
             "logits = net(x)  # [B, classes]",
         ]
-    else:
-        prepare = [f"logits = net(tokens)  # tokens: [B, T] int64 bytes, T <= {spec['shape'][0]}; logits [B, T, 256]"]
+    if spec["kind"] == "features":
+        what = "float features" if architecture.get("topology") == "vector" else "inputs"
+        return [f"x = raw.float() / {spec['scale']}  # raw: [B, {shape}] {what} as the task stores them",
+                "logits = net(x)  # [B, classes]"]
+    if spec["kind"] == "tokens":
+        vocab = spec.get("vocab", 256)  # absent in files written before it was recorded: the byte vocabulary
+        return [f"logits = net(tokens)  # tokens: [B, T] int64 token ids (0..{vocab - 1}), T <= {spec['shape'][0]}; "
+                f"logits [B, T, {vocab}] predict the next token"]
+    return [f"# {spec['prepare']}"]  # a kind this code does not know: the file's own words
+
+
+def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
     return [
         "```python",
         "import torch",
@@ -61,9 +73,16 @@ def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
         "",
         # the folder's name, never its absolute path: the folder is meant to be shared, and moves
         f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
-        *prepare,
+        *prepare_lines(architecture),
         "```",
     ]
+
+
+def no_seed_note(architecture: Mapping[str, Any]) -> str | None:
+    """What a network with no kept seed says of itself (None when one was kept): it is the host alone."""
+    if architecture["seeds"]:
+        return None
+    return "no seed was kept (none was fossilized by the run's end): this is the host alone"
 
 
 def _probation_line(run: Mapping[str, Any]) -> list[str]:
@@ -86,6 +105,7 @@ def summary_markdown(folder: Path, architecture: Mapping[str, Any]) -> str:
         f"(amp {run['amp']}) after {run['epochs']} of {run['max_epochs']} epochs{ended}. Validation accuracy "
         f"{_pct(run['initial_val_accuracy'])} before training, {_pct(run['final_val_accuracy'])} at the end.",
         f"Grown by: {run['controller']}. Parameters: {params['host']:,} host + {params['seeds']:,} seeds = {params['total']:,}.",
+        *([f"**{note[0].upper()}{note[1:]}.**"] if (note := no_seed_note(architecture)) else []),
         *_probation_line(run),
         "",
         "## Architecture",
