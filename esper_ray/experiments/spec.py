@@ -290,7 +290,8 @@ class ExperimentSpec:
                 continue  # an arm's trials differ only in their seed; no growth plants nothing
             tempo = _planting_tempo(trial)
             for host, settings in [(None, trial.train), *trial.held_out]:
-                line = TrainConfig.from_mapping(settings).short_run_warning(tempo)
+                cfg = TrainConfig.from_mapping(settings)  # no seed at all, or else none at the arm's tempo
+                line = cfg.short_run_warning() or (cfg.short_run_warning(tempo) if tempo is not None else None)
                 if line is not None:
                     where.setdefault(line, []).append(f"arm {trial.arm}" + (f" on host {host}" if host else ""))
         return [f"{', '.join(names)}: {line}" for line, names in where.items()]
