@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     heuristic.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
-    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
+    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma"),
+                                                                                         defaults=TRAINING_ENV_DEFAULTS))
 
     train = sub.add_parser(
         "train", allow_abbrev=False, parents=[verbose_after],

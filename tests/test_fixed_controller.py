@@ -208,10 +208,10 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
     assert info["count/germinated"] == 0 and info["count/refused"] == 0
 
 
-def test_a_learned_controller_trains_with_the_commit_horizon_and_the_rule_based_ones_without_it():
-    """TrainConfig's env gets TRAINING_ENV_DEFAULTS (commit_horizon on) unless its `env` says otherwise; EnvConfig, which
-    the heuristic, fixed and no-growth controllers run on, keeps it off. Read through the env the settings build: the
-    fast tempo's last legal step is the last step at which a PPO run's env still allows GERMINATE."""
+def test_runs_set_up_from_training_settings_have_the_commit_horizon_and_a_bare_env_config_does_not():
+    """TrainConfig's env (train, eval, every A/B arm; `esper-ray heuristic` adds the same TRAINING_ENV_DEFAULTS) gets
+    commit_horizon on unless its `env` says otherwise; a bare EnvConfig keeps it off. Read through the env the settings
+    build: the fast tempo's last legal step is the last step at which such a run's env still allows GERMINATE."""
     max_epochs = LifecycleConfig().commit_steps(Tempo.FAST) + 2
     offsets = head_offsets()
     germinate = [encode_joint(Op.GERMINATE, i) for i in range(3)]
