@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=LinesHelpFormatter,
         epilog=keys_help("env settings, each given as --env KEY=VALUE (or under env: in --config; "
                          f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
-                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS),
+                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS, defaults=TRAINING_ENV_DEFAULTS),
     )
     train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
     train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "

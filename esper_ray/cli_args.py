@@ -31,10 +31,10 @@ def field_help(cls: type, field: dataclasses.Field, defaults: Mapping[str, Any] 
     return f"{field_docs(cls).get(field.name, '')} (default: {default})"
 
 
-def keys_help(title: str, cls: type, exclude: Iterable[str] = ()) -> str:
+def keys_help(title: str, cls: type, exclude: Iterable[str] = (), defaults: Mapping[str, Any] | None = None) -> str:
     """The fields of `cls` given as KEY=VALUE (`train --env`), one line each under `title`, with the same help as
     their flags (add_dataclass_arguments): for a parser's epilog, with formatter_class=LinesHelpFormatter."""
-    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f)}" for f in dataclasses.fields(cls) if f.name not in exclude])
+    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f, defaults)}" for f in dataclasses.fields(cls) if f.name not in exclude])
 
 
 class LinesHelpFormatter(argparse.HelpFormatter):
