@@ -19,7 +19,7 @@ from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, give
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
-from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
@@ -72,7 +72,8 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
-    summaries = run_heuristic(given(args, args.env_fields), args.episodes, measure_test=True,
+    # the env settings of every command's runs (TRAINING_ENV_DEFAULTS) under the flags: the A/B heuristic arm's lifecycle
+    summaries = run_heuristic({**TRAINING_ENV_DEFAULTS, **given(args, args.env_fields)}, args.episodes, measure_test=True,
                               on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None, threads=args.threads)
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
@@ -150,7 +151,7 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
-        from esper_ray.train.progress_lines import counted
+        from esper_ray.train.progress_lines import counted, warn_short_run
         from esper_ray.train.runner import format_outcome, run_training
 
     cfg, resume = train_config_from_args(args)
@@ -158,6 +159,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
           f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
           f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)", flush=True)
+    warn_short_run("train", cfg.short_run_warning())
     outcome = run_training(cfg, Path(cfg.output), resume=resume)
     print(format_outcome(outcome))
     if outcome.terminated:
@@ -203,7 +205,7 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
 def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.spec import ExperimentSpec
-    from esper_ray.train.progress_lines import counted
+    from esper_ray.train.progress_lines import counted, warn_short_run
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
@@ -218,6 +220,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
           f"({counted(spec.rounds, 'PPO round')}, then {counted(spec.eval_episodes, 'evaluation episode')} each), "
           f"{at_once} at once; output {output}",
           flush=True)
+    for line in spec.short_run_warnings():
+        warn_short_run("ab", line)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
     with ctrl_c_deferred():  # Ray and Tune load here (deferred_interrupt.py)
@@ -318,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     heuristic.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
-    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma")))
+    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma"),
+                                                                                         defaults=TRAINING_ENV_DEFAULTS))
 
     train = sub.add_parser(
         "train", allow_abbrev=False, parents=[verbose_after],
@@ -329,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=LinesHelpFormatter,
         epilog=keys_help("env settings, each given as --env KEY=VALUE (or under env: in --config; "
                          f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
-                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS),
+                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS, defaults=TRAINING_ENV_DEFAULTS),
     )
     train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
     train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "

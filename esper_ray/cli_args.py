@@ -10,7 +10,7 @@ import dataclasses
 import textwrap
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from esper_ray.contracts.fields import field_docs
@@ -24,16 +24,17 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def field_help(cls: type, field: dataclasses.Field) -> str:
-    """A field's help, as its flag or key shows it: its docstring and its default."""
+def field_help(cls: type, field: dataclasses.Field, defaults: Mapping[str, Any] | None = None) -> str:
+    """A field's help, as its flag or key shows it: its docstring and its default (the command's own, in `defaults`)."""
     default = field.default if field.default is not dataclasses.MISSING else None
+    default = (defaults or {}).get(field.name, default)
     return f"{field_docs(cls).get(field.name, '')} (default: {default})"
 
 
-def keys_help(title: str, cls: type, exclude: Iterable[str] = ()) -> str:
+def keys_help(title: str, cls: type, exclude: Iterable[str] = (), defaults: Mapping[str, Any] | None = None) -> str:
     """The fields of `cls` given as KEY=VALUE (`train --env`), one line each under `title`, with the same help as
     their flags (add_dataclass_arguments): for a parser's epilog, with formatter_class=LinesHelpFormatter."""
-    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f)}" for f in dataclasses.fields(cls) if f.name not in exclude])
+    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f, defaults)}" for f in dataclasses.fields(cls) if f.name not in exclude])
 
 
 class LinesHelpFormatter(argparse.HelpFormatter):
@@ -50,9 +51,11 @@ class LinesHelpFormatter(argparse.HelpFormatter):
 
 
 def add_dataclass_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, exclude: Iterable[str] = ()
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, exclude: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Add one flag per field (default None = "not given"); return the field names added."""
+    """Add one flag per field (default None = "not given"); return the field names added. `defaults`: the defaults
+    the command applies itself where no flag is given, shown in the help instead of the field's."""
     hints = typing.get_type_hints(cls)
     names = []
     for f in dataclasses.fields(cls):
@@ -60,7 +63,7 @@ def add_dataclass_arguments(
             continue
         hint, _ = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
-        help_text = field_help(cls, f).replace("%", "%%")  # argparse formats help with %
+        help_text = field_help(cls, f, defaults).replace("%", "%%")  # argparse formats help with %
         if hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(hint) is tuple:

@@ -19,7 +19,8 @@ SMALL = ["--rounds", "1", "--envs", "1", "--episodes-per-env", "1", "--max-epoch
 
 def grow(here: Path, *, plugin: str, settings: list[str], input_shape: tuple[int, ...]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--small", action="store_true", help="a smoke run: 1 round of 1 episode of 3 epochs")
+    parser.add_argument("--small", action="store_true", help="a smoke run: 1 round of 1 episode of 3 epochs, too short "
+                        "for a seed to be kept (train and eval say so in one line); the network is the host alone")
     parser.add_argument("--output", default=str(here / "runs"), help="folder for the run and the grown network")
     args = parser.parse_args()
     output = Path(args.output) / f"{plugin}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,7 +1,7 @@
 """Grow your own CNN on the built-in digits task: train a controller, let it grow one network, reload that network.
 
     python examples/grow_cnn.py                 # 8 rounds of 4 episodes: 160 s on 2 CPU cores
-    python examples/grow_cnn.py --small         # 1 round of 1 short episode, about a minute
+    python examples/grow_cnn.py --small         # 1 round of 1 short episode, about a minute: a smoke run, no seed kept
 
 The host is in my_cnn.py, next to this file; the task is esper-ray's own (`--task digits`), the host yours
 (`--env host_preset=my-cnn`). docs/plugins.md explains each step.

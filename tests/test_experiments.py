@@ -875,3 +875,77 @@ def test_report_of_a_damaged_experiment_record_is_one_line_naming_it(tmp_path, c
         main(["report", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and f"{tmp_path / 'experiment.json'}: {expected}" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------------------- runs too short to keep a seed
+def test_an_experiment_too_short_to_keep_a_seed_names_each_arm_and_the_minimum_once():
+    """12 epochs: no seed can be kept (15 at the soonest); 16 epochs: any seed can, but not at the standard tempo
+    the fixed plan and the heuristic plant at (17); no growth plants nothing and is never named."""
+    arms = {"ppo": {}, "heuristic": {"controller": "heuristic"}, "none": {"controller": "none"},
+            "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}
+    short = ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 12}})
+    [line] = short.short_run_warnings()
+    assert line.startswith("arm ppo, arm heuristic, arm heavy: no seed can be kept in a run of max_epochs=12") and ">= 15" in line
+    assert sum("no seed at tempo standard" in w for w in short.short_run_warnings()) == 0  # one line: any seed
+    [standard] = ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 16}}).short_run_warnings()
+    assert standard.startswith("arm heuristic, arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16")
+    assert ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 17}}).short_run_warnings() == []
+
+
+def test_the_ab_command_warns_before_ray_starts_when_its_runs_are_too_short(tmp_path, monkeypatch, capsys):
+    import esper_ray.experiments.runner as runner
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(runner, "run_experiment", stop)
+    experiment = tmp_path / "e.yaml"
+    experiment.write_text(json.dumps({**BASE, "arms": {"ppo": {}, "none": {"controller": "none"}}}))
+    with pytest.raises(Stop):
+        main(["ab", str(experiment), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "esper-ray ab: warning: arm ppo: no seed can be kept in a run of max_epochs=3" in err
+
+
+def test_the_train_command_warns_when_its_runs_are_too_short_to_keep_a_seed(tmp_path, monkeypatch, capsys):
+    import esper_ray.train.runner as runner
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(runner, "run_training", stop)
+    with pytest.raises(Stop):
+        main(["train", "--max-epochs", "12", "--output", str(tmp_path / "run")])
+    assert "esper-ray train: warning: no seed can be kept in a run of max_epochs=12" in capsys.readouterr().err
+    with pytest.raises(Stop):
+        main(["train", "--max-epochs", "12", "--env", "min_training_epochs=7", "--output", str(tmp_path / "run2")])
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_report_says_which_fixed_plans_were_never_planted_or_never_kept(tmp_path):
+    """A fixed arm whose evaluation episodes planted nothing (a run too short for its tempo) is reported as not
+    planted, one whose seed was planted and dropped as not kept; the report's header repeats the run's warning."""
+    spec = ExperimentSpec.from_mapping({**BASE, "training": {"max_epochs": 16}, "arms": {
+        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}})
+    trials = []
+    for arm in ("ppo", "heavy"):
+        for seed in spec.seeds:
+            germinated = 1.0 if arm == "ppo" or seed == 2 else 0.0
+            evaluation = {**{c: 0.0 for c in COMPUTE_COLUMNS}, "episodes": 4.0, "test_accuracy": 0.5 + 0.01 * seed,
+                          "test_accuracy_std": 0.0, "test_accuracy_per_param": 1.0, "val_accuracy": 0.5,
+                          "val_accuracy_per_param": 1.0, "params_added": 0.0, "host_params": 160.0,
+                          "germinated": germinated, "fossilized": 1.0 if arm == "ppo" else 0.0,
+                          "test_accuracy_with_probation": 0.5, "params_on_probation": 0.0}
+            trials.append(TrialResult(arm, seed, len(trials), spec.controller(arm), FINISHED, evaluation=evaluation))
+    write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
+    text = (tmp_path / "report.md").read_text()
+    assert "- heavy (fixed(conv_heavy@r0c1)): its plan was not planted on seed(s) 0, 1 (no evaluation episode" in text
+    assert "- heavy (fixed(conv_heavy@r0c1)): its plan was not kept on seed(s) 2 (planted, and never fossilized" in text
+    assert "ppo (" not in text.split("## What the host runs kept")[1].split("##")[0].split("|---|")[-1]  # ppo kept its seeds
+    assert "**Too short to keep a seed:** arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16" in text

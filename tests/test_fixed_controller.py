@@ -208,10 +208,10 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
     assert info["count/germinated"] == 0 and info["count/refused"] == 0
 
 
-def test_a_learned_controller_trains_with_the_commit_horizon_and_the_rule_based_ones_without_it():
-    """TrainConfig's env gets TRAINING_ENV_DEFAULTS (commit_horizon on) unless its `env` says otherwise; EnvConfig, which
-    the heuristic, fixed and no-growth controllers run on, keeps it off. Read through the env the settings build: the
-    fast tempo's last legal step is the last step at which a PPO run's env still allows GERMINATE."""
+def test_runs_set_up_from_training_settings_have_the_commit_horizon_and_a_bare_env_config_does_not():
+    """TrainConfig's env (train, eval, every A/B arm; `esper-ray heuristic` adds the same TRAINING_ENV_DEFAULTS) gets
+    commit_horizon on unless its `env` says otherwise; a bare EnvConfig keeps it off. Read through the env the settings
+    build: the fast tempo's last legal step is the last step at which such a run's env still allows GERMINATE."""
     max_epochs = LifecycleConfig().commit_steps(Tempo.FAST) + 2
     offsets = head_offsets()
     germinate = [encode_joint(Op.GERMINATE, i) for i in range(3)]
@@ -229,3 +229,34 @@ def test_a_learned_controller_trains_with_the_commit_horizon_and_the_rule_based_
     assert germinate_legal_at_the_end(TrainConfig(task="digits-impaired", max_epochs=max_epochs,
                                                   env={"commit_horizon": False}).env_config())
     assert germinate_legal_at_the_end({"task": "digits-impaired", "max_epochs": max_epochs})  # EnvConfig's default
+
+
+@pytest.mark.parametrize("min_training_epochs", [None, "suggested"])
+def test_a_12_epoch_run_keeps_nothing_and_with_the_warnings_suggested_setting_plants_and_keeps_its_seed(min_training_epochs):
+    """With the commit horizon (on in every command's runs) a 12-epoch run masks every germination at the default
+    min_training_epochs, as its warning says; at the min_training_epochs the warning suggests, the fixed controller
+    plants its fast-tempo seed at step 1 and keeps it by the last step."""
+    import re
+
+    from esper_ray.contracts.env_config import EnvConfig
+
+    config = {"task": "digits-impaired", "max_epochs": 12, "device": "cpu", "batch_size": 1024, "seed": 3,
+              "commit_horizon": True}
+    warning = EnvConfig.from_mapping(config).short_run_warning()
+    assert warning is not None
+    if min_training_epochs == "suggested":
+        config["min_training_epochs"] = int(re.search(r"min_training_epochs <= (\d+)", warning).group(1))
+        assert EnvConfig.from_mapping(config).short_run_warning() is None
+    env = MorphogeneticEnv(config)
+    plan = FixedPlan((FixedSeed(Blueprint.CONV_HEAVY, "r0c1", tempo=Tempo.FAST),))
+    controller = FixedPlanController(env.slot_ids, 12, plan, env.cfg.lifecycle.min_training_epochs)
+    obs, _ = env.reset(seed=0)
+    controller.reset()
+    for _ in range(12):
+        obs, _, terminated, _, info = env.step(controller.act(obs))
+    assert terminated
+    if min_training_epochs is None:
+        assert info["count/germinated"] == 0 and info["count/fossilized"] == 0
+    else:
+        assert info["count/germinated"] == 1 and info["count/fossilized"] == 1
+        assert info["stages"]["r0c1"] == Stage.FOSSILIZED.name and info["committed_seed_params"] > 0

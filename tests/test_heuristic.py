@@ -187,3 +187,42 @@ def test_the_heuristic_command_prints_each_episodes_test_accuracy_as_eval_does(c
     assert f"test acc {100 * summary['test_accuracy']:.1f}%" in err.splitlines()[-1]  # the episode's progress line
     assert main(["heuristic", "--task", "digits", "--max-epochs", "2"]) == 0
     assert re.search(r"^episode 0: final acc [0-9.]+% \(start [0-9.]+%\), test acc [0-9.]+%", capsys.readouterr().out)
+
+
+def test_the_heuristic_command_and_the_ab_heuristic_arm_run_the_same_env_settings(monkeypatch):
+    """`esper-ray heuristic` takes TRAINING_ENV_DEFAULTS (commit_horizon on) as train, eval and every A/B arm do,
+    and a flag still turns a setting off."""
+    import esper_ray.train.heuristic as heuristic_command
+    from esper_ray.contracts.env_config import EnvConfig
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.evaluate import evaluation_episodes
+
+    given: list[dict] = []
+    monkeypatch.setattr(heuristic_command, "run_heuristic", lambda config, *a, **k: given.append(dict(config)) or [])
+    assert main(["heuristic"]) == 0 and main(["heuristic", "--no-commit-horizon"]) == 0
+    arm = evaluation_episodes(TrainConfig(envs=1), 1)[0].env_config  # the A/B heuristic arm's env, one shard
+    assert EnvConfig.from_mapping(given[0]) == EnvConfig.from_mapping(arm) and EnvConfig.from_mapping(arm).commit_horizon
+    assert not EnvConfig.from_mapping(given[1]).commit_horizon
+
+
+def test_the_heuristic_command_warns_in_one_line_when_its_runs_are_too_short_to_keep_a_seed(capsys):
+    assert main(["heuristic", "--max-epochs", "3", "--batch-size", "1024"]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("esper-ray heuristic: warning: no seed can be kept in a run of "
+                                                         "max_epochs=3") and "max_epochs >= 15" in warnings[0]
+
+
+def test_the_heuristics_planting_deadline_follows_the_envs_lifecycle():
+    """A run whose min_training_epochs is lowered gives a seed's lifecycle fewer steps: the heuristic's deadline (the
+    A/B arm's and the command's) takes the env's, not the default's 16."""
+    from esper_ray.contracts.controllers import ControllerKind
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.evaluate import baseline_controller
+    from esper_ray.train.heuristic import PerMemberHeuristic
+
+    arm = baseline_controller(ControllerKind.HEURISTIC, TrainConfig(env={"min_training_epochs": 4}))
+    assert arm.cfg.lifecycle_epochs == 4 + 5 + 1  # TRAINING, the standard tempo's 5-epoch blend, one in HOLDING
+    env = MorphogeneticEnv({"task": "digits-impaired", "device": "cpu", "min_training_epochs": 4, "batch_size": 1024})
+    assert PerMemberHeuristic(env).inner.cfg.lifecycle_epochs == 4 + 5 + 1
+    assert baseline_controller(ControllerKind.HEURISTIC, TrainConfig()).cfg.lifecycle_epochs == 16

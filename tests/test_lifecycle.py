@@ -275,3 +275,29 @@ def test_model_copy_keeps_lifecycle_independent():
     clone = copy.deepcopy(model)
     model.slot("r0c0").germinate("norm")
     assert clone.slot("r0c0").stage is Stage.DORMANT
+
+
+# ------------------------------------------------------------------------------- runs too short to keep a seed
+def test_a_run_too_short_for_any_seed_to_be_kept_is_warned_in_one_line_naming_the_minimum_epochs():
+    """GERMINATE at step 1, min_training_epochs in TRAINING, the fast tempo's 3-epoch blend, one step in HOLDING:
+    the soonest FOSSILIZE is at step 15 with the defaults, so a 12-epoch run keeps nothing, whatever decides."""
+    from esper_ray.contracts.env_config import EnvConfig
+    from esper_ray.contracts.lifecycle import LifecycleConfig
+    from esper_ray.contracts.train_config import TrainConfig
+
+    assert LifecycleConfig().min_epochs_to_keep() == 15 and LifecycleConfig().min_epochs_to_keep(Tempo.STANDARD) == 17
+    line = EnvConfig(max_epochs=12).short_run_warning()
+    assert line is not None and "\n" not in line
+    for part in ("no seed can be kept in a run of max_epochs=12", "fossilized at epoch 15", "min_training_epochs=10",
+                 "3-epoch blend", "set max_epochs >= 15 or min_training_epochs <= 7"):
+        assert part in line
+    assert TrainConfig(max_epochs=12).short_run_warning() == line  # every command's runs: the same line
+    assert EnvConfig(max_epochs=15).short_run_warning() is None  # long enough
+    assert EnvConfig(max_epochs=12, min_training_epochs=7).short_run_warning() is None  # the line's own suggestion
+    assert EnvConfig(max_epochs=3, max_seeds=0).short_run_warning() is None  # asks for no seed at all
+    assert "max_epochs >= 16" in EnvConfig(max_epochs=15, auto_forward=False).short_run_warning()  # one step more
+    assert "max_epochs >= 15" in EnvConfig(max_epochs=4).short_run_warning()  # no min_training_epochs can make room
+    assert "min_training_epochs <=" not in EnvConfig(max_epochs=4).short_run_warning()
+    # a plan at the standard tempo (the fixed plans', the search's and the heuristic's) needs two epochs more
+    standard = EnvConfig(max_epochs=16).short_run_warning(Tempo.STANDARD)
+    assert standard is not None and "no seed at tempo standard" in standard and "max_epochs >= 17" in standard

@@ -256,3 +256,4 @@ def test_the_examples_grow_their_own_host_at_small_settings(example, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reloaded the grown network" in done.stdout
+    assert "esper-ray train: warning: no seed can be kept in a run of max_epochs=3" in done.stderr  # --small says so

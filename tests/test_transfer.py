@@ -190,6 +190,8 @@ def test_a_trial_reports_each_host_its_cost_there_and_the_mean_over_hosts():
     assert metrics["eval/host_runs/a"] == 5 and metrics["eval/host_runs/b"] == 2 and metrics["eval/host_runs"] == 3.5
     assert metrics["eval/not_applicable/c"] == 1.0 and "eval/test_accuracy/c" not in metrics
     assert metrics["eval/search_plan/a"] == "norm@r0c1"
+    # seeds planted and kept per host: whether the plan was planted there at all (results.TrialResult.plan_note)
+    assert "eval/germinated/a" in metrics and "eval/fossilized/b" in metrics and "eval/germinated/c" not in metrics
 
 
 def test_a_fixed_plan_a_held_out_host_cannot_take_is_not_applicable_there_in_one_line():
@@ -347,3 +349,38 @@ def test_the_kept_controllers_are_complete_checkpoints_with_the_transfer_runs_se
         assert resolve_checkpoint(folder) == folder  # complete: matches its manifest
         assert load_checkpoint_config(folder) == TrainConfig.from_mapping(trial.train)
         assert round_of(folder) == spec.rounds
+
+
+def test_a_searched_plan_no_evaluation_episode_planted_is_reported_as_not_planted_never_as_picked(tmp_path):
+    """A 15-epoch held-out host: any seed could be kept at the fast tempo, but the search's candidates take the
+    standard one (17 epochs), so what it ranks best there was never planted: the run warns naming the arm and the
+    host, and the report marks each such plan, per host and seed, not planted (or not kept)."""
+    hosts = [{"name": "digits", "env": {"task": "digits", "max_epochs": 25}},
+             {"name": "short", "env": {"task": "digits", "max_epochs": 15}}]
+    spec = ExperimentSpec.from_mapping({**BASE, "seeds": [0, 1], "held_out": hosts, "training": {"task": "digits-impaired"},
+                                        "arms": {"none": {"controller": "none"},
+                                                 "search": {"controller": "search", "search": {"budget": 4}}}})
+    [warning] = spec.short_run_warnings()
+    assert warning.startswith("arm search on host short: no seed at tempo standard can be kept in a run of max_epochs=15")
+    record = record_of({arm: {"digits": [0.5, 0.6], "short": [0.4, 0.4]} for arm in ("none", "search")}, spec,
+                       {"none": 1.0, "search": 5.0})
+    for t in record.trials:
+        if t.arm == "search":
+            t.plans = {"digits": "conv_heavy@r0c1", "short": "norm@r0c0"}
+            t.evaluation.update({"germinated/digits": 1.0, "fossilized/digits": 1.0 if t.seed == 0 else 0.0,
+                                 "germinated/short": 0.0, "fossilized/short": 0.0})
+    results = write_report(tmp_path, record)
+    report = (tmp_path / "report.md").read_text()
+    assert ("search on digits: 0: conv_heavy@r0c1, 1: conv_heavy@r0c1 (not kept); "
+            "search on short: 0: norm@r0c0 (not planted), 1: norm@r0c0 (not planted)") in report
+    assert "Plans the search picked" not in report and f"**Too short to keep a seed:** {warning}." in report
+    notes = results["statistics"]["held_out"]["plan_notes"]["search"]
+    assert notes == {"digits": {"1": "not kept"}, "short": {"0": "not planted", "1": "not planted"}}
+
+
+def test_a_fixed_plan_not_planted_on_a_held_out_host_is_reported_per_host_and_seed():
+    from esper_ray.experiments.held_out_report import plan_lines
+
+    [_, line] = plan_lines({}, {"heavy": {"short": {0: "not planted", 1: "not planted", 2: "not kept"}}})
+    assert line == "Fixed plans the evaluation episodes did not plant or keep: heavy on short: not kept on seed(s) 2, " \
+                   "not planted on seed(s) 0, 1."

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from esper_ray.contracts import families, registry
+from esper_ray.contracts.actions import Tempo
 from esper_ray.contracts.fields import MAX_INT, check_int, check_keys, check_types
 from esper_ray.contracts.lifecycle import GateMode, LifecycleConfig
 from esper_ray.contracts.rewards import RewardConfig
@@ -93,8 +94,8 @@ class EnvConfig:
     tempo's does not (with the defaults, after step 11 of 25). A run keeps only its fossils, so such a seed can
     never be kept, and one that blends and is then dropped costs the host what it adapted to it: on digits-impaired
     every greedy policy of step_and_batch.yaml planted the fixed arm's seed at step 1 and then a second one at steps
-    12-25, never kept (docs/learning.md s. 8). Off here (`esper-ray heuristic`, `host`), on in runs set up from
-    training settings (train, eval, every arm of ab: TrainConfig's TRAINING_ENV_DEFAULTS)."""
+    12-25, never kept (docs/learning.md s. 8). Off in a bare EnvConfig, on in every run a command sets up (train, eval,
+    heuristic, every arm of ab: TrainConfig's TRAINING_ENV_DEFAULTS)."""
     mask_cut_off: bool = False
     """Mask GERMINATE in a slot the loss cannot reach once the seed below is kept: upstream of a CNN seed that blends
     by ADD (toward any target: seeds are kept at alpha 1 only) or holds it. A CNN seed reads the host detached, so at
@@ -224,6 +225,17 @@ class EnvConfig:
             out.append((member, cfg))
         return tuple(out)
 
+    def short_run_warning(self, tempo: Tempo | None = None) -> str | None:
+        """One line when no seed (at `tempo`; None: at any tempo) can be kept in a run of these settings or of a
+        family member's: every host run then ends as the host alone, whatever the controller, so the arms of an A/B
+        tie with no growth. None when one can, or where max_seeds=0 asks for none. Every command that sets up host
+        runs prints it (train, eval, heuristic, grow, ab per arm and held-out host)."""
+        configs = [(f"member {member.name}: ", cfg) for member, cfg in self.members()] or [("", self)]
+        lines = [where + line for where, cfg in configs if (line := _too_short(cfg, tempo)) is not None]
+        if not lines:
+            return None
+        return (f"family {self.family}: " if self.family is not None else "") + "; ".join(lines)
+
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> EnvConfig:
         """Build from a plain mapping (RLlib's env_config); unknown keys are errors that list the valid ones."""
@@ -280,3 +292,23 @@ class EnvConfig:
     def effective_max_seeds(self) -> int:
         return self.max_seeds if self.max_seeds is not None else len(self.slots)
 
+
+
+def _too_short(cfg: EnvConfig, tempo: Tempo | None) -> str | None:
+    """EnvConfig.short_run_warning for one host's settings: the soonest epoch a seed can be fossilized, from what,
+    and the settings that would make room for it."""
+    lifecycle = cfg.lifecycle
+    need = lifecycle.min_epochs_to_keep(tempo)
+    if cfg.effective_max_seeds == 0 or cfg.max_epochs >= need:
+        return None
+    ramp = tempo if tempo is not None else min(Tempo, key=lifecycle.commit_steps)
+    advance = "" if cfg.auto_forward else "1 to ADVANCE out of GERMINATED (auto_forward off), "
+    fix = f"max_epochs >= {need}"
+    if cfg.max_epochs - (need - lifecycle.min_training_epochs) >= 0:
+        fix += f" or min_training_epochs <= {cfg.max_epochs - (need - lifecycle.min_training_epochs)}"
+    what = "no seed" if tempo is None else f"no seed at tempo {tempo.name.lower()}"
+    outcome = "every host run ends as the host alone" if tempo is None else "a plan at that tempo keeps nothing"
+    blend = f"the fastest tempo's {ramp.epochs}-epoch blend" if tempo is None else f"its {ramp.epochs}-epoch blend"
+    return (f"{what} can be kept in a run of max_epochs={cfg.max_epochs}: the soonest one is fossilized at epoch {need} "
+            f"(planted at epoch 1, {advance}min_training_epochs={lifecycle.min_training_epochs} in TRAINING, {blend}, 1 in "
+            f"HOLDING), so {outcome}; set {fix}")

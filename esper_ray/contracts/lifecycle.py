@@ -53,6 +53,11 @@ class LifecycleConfig:
         lower bound: gate G2's health test and the strict gates can only make it later."""
         return self.min_training_epochs + tempo.epochs + 1 + (0 if self.auto_forward else 1)
 
+    def min_epochs_to_keep(self, tempo: Tempo | None = None) -> int:
+        """The shortest run (max_epochs) in which a seed can be kept: one planted at the first step at `tempo` (None:
+        the fastest, FAST) is fossilized at step 1 + commit_steps at the soonest. A lower bound, as commit_steps is."""
+        return 1 + (self.commit_steps(tempo) if tempo is not None else min(self.commit_steps(t) for t in Tempo))
+
     @staticmethod
     def commits_in_time(epoch: int, commit_steps: int, max_epochs: int) -> bool:
         """Whether a seed germinated on the observation of `epoch` (epochs trained so far, so at step epoch + 1)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from esper_ray.contracts.actions import Tempo
 from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, MAX_EPOCHS, EnvConfig
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
@@ -20,8 +21,9 @@ MAX_COUNT = 100_000
 """Envs, episodes per env, learners and PPO epochs at most: a count past it is a typo, not a run."""
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings that TrainConfig sets itself; `env` may not override them.
-# Env settings of every run set up from training settings (`train`, `eval`, and every arm of `ab`, so the arms of an
-# A/B share one env) unless `env` gives others; `esper-ray heuristic` and `host` keep EnvConfig's own defaults. commit_horizon masks a germination whose seed could no longer be
+# Env settings of every run a command sets up (`train`, `eval`, every arm of `ab`, so the arms of an A/B share one env,
+# and `heuristic`, so it runs the lifecycle the A/B's heuristic arm runs) unless `env` or a flag gives others; a bare
+# EnvConfig (the env built directly, `host`) keeps its own defaults. commit_horizon masks a germination whose seed could no longer be
 # fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds (docs/results/studies/
 # horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46 (studies/commit_horizon/).
 TRAINING_ENV_DEFAULTS: dict[str, Any] = {"commit_horizon": True}
@@ -201,6 +203,10 @@ class TrainConfig:
         out["plugins"] = list(self.plugins)
         out["env"] = dict(self.env)
         return out
+
+    def short_run_warning(self, tempo: Tempo | None = None) -> str | None:
+        """EnvConfig.short_run_warning of this run's env: one line when no seed (at `tempo`) can be kept in it."""
+        return EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).short_run_warning(tempo)
 
     @property
     def host_name(self) -> str:

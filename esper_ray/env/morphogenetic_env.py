@@ -191,6 +191,11 @@ class MorphogeneticEnv(gym.Env):
             self.val_graphs.forget()
 
     @property
+    def base_cfg(self) -> EnvConfig:
+        """The settings the env was built with (with a family, `cfg` holds the current member's)."""
+        return self._base_cfg
+
+    @property
     def family_name(self) -> str | None:
         return self._base_cfg.family
 

@@ -111,7 +111,22 @@ def held_out_statistics(record: ExperimentRecord) -> dict[str, Any]:
         for host, label in t.plans.items():
             plans[t.arm].setdefault(host, {})[t.seed] = label
     return {"hosts": hosts, "per_host": by_host, "pooled": pooled, "pooled_hosts": pooled_hosts,
-            "cost": cost_rows(record, hosts), "search_plans": plans, "_values": per_host}
+            "cost": cost_rows(record, hosts), "search_plans": plans, "plan_notes": plan_notes(record, hosts),
+            "_values": per_host}
+
+
+def plan_notes(record: ExperimentRecord, hosts: list[str]) -> dict[str, dict[str, dict[int, str]]]:
+    """{arm: {host: {seed: 'not planted' or 'not kept'}}} of the fixed and search arms' finished trials
+    (TrialResult.plan_note): where the plan an arm names or a search ranked best was never planted, or never kept."""
+    out: dict[str, dict[str, dict[int, str]]] = {}
+    for t in record.trials:
+        if t.status != FINISHED or t.controller not in (ControllerKind.FIXED, ControllerKind.SEARCH):
+            continue
+        for host in hosts:
+            note = t.plan_note(host)
+            if note is not None:
+                out.setdefault(t.arm, {}).setdefault(host, {})[t.seed] = note
+    return out
 
 
 def as_json(stats: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,8 +134,12 @@ def as_json(stats: Mapping[str, Any]) -> dict[str, Any]:
             "per_host": {h: {"arms": [asdict(a) for a in v["arms"]], "pairs": [asdict(p) for p in v["pairs"]]}
                          for h, v in stats["per_host"].items()},
             "pooled": [{**asdict(p), "hosts": hosts} for p, hosts in zip(stats["pooled"], stats["pooled_hosts"])],
-            "cost": stats["cost"], "search_plans": {a: {h: {str(s): v for s, v in by_seed.items()} for h, by_seed in p.items()}
-                                                   for a, p in stats["search_plans"].items()}}
+            "cost": stats["cost"], "search_plans": _str_seeds(stats["search_plans"]),
+            "plan_notes": _str_seeds(stats.get("plan_notes", {}))}
+
+
+def _str_seeds(by_arm: Mapping[str, Mapping[str, Mapping[int, str]]]) -> dict[str, Any]:
+    return {a: {h: {str(s): v for s, v in by_seed.items()} for h, by_seed in p.items()} for a, p in by_arm.items()}
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -171,10 +190,28 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
     for p, used in zip(stats["pooled"], stats["pooled_hosts"]):
         lines.append(_pair_row(p, f" {', '.join(used) if len(used) < len(hosts) else 'all'} |"))
     lines += against_search_lines(stats)
-    if any(stats["search_plans"].values()):
-        lines += ["", "Plans the search picked, per host (seed: plan): " + "; ".join(
-            f"{arm} on {host}: " + ", ".join(f"{s}: {label}" for s, label in sorted(by_seed.items()))
-            for arm, by_host in stats["search_plans"].items() for host, by_seed in by_host.items()) + "."]
+    return lines + plan_lines(stats["search_plans"], stats.get("plan_notes", {}))
+
+
+def plan_lines(search_plans: Mapping[str, Mapping[str, Mapping[int, str]]],
+               notes: Mapping[str, Mapping[str, Mapping[int, str]]]) -> list[str]:
+    """The plans each search ranked best per host and seed, each marked `not planted` or `not kept` where the
+    evaluation episodes never planted or never kept it (plan_notes); then the fixed arms' plans so marked."""
+    def note(arm: str, host: str, seed: int) -> str:
+        said = notes.get(arm, {}).get(host, {}).get(seed)
+        return f" ({said})" if said else ""
+
+    lines = []
+    if any(search_plans.values()):
+        lines += ["", "Plans the search ranked best, per host (seed: plan; \"not planted\": no evaluation episode planted "
+                  "it, \"not kept\": none fossilized it): " + "; ".join(
+                      f"{arm} on {host}: " + ", ".join(f"{s}: {label}{note(arm, host, s)}" for s, label in sorted(by_seed.items()))
+                      for arm, by_host in search_plans.items() for host, by_seed in by_host.items()) + "."]
+    fixed = [f"{arm} on {host}: " + ", ".join(f"{said} on seed(s) {', '.join(str(s) for s, n in sorted(by_seed.items()) if n == said)}"
+                                             for said in sorted(set(by_seed.values())))
+             for arm, by_host in notes.items() if arm not in search_plans for host, by_seed in by_host.items()]
+    if fixed:
+        lines += ["", "Fixed plans the evaluation episodes did not plant or keep: " + "; ".join(fixed) + "."]
     return lines
 
 

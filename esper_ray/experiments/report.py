@@ -30,7 +30,8 @@ from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
 from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.experiments import held_out_report  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
-from esper_ray.experiments.results import FINISHED, TUNE_DIR, ExperimentRecord, as_json, metric_by_arm  # noqa: E402
+from esper_ray.experiments.results import (FINISHED, NOT_KEPT, NOT_PLANTED, TUNE_DIR, ExperimentRecord, as_json,  # noqa: E402
+                                          metric_by_arm)
 from esper_ray.experiments.rollout_blocks import block_lines  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
     ArmSummary,
@@ -141,6 +142,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
         *(["Device: the experiment file puts envs on GPUs; the machine had none, so every trial ran on the CPUs "
            "(no GPU share, no MPS; flex_attention, which has no CPU backward, masked)."] if record.on_cpus else []),
+        *[f"**Too short to keep a seed:** {line}." for line in spec.short_run_warnings()],
         "",
         "## Verdict",
         "",
@@ -235,7 +237,22 @@ def kept_lines(record: ExperimentRecord) -> list[str]:
     for arm in arms:
         lines.append(f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | {_fmt(mean(fossilized[arm]), 3)} | "
                      f"{_fmt(mean(kept[arm]), 6)} | {_fmt(mean(probation[arm]), 6)} |")
-    return lines
+    return lines + ([] if record.spec.held_out is not None else unplanted_lines(record))  # held-out: per host there
+
+
+def unplanted_lines(record: ExperimentRecord) -> list[str]:
+    """The fixed and search arms whose plan the evaluation episodes never planted or never kept, with the seeds."""
+    notes: dict[str, dict[str, list[int]]] = {}
+    for t in sorted(record.trials, key=lambda t: t.seed):
+        note = t.plan_note() if t.status == FINISHED and t.controller in (ControllerKind.FIXED, ControllerKind.SEARCH) else None
+        if note is not None:
+            notes.setdefault(t.arm, {}).setdefault(note, []).append(t.seed)
+    return ["", *[f"- {arm} ({_controller_label(record.spec, arm)}): its plan was {note} on seed(s) {', '.join(map(str, seeds))}"
+                  f" ({NOTE_MEANING[note]})." for arm, by_note in notes.items() for note, seeds in by_note.items()]] if notes else []
+
+
+NOTE_MEANING = {NOT_PLANTED: "no evaluation episode planted its seed: the run left no room for its tempo",
+                NOT_KEPT: "planted, and never fossilized before the run ended"}
 
 
 def training_cost_lines(record: ExperimentRecord) -> list[str]:

@@ -46,6 +46,8 @@ committed model without them); NaN in runs made before the committed model."""
 LOSS_COLUMNS = ("test_loss", "test_perplexity")
 """Held-out test loss (mean over the evaluation episodes) and exp of it; NaN in runs made before they were recorded."""
 FINISHED, ERROR, INCOMPLETE, NOT_STARTED = "finished", "error", "incomplete", "not started"
+NOT_PLANTED, NOT_KEPT = "not planted", "not kept"
+"""TrialResult.plan_note: a fixed or searched plan that no evaluation episode planted, or planted and never kept."""
 TRIAL_DIR_RE = re.compile(r"^(.+)_seed(\d+)_[0-9a-f]+_\d+$")  # runner._trial_name: {arm}_seed{seed}_{trial_id}
 
 
@@ -79,6 +81,18 @@ class TrialResult:
     def host_value(self, column: str, host: str) -> float:
         """A figure of one held-out host (`test_accuracy` there, `host_runs`), NaN when the trial has none there."""
         return (self.evaluation or {}).get(host_key(column, host), math.nan)
+
+    def plan_note(self, host: str | None = None) -> str | None:
+        """What the evaluation episodes (on `host`, or on the trial's own settings) did with the seeds a fixed plan
+        names: 'not planted' where no episode planted one (a deadline or commit_horizon left no room for its
+        tempo), 'not kept' where none was fossilized; None where one was kept, or the run did not record it."""
+        if host is None:
+            germinated, fossilized = (self.evaluation or {}).get("germinated", math.nan), (self.evaluation or {}).get("fossilized", math.nan)
+        else:
+            germinated, fossilized = self.host_value("germinated", host), self.host_value("fossilized", host)
+        if germinated == 0:
+            return NOT_PLANTED
+        return NOT_KEPT if fossilized == 0 else None
 
     def metric(self, name: str, last_rounds: int) -> float:
         """The comparison metric, NaN when the trial has none (yet)."""

@@ -39,13 +39,15 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import registry
-from esper_ray.contracts.controllers import ControllerKind, FixedPlan
+from esper_ray.contracts.actions import Tempo
+from esper_ray.contracts.controllers import ControllerKind, FixedPlan, FixedSeed
 from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import topology_of
+from esper_ray.policy.heuristic import TEMPO as HEURISTIC_TEMPO
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
@@ -277,6 +279,23 @@ class ExperimentSpec:
         path = self.arms[arm].get("checkpoint")
         return str(Path(path.replace(SEED_FIELD, str(seed))).expanduser().resolve()) if path is not None else None
 
+    def short_run_warnings(self) -> list[str]:
+        """TrainConfig.short_run_warning of each arm that plants seeds, on its own settings and on each held-out host,
+        as `arm A[ on host H]: line` (arms and hosts with the same line in one): for a fixed or search arm about its
+        plans' tempo, for the heuristic about its own, otherwise about any seed. `esper-ray ab` prints them and
+        the report repeats them: such an arm ties with no growth, and a plan it names was never planted."""
+        where: dict[str, list[str]] = {}
+        for trial in self.trials():
+            if trial.seed != self.seeds[0] or trial.controller is ControllerKind.NONE:
+                continue  # an arm's trials differ only in their seed; no growth plants nothing
+            tempo = _planting_tempo(trial)
+            for host, settings in [(None, trial.train), *trial.held_out]:
+                cfg = TrainConfig.from_mapping(settings)  # no seed at all, or else none at the arm's tempo
+                line = cfg.short_run_warning() or (cfg.short_run_warning(tempo) if tempo is not None else None)
+                if line is not None:
+                    where.setdefault(line, []).append(f"arm {trial.arm}" + (f" on host {host}" if host else ""))
+        return [f"{', '.join(names)}: {line}" for line, names in where.items()]
+
     @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
@@ -333,6 +352,16 @@ class ExperimentSpec:
 
 _ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoint_000120",
                  "search": "controller: search, search: {budget: 16, algorithm: random}"}
+
+
+def _planting_tempo(trial: TrialSpec) -> Tempo | None:
+    """The fastest tempo a trial's controller plants at: its fixed plan's, a search's candidates' (FixedSeed's
+    default, plan_search.candidate_plans), the heuristic's own; None for a controller that may take any."""
+    if trial.fixed is not None:
+        return min((s.tempo for s in trial.fixed.seeds), key=lambda t: t.epochs)
+    if trial.controller is ControllerKind.SEARCH:
+        return FixedSeed.tempo
+    return HEURISTIC_TEMPO if trial.controller is ControllerKind.HEURISTIC else None
 
 
 def _on_cuda(env: Mapping[str, Any]) -> bool:

@@ -135,8 +135,9 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
 
 
 HOST_FIGURES = ("test_accuracy", "test_accuracy_per_param", "val_accuracy", "val_accuracy_per_param", "final_params",
-                "params_added")
-"""Figures a trial reports per held-out host (`eval/test_accuracy/<host>`), beside its host runs there."""
+                "params_added", "germinated", "fossilized")
+"""Figures a trial reports per held-out host (`eval/test_accuracy/<host>`), beside its host runs there; the seeds
+planted and kept say whether a fixed or searched plan was planted there at all (results.TrialResult.plan_note)."""
 HOST_RUNS, SEARCH_RUNS, NOT_APPLICABLE, SEARCH_PLAN = "host_runs", "search_runs", "not_applicable", "search_plan"
 """Per host: the host runs the trial spent there (its cost of a new host), of which the search's; 1.0 where the
 arm's fixed plan does not fit the host; the plan a search picked (a string)."""

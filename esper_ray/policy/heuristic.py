@@ -98,6 +98,11 @@ class HeuristicConfig:
     be fossilized by the last step (with the observation's epoch e, the step is e + 1: in a 25-epoch run the last
     epoch it plants at is 25 - 16 - 1 = 8). 0: no deadline."""
 
+    @classmethod
+    def for_lifecycle(cls, lifecycle: LifecycleConfig) -> HeuristicConfig:
+        """The defaults with the planting deadline of the env's own lifecycle (its min_training_epochs, auto_forward)."""
+        return cls(lifecycle_epochs=lifecycle.commit_steps(TEMPO))
+
     def __post_init__(self) -> None:
         if self.rotation is not None and not self.rotation:
             raise ValueError("rotation: needs at least one blueprint")

@@ -35,7 +35,7 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feature_filter_of
 from esper_ray.policy.fixed import FixedPlanController
-from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
 from esper_ray.policy.layout import check_layout, saved_layout
 from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
 from esper_ray.train.grow import NetworkFiles, network_keeper
@@ -151,7 +151,9 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan
     if kind is ControllerKind.RANDOM:
         return RandomController(cfg.slots, seed=EVAL_SEED_STRIDE + cfg.seed)
     if kind is ControllerKind.HEURISTIC:
-        return HeuristicController(cfg.slots, cfg.max_epochs, topology=topology_of(cfg.task, cfg.host_name))
+        lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
+        return HeuristicController(cfg.slots, cfg.max_epochs, HeuristicConfig.for_lifecycle(lifecycle),
+                                   topology=topology_of(cfg.task, cfg.host_name))
     if kind is ControllerKind.FIXED:
         if fixed is None:
             raise ValueError("controller='fixed' needs the seed it plants (fixed: {blueprint: ..., slot: ...})")

@@ -30,7 +30,7 @@ from esper_ray.train.checkpoints import in_a_run, load_checkpoint_config, resolv
 from esper_ray.train.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
 from esper_ray.train.evaluate import GreedyPolicyController, check_policy_fits, load_policy
 from esper_ray.train.grow import check_save_folder, save_grown_run, saved_line
-from esper_ray.train.progress_lines import clock_stamp, time_left
+from esper_ray.train.progress_lines import clock_stamp, time_left, warn_short_run
 from esper_ray.train.run_lock import writable_folder
 from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
@@ -171,6 +171,7 @@ def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
               f"{env.cfg.effective_host_preset} ({env.topology.value}; slots {', '.join(env.slot_ids)}) on task "
               f"{env.cfg.task}, {env.cfg.max_epochs} epochs, env seed {env.cfg.seed}; the network goes to {folder}",
               flush=True)
+        warn_short_run("grow", env.base_cfg.short_run_warning())
         history = EpisodeHistory()
         summary = run_episode(env, controller, 0, GrowProgress(env.cfg.max_epochs).epoch, measure_test=True,
                               history=history)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
-from esper_ray.policy.heuristic import HeuristicController
+from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
 from esper_ray.train.episodes import EpisodeEnd, EpisodeSummary, run_episodes
 from esper_ray.train.threads import COMMAND_THREADS, use_threads
 
@@ -24,7 +24,7 @@ def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool =
 
 class PerMemberHeuristic:
     """The heuristic controller for the env's current host: rebuilt at an episode's start when a family's member
-    (EnvConfig.family) brings other slots, another run length or topology."""
+    (EnvConfig.family) brings other slots, another run length, topology or lifecycle."""
 
     def __init__(self, env: MorphogeneticEnv) -> None:
         self.env = env
@@ -32,9 +32,10 @@ class PerMemberHeuristic:
         self.reset()
 
     def reset(self) -> None:
-        key = (tuple(self.env.slot_ids), self.env.cfg.max_epochs, self.env.topology.value)
+        key = (tuple(self.env.slot_ids), self.env.cfg.max_epochs, self.env.topology.value, self.env.cfg.lifecycle)
         if key != self._key:
-            self._key, self.inner = key, HeuristicController(list(key[0]), key[1], topology=key[2])
+            self._key, self.inner = key, HeuristicController(list(key[0]), key[1], HeuristicConfig.for_lifecycle(key[3]),
+                                                             topology=key[2])
         self.inner.reset()
 
     def act(self, obs: Any) -> Any:

@@ -98,3 +98,9 @@ class EpisodeProgress:
                 f"params kept {params_added:,}")
         self.episodes_done += 1
         self._line(text + self._left(self.episodes_done * self.max_epochs))
+
+
+def warn_short_run(command: str, line: str | None) -> None:
+    """A run too short for a seed to be kept (EnvConfig.short_run_warning), said in one line on stderr."""
+    if line is not None:
+        print(f"esper-ray {command}: warning: {line}", file=sys.stderr, flush=True)
