@@ -204,6 +204,8 @@ def mean_line(summaries: Sequence[EpisodeSummary]) -> str:
     """The line `eval` ends with: the mean held-out test accuracy over its episodes and the mean committed network
     (parameters the kept seeds add, and in all), the numbers an evaluation is compared by."""
     n = len(summaries)
+    if n == 0:
+        return "mean over 0 episodes: nothing was evaluated"
     tested = [s.test_accuracy for s in summaries if s.test_accuracy is not None]
     test = f"test acc {100 * float(np.mean(tested)):.2f}%" if len(tested) == n and n else "test acc not measured"
     spread = f" (min {100 * min(tested):.2f}%, max {100 * max(tested):.2f}%)" if n > 1 and len(tested) == n else ""
