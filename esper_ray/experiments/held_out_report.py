@@ -75,8 +75,8 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
         runs, search = [r for r in runs if math.isfinite(r)], [r for r in search if math.isfinite(r)]
         kind = spec.controller(arm)
         if kind is ControllerKind.PPO:
-            runs = spec.rounds * spec.arm_setting(arm, "envs") * spec.arm_setting(arm, "episodes_per_env")
-            one_off = f"{runs:,} host runs of training per seed, once"
+            training = spec.rounds * spec.arm_setting(arm, "envs") * spec.arm_setting(arm, "episodes_per_env")
+            one_off = f"{training:,} host runs of training per seed, once"
         elif kind is ControllerKind.CHECKPOINT:
             one_off = "its training, done before this run (not counted here)"
         elif kind is ControllerKind.FIXED:
