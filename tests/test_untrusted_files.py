@@ -160,7 +160,7 @@ def test_a_plugin_networks_summary_shows_how_to_load_it_with_its_plugins():
 
 
 # ------------------------------------------------------------------------------------------------------ report
-def run_folder(out: Path, training: dict, task: str = "digits", held_out: list | None = None) -> Path:
+def run_folder(out: Path, training: dict, task: str = "digits", held_out: list | str | None = None) -> Path:
     """A finished `esper-ray ab` run folder as the runner writes it (experiment.json, Tune's JSON), with `training`
     (and `task`) as its experiment file's training settings: three arms, two seeds, every trial finished."""
     experiment = {"name": "untrusted", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "alpha": 0.05,
@@ -180,7 +180,8 @@ def run_folder(out: Path, training: dict, task: str = "digits", held_out: list |
         (tune / name).mkdir()
         evaluation = {f"eval/{c}": 0.5 + 0.01 * i for c in ("test_accuracy", "test_accuracy_per_param", "val_accuracy",
                                                             "val_accuracy_per_param", "params_added", "host_params", "episodes")}
-        evaluation.update({f"eval/{c}/{h['name']}": 0.4 + 0.01 * i for h in held_out or [] for c in ("test_accuracy", "host_runs")})
+        hosts = held_out if isinstance(held_out, list) else []
+        evaluation.update({f"eval/{c}/{h['name']}": 0.4 + 0.01 * i for h in hosts for c in ("test_accuracy", "host_runs")})
         summary = {f"round/{c}": 0.1 for c in ("round", "final_accuracy", "params_added", "host_params", "episode_return",
                                                "episodes", "seconds")} if arm == "ppo" else {}
         row = {"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, **summary, **evaluation}
@@ -204,3 +205,19 @@ def test_report_of_a_run_folder_naming_plugins_and_import_strings_imports_none_o
         results = json.loads((out / "results.json").read_text())
         assert results["trials"][0]["config"]["plugins"] == hostile["plugins"]  # reported as data, as recorded
     assert "### Host `elsewhere`" in report
+
+
+def test_the_line_printed_after_saving_a_plugin_network_passes_its_plugins(tmp_path):
+    from esper_ray.train.grow import saved_line
+
+    save_grown_network(tmp_path / "net", plugin_network("toy-mlp", ["tests.plugin_parts"]), {})
+    assert f"esper_ray.load_grown({str(tmp_path / 'net')!r}, plugins=['tests.plugin_parts'])" in saved_line(tmp_path / "net")
+
+
+def test_report_of_a_run_whose_held_out_family_no_module_here_registers_says_it_imports_no_plugin(tmp_path, capsys):
+    out = run_folder(tmp_path / "run", {}, held_out="a-plugins-family")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "held_out='a-plugins-family'" in err and "imports no plug-in a run folder names" in err

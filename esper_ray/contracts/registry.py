@@ -8,7 +8,8 @@ imports nothing from esper_ray, and nothing is imported before a part is used.
 
 A run names the modules that register its own parts in its `plugins` setting (EnvConfig, TrainConfig); every
 EnvConfig imports them (`load_plugins`) before it looks a name up, so an env built in a Ray worker from its
-env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them. A task
+env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them; a saved
+network's are imported only when its loader passes them (load_grown's `plugins`), never on the file's word. A task
 or host may also be named by its own import string (`task: my_data:load`), which registers it wherever it is
 looked up.
 

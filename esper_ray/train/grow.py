@@ -12,6 +12,7 @@ device, accuracies and curves), how to prepare inputs (`input`) and every enable
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -21,7 +22,7 @@ import esper_ray
 from esper_ray.data.datasets import TaskData
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
-from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
+from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, plugins_needed, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
 from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, plot_accuracy, summary_markdown
 from esper_ray.train.run_lock import writable_folder
@@ -102,8 +103,12 @@ def saver(folder: Path, controller: str, checkpoint: str | None = None) -> Episo
 
 
 def saved_line(folder: Path) -> str:
-    """What a command prints once it has kept a network."""
-    return f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with esper_ray.load_grown({str(folder)!r}))"
+    """What a command prints once it has kept a network: how to load it, with the plug-ins its parts come from (which
+    load_grown imports only when they are passed)."""
+    architecture = folder / ARCHITECTURE_FILE
+    plugins = plugins_needed(json.loads(architecture.read_text())) if architecture.is_file() else []
+    call = f"esper_ray.load_grown({str(folder)!r}" + (f", plugins={plugins!r})" if plugins else ")")
+    return f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with {call})"
 
 
 def episode_folder(root: Path, episode: int) -> Path:
