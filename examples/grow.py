@@ -31,7 +31,7 @@ def grow(here: Path, *, plugin: str, settings: list[str], input_shape: tuple[int
     code = main(["eval", "--checkpoint", str(output / "run"), "--save", str(output / "grown"), "--json"])
     if code != 0:
         return code
-    network = esper_ray.load_grown(output / "grown")  # imports the plugin the file records, rebuilds your host
+    network = esper_ray.load_grown(output / "grown", plugins=[plugin])  # your module, named by you: never the file's list
     architecture = json.loads((output / "grown" / "architecture.json").read_text())
     with torch.no_grad():
         logits = network(torch.zeros(input_shape))

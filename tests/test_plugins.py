@@ -209,10 +209,11 @@ def test_a_saved_network_of_a_plugin_host_and_seed_reloads_bit_for_bit_in_a_fres
     x = torch.randn(3, 16)
     torch.save(network(x).detach(), tmp_path / "expected.pt")
     torch.save(x, tmp_path / "x.pt")
-    check = ("import sys, torch, esper_ray; net = esper_ray.load_grown(sys.argv[1] + '/net'); "
+    check = ("import sys, torch, esper_ray; net = esper_ray.load_grown(sys.argv[1] + '/net', plugins=[sys.argv[2]]); "
              "x = torch.load(sys.argv[1] + '/x.pt'); assert torch.equal(net(x), torch.load(sys.argv[1] + '/expected.pt')); "
              "print(type(net.host).__name__)")
-    done = subprocess.run([sys.executable, "-c", check, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", check, str(tmp_path), PLUGIN], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # the caller names the plug-in it trusts: the file's list is never imported
     assert done.returncode == 0 and done.stdout.strip() == "ToyMLP", done.stderr[-2000:]
 
 

@@ -9,6 +9,9 @@ from typing import Any
 
 from esper_ray.contracts.actions import Blueprint, Style, Tempo, parse_blueprint, topology_blueprints
 
+POLICY_BLUEPRINTS = tuple(b for b in Blueprint if b is not Blueprint.NOOP)
+"""Every blueprint name the policy's head knows: what a recorded plan is read against (FixedSeed.from_mapping)."""
+
 
 class ControllerKind(str, Enum):
     PPO = "ppo"
@@ -57,9 +60,10 @@ class FixedSeed:
         return f"{self.blueprint.key}@{self.slot}"
 
     @classmethod
-    def from_mapping(cls, mapping: object, where: str, *, topology: str, slots: Sequence[str]) -> FixedSeed:
+    def from_mapping(cls, mapping: object, where: str, *, topology: str | None, slots: Sequence[str] | None) -> FixedSeed:
         """Parse `{blueprint: conv_heavy, slot: r0c1, style: sigmoid_add, tempo: standard}`; style and tempo are
-        optional. ValueError naming `where`, the key, its value and what is allowed."""
+        optional. ValueError naming `where`, the key, its value and what is allowed. `topology` and `slots` None: a
+        plan as a finished run recorded it, read without its host (any blueprint name the policy knows, any slot)."""
         if not isinstance(mapping, Mapping):
             raise ValueError(f"{where}={mapping!r}: must be a mapping such as {{blueprint: conv_heavy, slot: r0c1}}")
         known = ("blueprint", "slot", "style", "tempo")
@@ -71,10 +75,11 @@ class FixedSeed:
             raise ValueError(f"{where}: missing {missing}; a fixed arm names a blueprint and a slot, e.g. "
                              f"{{blueprint: conv_heavy, slot: r0c1}}")
         try:
-            blueprint = parse_blueprint(mapping["blueprint"], topology_blueprints(topology), f"{topology} hosts")
+            allowed = topology_blueprints(topology) if topology is not None else POLICY_BLUEPRINTS
+            blueprint = parse_blueprint(mapping["blueprint"], allowed, f"{topology or 'any'} hosts")
         except ValueError as err:
             raise ValueError(f"{where}.blueprint: {err}") from None
-        if mapping["slot"] not in slots:
+        if slots is not None and mapping["slot"] not in slots:
             raise ValueError(f"{where}.slot={mapping['slot']!r}: not an enabled slot; enabled slots: {list(slots)}")
         return cls(blueprint, str(mapping["slot"]), _enum(Style, mapping.get("style", "sigmoid_add"), f"{where}.style"),
                    _enum(Tempo, mapping.get("tempo", "standard"), f"{where}.tempo"))
@@ -102,7 +107,7 @@ class FixedPlan:
         return self.seeds[0].to_dict() if len(self.seeds) == 1 else [s.to_dict() for s in self.seeds]
 
     @classmethod
-    def from_mapping(cls, value: object, where: str, *, topology: str, slots: Sequence[str]) -> FixedPlan:
+    def from_mapping(cls, value: object, where: str, *, topology: str | None, slots: Sequence[str] | None) -> FixedPlan:
         """`{blueprint: conv_heavy, slot: r0c1}`, or a list of such mappings in distinct slots. ValueError naming
         `where` (with the list index), the key, its value and what is allowed."""
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):

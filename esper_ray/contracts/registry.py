@@ -8,7 +8,8 @@ imports nothing from esper_ray, and nothing is imported before a part is used.
 
 A run names the modules that register its own parts in its `plugins` setting (EnvConfig, TrainConfig); every
 EnvConfig imports them (`load_plugins`) before it looks a name up, so an env built in a Ray worker from its
-env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them. A task
+env_config finds them too. Checkpoints (the TrainConfig) and saved networks (architecture.json) record them; a saved
+network's are imported only when its loader passes them (load_grown's `plugins`), never on the file's word. A task
 or host may also be named by its own import string (`task: my_data:load`), which registers it wherever it is
 looked up.
 
@@ -161,6 +162,17 @@ def host(name: str, field: str = "host") -> HostEntry:
     return _HOSTS[name]
 
 
+def registered_host(name: str) -> HostEntry | None:
+    """The host registered as `name` in this process, or None: never resolves an import string, so a name read
+    from a file (a grown network's architecture.json) runs no code it names. `host` is for a run's own settings."""
+    return _HOSTS.get(name) if isinstance(name, str) else None
+
+
+def has_blueprint(topology: str, name: str) -> bool:
+    """Whether blueprint `name` is registered for hosts of `topology` in this process."""
+    return (topology, name) in _BLUEPRINTS
+
+
 def _is_import_string(name: object) -> bool:
     return isinstance(name, str) and name.count(":") == 1 and all(name.partition(":")[::2])
 
@@ -217,24 +229,28 @@ def resolve(entry_point: EntryPoint) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- plugins
-def load_plugins(plugins: Iterable[str]) -> None:
+RAY_PATH_HINT = " (Ray's workers inherit the driver's sys.path)"
+
+
+def load_plugins(plugins: Iterable[str], *, field: str = "plugins", hint: str = RAY_PATH_HINT) -> None:
     """Import each plugin once per process: `package.module` registers its parts on import; `package.module:fn`
-    also calls `fn()` (a register function). ValueError in one line when one cannot be imported."""
+    also calls `fn()` (a register function). ValueError in one line when one cannot be imported, naming `field`
+    (the setting or argument that listed it) and ending with `hint` (a run's: where Ray's workers look)."""
     for plugin in plugins:
         if plugin in _LOADED:
             continue
         if not isinstance(plugin, str) or not plugin or plugin.count(":") > 1:
-            raise ValueError(f"plugins: {plugin!r} is not an import string; use 'package.module' or 'package.module:function'")
+            raise ValueError(f"{field}: {plugin!r} is not an import string; use 'package.module' or 'package.module:function'")
         module_name, _, function = plugin.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
-            raise ValueError(f"plugins: {plugin!r} cannot be imported ({err}); install it or put its folder on "
-                             "PYTHONPATH (Ray's workers inherit the driver's sys.path)") from None
+            raise ValueError(f"{field}: {plugin!r} cannot be imported ({err}); install it or put its folder on "
+                             f"PYTHONPATH{hint}") from None
         if function:
             register = getattr(module, function, None)
             if not callable(register):
-                raise ValueError(f"plugins: {plugin!r}: module {module_name} has no function {function!r}")
+                raise ValueError(f"{field}: {plugin!r}: module {module_name} has no function {function!r}")
             register()
         _LOADED.add(plugin)
 

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind
-from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.results import FINISHED, ExperimentRecord
 from esper_ray.experiments.statistics import PairComparison, compare_pair, holm_over, summarize_arm
 
@@ -68,7 +67,6 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
     """Per arm: mean host runs per new host (as its finished trials reported them), of which a search's, and its
     one-off cost before any new host."""
     spec = record.spec
-    settings = {t.arm: t.train for t in spec.trials()}
     rows = []
     for arm in spec.arms:
         finished = [t for t in record.trials if t.arm == arm and t.status == FINISHED]
@@ -77,8 +75,8 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
         runs, search = [r for r in runs if math.isfinite(r)], [r for r in search if math.isfinite(r)]
         kind = spec.controller(arm)
         if kind is ControllerKind.PPO:
-            cfg = TrainConfig.from_mapping(settings[arm])
-            one_off = f"{spec.rounds * cfg.envs * cfg.episodes_per_env:,} host runs of training per seed, once"
+            training = spec.rounds * spec.arm_setting(arm, "envs") * spec.arm_setting(arm, "episodes_per_env")
+            one_off = f"{training:,} host runs of training per seed, once"
         elif kind is ControllerKind.CHECKPOINT:
             one_off = "its training, done before this run (not counted here)"
         elif kind is ControllerKind.FIXED:

@@ -27,7 +27,6 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
-from esper_ray.contracts.train_config import TrainConfig  # noqa: E402
 from esper_ray.experiments import held_out_report  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import (FINISHED, NOT_KEPT, NOT_PLANTED, TUNE_DIR, ExperimentRecord, as_json,  # noqa: E402
@@ -259,15 +258,14 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
     """The full cost of each arm's controller beyond its evaluation episodes: a PPO arm's training host runs, a
     fixed arm's sweep (as its experiment file states it)."""
     spec = record.spec
-    settings = {t.arm: t.train for t in spec.trials()}  # envs, episodes and epochs are the same for every seed
     rows = []
     for arm in spec.arms:
         kind = spec.controller(arm)
-        if kind is ControllerKind.PPO:
-            cfg = TrainConfig.from_mapping(settings[arm])
-            runs = spec.rounds * cfg.envs * cfg.episodes_per_env
-            rows.append(f"| {arm} | {runs:,} host runs of {cfg.max_epochs} epochs per seed ({counted(spec.rounds, 'round')} x "
-                        f"{counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')}) |")
+        if kind is ControllerKind.PPO:  # envs, episodes and epochs are the same for every seed
+            envs, episodes, epochs = (spec.arm_setting(arm, k) for k in ("envs", "episodes_per_env", "max_epochs"))
+            runs = spec.rounds * envs * episodes
+            rows.append(f"| {arm} | {runs:,} host runs of {epochs} epochs per seed ({counted(spec.rounds, 'round')} x "
+                        f"{counted(envs, 'env')} x {counted(episodes, 'episode')}) |")
         elif kind is ControllerKind.FIXED:
             sweep = spec.arms[arm].get("sweep_host_runs")
             rows.append(f"| {arm} | " + (f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"

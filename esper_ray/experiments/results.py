@@ -17,7 +17,7 @@ from typing import Any
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.continuation import continued_rows, links_of
 from esper_ray.experiments.held_out import host_key
-from esper_ray.experiments.spec import ExperimentSpec
+from esper_ray.experiments.spec import ExperimentSpec, RecordedExperiment
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
 from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
 
@@ -182,10 +182,11 @@ def tune_folders(output: Path) -> list[Path]:
 
 def collect_trials(output: Path) -> ExperimentRecord:
     """Every planned trial of the run in `output`, whatever state the run is in. Reads JSON and text only: no
-    pickle of the run folder is loaded (tune_folder.py). A trial is taken from tune/, or from a folder --salvage
-    set aside if it finished there (it was not run again)."""
+    pickle of the run folder is loaded (tune_folder.py), and no plug-in or import string it names is imported
+    (RecordedExperiment). A trial is taken from tune/, or from a folder --salvage set aside if it finished there (it
+    was not run again)."""
     record = read_experiment_file(output)
-    spec = ExperimentSpec.from_mapping(record["experiment"])
+    spec = RecordedExperiment.from_mapping(record["experiment"])  # data: imports and resolves nothing it names
     found: dict[tuple[str, int], TrialResult] = {}
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
     for folder in tune_folders(output):

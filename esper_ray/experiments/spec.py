@@ -191,6 +191,11 @@ class ExperimentSpec:
                                  f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
                                  + (" and it has none" if kind is ControllerKind.FIXED else ""))
         object.__setattr__(self, "compare", self._checked_compare())
+        self._check_trials()
+
+    def _check_trials(self) -> None:
+        """Every trial's settings as a run builds them (TrainConfig, which imports the plug-ins they name), before
+        anything starts."""
         if self.held_out is not None:
             for settings in (self.training, *self.arms.values()):  # a plug-in's family may be the held-out one
                 plugins = settings.get("plugins", ())
@@ -296,6 +301,11 @@ class ExperimentSpec:
                     where.setdefault(line, []).append(f"arm {trial.arm}" + (f" on host {host}" if host else ""))
         return [f"{', '.join(names)}: {line}" for line, names in where.items()]
 
+    def arm_setting(self, arm: str, name: str) -> Any:
+        """A training setting of `arm`'s trials as the file states it, or TrainConfig's default: read, no TrainConfig
+        built (building one imports the plug-ins the settings name; a report imports none)."""
+        return self._arm_settings(arm).get(name, TrainConfig.__dataclass_fields__[name].default)
+
     @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
@@ -348,6 +358,33 @@ class ExperimentSpec:
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["last_rounds"] = self.rollout_rounds
         return out
+
+
+@dataclass(frozen=True)
+class RecordedExperiment(ExperimentSpec):
+    """An experiment as a run folder's experiment.json records it, read for `esper-ray report`: JSON only. Nothing it
+    names is imported or resolved (no plug-in, no `task: mod:fn` or `host_preset: mod:Cls`, no registry lookup of a
+    host); what only a built TrainConfig would check was checked when the run started, and a fixed arm's plan is
+    read without its host (any blueprint name the policy knows, any slot). A copied folder is data, whoever wrote it."""
+
+    def _check_trials(self) -> None:
+        if self.held_out is not None and not isinstance(self.held_out, str):
+            parse_held_out(self.held_out)  # a list of {name, env}: plain data
+            object.__setattr__(self, "held_out", _plain(copy.deepcopy(self.held_out)))
+
+    @property
+    def held_out_hosts(self) -> tuple[HeldOutHost, ...]:
+        try:
+            return super().held_out_hosts  # a family name: the families this process registered, built-in ones
+        except ValueError as err:
+            raise ValueError(f"{err}; `esper-ray report` imports no plug-in a run folder names, so a plug-in's family "
+                             "is not known to it") from None
+
+    def fixed_plan(self, arm: str) -> FixedPlan | None:
+        settings = self.arms[arm]
+        if "fixed" not in settings:
+            return None
+        return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=None, slots=None)
 
 
 _ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoint_000120",

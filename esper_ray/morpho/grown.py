@@ -149,7 +149,7 @@ def kept_alpha(slot: SeedSlot) -> float | None:
 
 def grown_from(model: MorphogeneticModel, plugins: Sequence[str] = ()) -> GrownNetwork:
     """A copy (on the CPU, in eval mode) of the committed model (host and fossils), without its lifecycle.
-    `plugins`: the run's plug-in modules, which a reload imports first."""
+    `plugins`: the run's plug-in modules, recorded for a reader (load_grown imports only those its caller passes)."""
     seeds = {}
     for slot in model.seed_slots():
         alpha = kept_alpha(slot)

@@ -6,15 +6,17 @@
                             parameter counts, plus what the writer adds (the run's settings and curves)
 
 The architecture file is written last: a folder without it is an unfinished save. Loading needs torch and
-esper-ray's morpho layer only (no Ray), so a grown network can be used wherever esper-ray is installed.
+esper-ray's morpho layer only (no Ray), so a grown network can be used wherever esper-ray is installed. It runs no
+code the folder names: the plug-ins a file lists are imported only when the caller passes them (`plugins=`).
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from esper_ray.contracts import registry
 from esper_ray.contracts.host import Topology
 from esper_ray.morpho.blueprints import count_params
 from esper_ray.morpho.grown import CONTENTS, GrownNetwork, GrownSeedSpec, empty_grown_network, host_config_of
+from esper_ray.morpho.host_api import HostModule
 
 WEIGHTS_FILE = "weights.pt"
 ARCHITECTURE_FILE = "architecture.json"
@@ -104,19 +107,23 @@ def read_architecture(directory: str | Path) -> dict[str, Any]:
     return raw
 
 
-def load_grown(directory: str | Path) -> GrownNetwork:
+def load_grown(directory: str | Path, plugins: Sequence[str] | None = None) -> GrownNetwork:
     """The grown network saved in `directory`, on the CPU, in eval mode: `esper_ray.load_grown("grown/")(x)`.
 
-    A network of plug-in parts first imports the plug-in modules its file names (`plugins`): modules installed
-    here, as a checkpoint's are; the host is then rebuilt by its registered name, so only a registered class is
-    built whatever the file says.
+    Runs no code the folder names: the weights load with weights_only=True, and the host and blueprints must be
+    registered in this process (the built-in ones, or a plug-in you imported). The file's `plugins` list is never
+    imported, and a host named by an import string (`my_mlp:MyMLP`) is never resolved from the file alone: a
+    network of plug-in parts loads with `load_grown(DIR, plugins=["my_mlp"])`, which imports exactly the plug-ins
+    you pass (they are code: pass only those you trust, as torch.load(weights_only=False) asks), and then resolves
+    a host import string whose module you passed, if it names a HostModule class. Otherwise ValueError in one line
+    naming what is missing and the plug-ins the file names.
 
-    Runs no code from the files (the weights load with weights_only=True) and allocates nothing before the
-    sizes check out: the architecture is built first on torch's meta device, which holds shapes only, and the
-    tensors it needs must fit what weights.pt holds. Raises FileNotFoundError naming a missing file, ValueError
-    (one line) for a damaged or hostile one.
+    Allocates nothing before the sizes check out: the architecture is built first on torch's meta device, which
+    holds shapes only, and the tensors it needs must fit what weights.pt holds. Raises FileNotFoundError naming a
+    missing file, ValueError (one line) for a damaged or hostile one.
     """
     folder = Path(directory).expanduser()
+    trusted = _checked_caller_plugins(plugins)
     architecture = read_architecture(folder)
     weights = _required(folder, WEIGHTS_FILE)
     where = str(folder / ARCHITECTURE_FILE)
@@ -124,22 +131,20 @@ def load_grown(directory: str | Path) -> GrownNetwork:
         topology = Topology(architecture["topology"])
     except ValueError:
         raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
-    host_name, plugins = _checked_parts(architecture, where)
-    registry.load_plugins(plugins)
-    try:
-        builtin = host_name is None or registry.host(host_name).builtin
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
-    host_config = _checked_host_config(architecture["host_config"], where, plugin=not builtin)
+    host_name, named = _checked_parts(architecture, where)
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
+    registry.load_plugins(trusted, field="load_grown(plugins=...)", hint="")  # the caller's trust, never the file's
+    host_entry = _registered_parts(folder, topology, host_name, specs, named, trusted)
+    builtin = host_entry is None or host_entry.builtin
+    host_config = _checked_host_config(architecture["host_config"], where, plugin=not builtin)
     with torch.device("meta"):  # shapes only: what the description asks for, before anything is allocated
-        skeleton = _build(topology, host_config, specs, where, host_name, plugins)
+        skeleton = _build(topology, host_config, specs, where, host_name, named)
     tensors = skeleton.state_dict(keep_vars=True)
     entries = sum(t.numel() * t.element_size() for t in tensors.values())
     stored = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors.values()}.values())  # tied: once
     _check_weights_size(weights, stored, entries, where)
     _check_derived_size(skeleton, tensors, where)
-    network = _build(topology, host_config, specs, where, host_name, plugins)
+    network = _build(topology, host_config, specs, where, host_name, named)
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused an object: the file is more than tensors
@@ -161,6 +166,52 @@ def load_grown(directory: str | Path) -> GrownNetwork:
     if count_params(network) != total:
         raise ValueError(f"{where} says {_short(total)} parameters; the network built from it has {count_params(network)}")
     return network.eval()
+
+
+def _checked_caller_plugins(plugins: Sequence[str] | None) -> list[str]:
+    if plugins is None:
+        return []
+    if isinstance(plugins, (str, bytes)) or not isinstance(plugins, Sequence) or not all(isinstance(p, str) for p in plugins):
+        raise ValueError(f"load_grown(plugins={_short(plugins)}): expected a list of import strings, e.g. plugins=['my_mlp']")
+    return list(plugins)
+
+
+def plugins_needed(architecture: Mapping[str, Any]) -> list[str]:
+    """The plug-ins a saved network's file says its parts come from: its `plugins`, and the module of a host named
+    by an import string (`my_mlp:MyMLP`), for `load_grown(DIR, plugins=...)` and the words that suggest it."""
+    named = [p for p in architecture.get("plugins", []) if isinstance(p, str)]
+    host = architecture.get("host")
+    if isinstance(host, str) and ":" in host and not any(p.partition(":")[0] == host.partition(":")[0] for p in named):
+        named.append(host.partition(":")[0])
+    return named
+
+
+def _registered_parts(folder: Path, topology: Topology, host_name: str | None, specs: list[GrownSeedSpec],
+                      named: list[str], trusted: list[str]) -> registry.HostEntry | None:
+    """The host's registry entry (None for files written before the registry), once the host and every seed's
+    blueprint are registered in this process. A host import string is resolved only where `trusted` (the caller's
+    plug-ins) names its module, already imported, and it names a HostModule class: never on the file's word."""
+    missing = []
+    entry = registry.registered_host(host_name) if host_name is not None else None
+    if host_name is not None and entry is None:
+        module_name, _, attribute = host_name.partition(":")
+        module = sys.modules.get(module_name) if module_name in {p.partition(":")[0] for p in trusted} else None
+        host_class = getattr(module, attribute, None) if attribute and "." not in attribute else None
+        if isinstance(host_class, type) and issubclass(host_class, HostModule):
+            entry = registry.host(host_name)  # the module is imported and trusted, the class a host: registers it
+        else:
+            missing.append(f"host {host_name!r}")
+    host_missing = bool(missing)
+    missing += [f"{topology.value} blueprint {s.blueprint.key!r}" for s in specs
+                if not registry.has_blueprint(topology.value, s.blueprint.key)]
+    if missing and (named or host_missing):  # else a file naming no plug-in and a known host: the build says what fits
+        suggested = plugins_needed({"plugins": named, "host": host_name}) or ["your_module"]
+        where = folder / ARCHITECTURE_FILE
+        said = f"plug-ins {named}" if named else "no plug-in"
+        raise ValueError(f"{where}: {', '.join(missing)} not registered in this process; the file names {said}, and "
+                         "load_grown imports no code a file names: if you trust them, pass them, "
+                         f"esper_ray.load_grown({str(folder)!r}, plugins={suggested!r}), or import the module first")
+    return entry
 
 
 def _checked_host_config(config: dict[str, Any], where: str, *, plugin: bool = False) -> dict[str, Any]:

@@ -17,18 +17,24 @@ Host = HostModule
 
 
 def build_host(name: str) -> HostModule:
-    """A fresh host of a registered name (a built-in preset or a plug-in's host)."""
-    entry = registry.host(name)
+    """A fresh host of a registered name (a built-in preset or a plug-in's host), or of a run's import string."""
+    return _built(registry.host(name), name)
+
+
+def _built(entry: registry.HostEntry, name: str) -> HostModule:
     host = checked_host(registry.resolve(entry.entry_point)(**entry.kwargs), name)
     host.registered_name = name
     return host
 
 
 def rebuild_host(name: str, description: dict[str, Any]) -> HostModule:
-    """The host of a registered name rebuilt from a saved `describe()`: only a registered host's class is built,
-    whatever the file says."""
+    """The host of a name registered in this process rebuilt from a saved `describe()`: only a registered host's
+    class is built, whatever the file says, and an import string in the file is never resolved (it names code)."""
+    entry = registry.registered_host(name)
+    if entry is None:
+        raise ValueError(f"host={name!r}: not registered in this process; registered: {registry.host_names()}")
     with torch.device("meta"):
-        kind = type(build_host(name))
+        kind = type(_built(entry, name))
     host = checked_host(kind.from_description(dict(description)), name)
     host.registered_name = name
     return host

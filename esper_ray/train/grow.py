@@ -22,7 +22,7 @@ import esper_ray
 from esper_ray.data.datasets import TaskData
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
-from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, save_grown_network
+from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, plugins_needed, save_grown_network
 from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
 from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, no_seed_note, plot_accuracy, summary_markdown
 from esper_ray.train.run_lock import writable_folder
@@ -105,10 +105,12 @@ def saver(folder: Path, controller: str, checkpoint: str | None = None) -> Episo
 
 
 def saved_line(folder: Path) -> str:
-    """What a command prints once it has kept a network (read back from its architecture file: what was kept)."""
-    note = no_seed_note(json.loads((folder / ARCHITECTURE_FILE).read_text()))
-    return (f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with esper_ray.load_grown({str(folder)!r}))"
-            + (f"; {note}" if note else ""))
+    """What a command prints once it has kept a network (read back from its architecture file): how to load it, with
+    the plug-ins its parts come from (which load_grown imports only when they are passed), and whether a seed was kept."""
+    architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
+    plugins, note = plugins_needed(architecture), no_seed_note(architecture)
+    call = f"esper_ray.load_grown({str(folder)!r}" + (f", plugins={plugins!r})" if plugins else ")")
+    return f"grown network: {folder} (see {folder / SUMMARY_FILE}; load it with {call})" + (f"; {note}" if note else "")
 
 
 def episode_folder(root: Path, episode: int) -> Path:

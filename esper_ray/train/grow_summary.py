@@ -15,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from esper_ray.morpho.grown_artifact import plugins_needed  # noqa: E402
+
 SUMMARY_FILE = "summary.md"
 CURVE_FILE = "accuracy.png"
 EPOCH_NOTE = "Epoch t is the step whose decision came just before host epoch t trained (epoch 0: the host before training)."
@@ -66,13 +68,17 @@ def prepare_lines(architecture: Mapping[str, Any]) -> list[str]:
 
 
 def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
+    plugins = plugins_needed(architecture)  # load_grown imports none on the file's word
     return [
         "```python",
         "import torch",
         "import esper_ray",
         "",
         # the folder's name, never its absolute path: the folder is meant to be shared, and moves
-        f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
+        f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)"
+        if not plugins else
+        f"net = esper_ray.load_grown({folder.name!r}, plugins={plugins!r})  # this folder, its parts from these plug-ins "
+        "(code: pass only those you trust); a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
         *prepare_lines(architecture),
         "```",
     ]
