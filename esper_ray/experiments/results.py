@@ -186,7 +186,7 @@ def collect_trials(output: Path) -> ExperimentRecord:
     (RecordedExperiment). A trial is taken from tune/, or from a folder --salvage set aside if it finished there (it
     was not run again)."""
     record = read_experiment_file(output)
-    spec = RecordedExperiment.from_mapping(record["experiment"])  # data: imports and resolves nothing it names
+    spec = RecordedExperiment.from_record(record)  # data: imports and resolves nothing it names
     found: dict[tuple[str, int], TrialResult] = {}
     positions = {(p["arm"], int(p["seed"])): i for i, p in enumerate(record["start_order"])}
     for folder in tune_folders(output):

@@ -32,7 +32,8 @@ from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_CPUS_KEY, SALVAGED_PREFIX, TRIAL_DIR_RE,
                                            TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
-from esper_ray.experiments.spec import ExperimentSpec, TrialSpec, draw_order_seed, start_order
+from esper_ray.experiments.spec import (HELD_OUT_HOSTS_KEY, SHORT_RUN_WARNINGS_KEY, ExperimentSpec, TrialSpec, draw_order_seed,
+                                        start_order)
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
                                               SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY)
@@ -277,7 +278,10 @@ def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: 
         "start_order": [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(ordered)],
         "save_networks": save_networks,
         ON_CPUS_KEY: on_cpus,
+        SHORT_RUN_WARNINGS_KEY: spec.short_run_warnings(),
     }
+    if isinstance(spec.held_out, str):  # a family's name: its hosts as they were, so `report` needs no plug-in
+        record[HELD_OUT_HOSTS_KEY] = [{"name": h.name, "env": dict(h.env)} for h in spec.held_out_hosts]
     write_atomically(output / EXPERIMENT_FILE, json.dumps(record, indent=2))
     return ordered
 

@@ -360,12 +360,34 @@ class ExperimentSpec:
         return out
 
 
+SHORT_RUN_WARNINGS_KEY = "short_run_warnings"
+HELD_OUT_HOSTS_KEY = "held_out_hosts"
+"""experiment.json keys `esper-ray ab` writes beside the experiment (runner.plan), for the report to read as data."""
+
+
 @dataclass(frozen=True)
 class RecordedExperiment(ExperimentSpec):
     """An experiment as a run folder's experiment.json records it, read for `esper-ray report`: JSON only. Nothing it
     names is imported or resolved (no plug-in, no `task: mod:fn` or `host_preset: mod:Cls`, no registry lookup of a
     host); what only a built TrainConfig would check was checked when the run started, and a fixed arm's plan is
     read without its host (any blueprint name the policy knows, any slot). A copied folder is data, whoever wrote it."""
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RecordedExperiment:
+        """From experiment.json as a whole: `experiment`, and what `esper-ray ab` worked out when it started (the
+        held-out hosts a family name stood for, the short-run warnings it printed), which the report reads as data."""
+        spec = cls.from_mapping(record["experiment"])
+        object.__setattr__(spec, "_record", dict(record))
+        return spec
+
+    def _recorded(self, key: str) -> Any:
+        return getattr(self, "_record", {}).get(key)
+
+    def short_run_warnings(self) -> list[str]:
+        """The lines `esper-ray ab` printed when the run started (experiment.json; none in runs before it recorded
+        them): working them out again would build each arm's TrainConfig, which imports the plug-ins it names."""
+        recorded = self._recorded(SHORT_RUN_WARNINGS_KEY)
+        return [str(line) for line in recorded] if isinstance(recorded, list) else []
 
     def _check_trials(self) -> None:
         if self.held_out is not None and not isinstance(self.held_out, str):
@@ -374,6 +396,9 @@ class RecordedExperiment(ExperimentSpec):
 
     @property
     def held_out_hosts(self) -> tuple[HeldOutHost, ...]:
+        recorded = self._recorded(HELD_OUT_HOSTS_KEY)
+        if recorded is not None:  # the hosts a family name stood for when the run started: plain data
+            return parse_held_out(recorded)
         try:
             return super().held_out_hosts  # a family name: the families this process registered, built-in ones
         except ValueError as err:
