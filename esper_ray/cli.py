@@ -205,6 +205,10 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.train.progress_lines import counted
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
+    try:
+        spec.check_checkpoints()  # every seed's checkpoint folder, before Ray starts (a minute on a busy machine)
+    except ValueError as err:
+        raise ValueError(f"{Path(args.experiment).expanduser()}: {err}") from None
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
@@ -213,8 +217,11 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
     cap = spec.max_concurrent_trials
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
+    episodes = counted(spec.eval_episodes, 'evaluation episode')
+    work = (f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if spec.trains_any_policy
+            else f"{episodes} each, no training")  # announce only what the arms do
     print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
-          f"({counted(spec.rounds, 'PPO round')}, then {counted(spec.eval_episodes, 'evaluation episode')} each), "
+          f"({work}), "
           f"{at_once} at once; output {output}",
           flush=True)
     if args.salvage and not args.resume:
@@ -443,11 +450,22 @@ def remote_error_line(err: BaseException) -> str:
     return lines[-1] if lines else type(inner).__name__
 
 
+def working_folder_on_path() -> None:
+    """Plug-in modules (--plugins, `plugins:`) are found in the folder the command runs in, as `python -m` and
+    uvicorn (--app-dir .) find theirs: the console script's sys.path holds its own bin folder instead. Appended, so an
+    installed package is never shadowed by a file of the same name there. Ray's local workers get the driver's
+    working folder on their sys.path too (ray.init's py_driver_sys_path), so they import the same module."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
+    working_folder_on_path()
     try:
         with ctrl_c_deferred():  # every command needs torch, whose import a Ctrl-C must not cut (deferred_interrupt.py)
             import torch  # noqa: F401

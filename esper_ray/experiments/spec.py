@@ -46,6 +46,8 @@ from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import topology_of
+from esper_ray.train.checkpoints import LATEST_FILE
+from esper_ray.train.rounds import MODULE_PATH
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
@@ -179,9 +181,9 @@ class ExperimentSpec:
                 raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
                                  "checkpoint folder (relative to where `esper-ray ab` runs, or absolute; "
                                  f"{SEED_FIELD} in it stands for each trial's seed)")
-            if kind is ControllerKind.CHECKPOINT and re.search(r"\{(?!seed\})[^}]*\}", settings["checkpoint"]):
+            if kind is ControllerKind.CHECKPOINT and re.search(r"[{}]", settings["checkpoint"].replace(SEED_FIELD, "")):
                 raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: the only field a checkpoint path "
-                                 f"may hold is {SEED_FIELD} (each trial's seed)")
+                                 f"may hold is {SEED_FIELD} (each trial's seed), and no other brace")
             if kind is ControllerKind.SEARCH:
                 SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search")
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
@@ -277,6 +279,19 @@ class ExperimentSpec:
         path = self.arms[arm].get("checkpoint")
         return str(Path(path.replace(SEED_FIELD, str(seed))).expanduser().resolve()) if path is not None else None
 
+    def check_checkpoints(self) -> None:
+        """Every `checkpoint` arm's folder, for every seed, is a checkpoint folder: one ValueError naming the arm, the
+        seed and the path, before anything starts (Ray's start takes a minute on a busy machine). Not in __post_init__:
+        a finished run's report is rebuilt from its spec where its checkpoints may be gone."""
+        for arm in self.arms:
+            for seed in self.seeds if self.controller(arm) is ControllerKind.CHECKPOINT else ():
+                path = Path(self.checkpoint_path(arm, seed))  # type: ignore[arg-type]
+                given = self.arms[arm]["checkpoint"]
+                where = f"arms.{arm}.checkpoint={given!r}" + (f" (seed {seed})" if SEED_FIELD in given else "")
+                problem = checkpoint_folder_problem(path)
+                if problem is not None:
+                    raise ValueError(f"{where}: {path} {problem}")
+
     @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
@@ -331,7 +346,27 @@ class ExperimentSpec:
         return out
 
 
-_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoint_000120",
+CHECKPOINT_HINT = ("give a checkpoint folder: one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO "
+                   "trial's, relative to where `esper-ray ab` runs, or absolute")
+
+
+def checkpoint_folder_problem(path: Path) -> str | None:
+    """What keeps `path` from being a checkpoint a `checkpoint` arm evaluates (None: nothing). Reads folder names only:
+    a checkpoint's pickles load in its trial (and import Ray)."""
+    if not path.exists():
+        return f"does not exist; {CHECKPOINT_HINT}"
+    if not path.is_dir():
+        return f"is a file, not a folder; {CHECKPOINT_HINT}"
+    if (path / MODULE_PATH).is_dir():
+        return None
+    latest = path / "checkpoints" / LATEST_FILE
+    if latest.is_file():
+        return (f"is a training run's folder, not one of its checkpoints; give one of {path / 'checkpoints'}/round_NNNNN "
+                f"(its newest is named in {latest})")
+    return f"is not a checkpoint folder (no {MODULE_PATH} in it); {CHECKPOINT_HINT}"
+
+
+_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoints/round_00020",
                  "search": "controller: search, search: {budget: 16, algorithm: random}"}
 
 
