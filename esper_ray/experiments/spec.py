@@ -39,13 +39,15 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import registry
+from esper_ray.contracts.actions import check_slot_count
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.fields import check_int, check_keys
+from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.search_settings import SearchSettings
-from esper_ray.morpho.hosts import topology_of
+from esper_ray.morpho.hosts import default_slots, host_slot_ids, topology_of
 from esper_ray.train.checkpoints import LATEST_FILE
 from esper_ray.train.rounds import MODULE_PATH
 
@@ -199,6 +201,12 @@ class ExperimentSpec:
             object.__setattr__(self, "held_out", _plain(copy.deepcopy(self.held_out)))
         for trial in self.trials():
             cfg = TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+            if cfg.family is None:
+                where = f"arms.{trial.arm}.slots" if "slots" in self.arms[trial.arm] else "training.slots"
+                try:
+                    check_slot_count(cfg.host_name, len(check_slots(list(cfg.slots), host_slot_ids(cfg.host_name))))
+                except ValueError as err:
+                    raise ValueError(f"{where}={list(cfg.slots)}: {err} (host {cfg.host_name})") from None
             for host, settings in trial.held_out:
                 try:
                     TrainConfig.from_mapping(settings)
@@ -337,7 +345,12 @@ class ExperimentSpec:
         """The arm's TrainConfig settings, less the seed: `training` with the arm's overrides (env merged)."""
         overrides = {k: v for k, v in self.arms[arm].items() if k not in ARM_ONLY_KEYS}
         env = {**dict(self.training.get("env", {})), **dict(overrides.get("env", {}))}
-        return {**self.training, **overrides, "env": env, "rounds": self.rounds}
+        settings = {**self.training, **overrides, "env": env, "rounds": self.rounds}
+        if "slots" not in settings and settings.get("family") is None:  # a family's members name their own
+            slots = _host_default_slots(settings)
+            if slots is not None:
+                settings["slots"] = slots
+        return settings
 
     def to_dict(self) -> dict[str, Any]:
         """The settings, `last_rounds` as used (so a record says what was averaged, and reads back the same)."""
@@ -368,6 +381,22 @@ def checkpoint_folder_problem(path: Path) -> str | None:
 
 _ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoints/round_00020",
                  "search": "controller: search, search: {budget: 16, algorithm: random}"}
+
+
+def _host_default_slots(settings: Mapping[str, Any]) -> list[str] | None:
+    """The slots of an arm that names none, where TrainConfig's default does not fit its host (a plug-in's host):
+    every slot the host declares (morpho/hosts.py default_slots). None: the default fits, or the settings are bad
+    (TrainConfig's own check then names the setting)."""
+    default = TrainConfig.__dataclass_fields__["slots"].default
+    try:
+        plugins = settings.get("plugins", ())
+        registry.load_plugins(plugins if isinstance(plugins, (list, tuple)) else ())
+        env = settings.get("env", {})
+        host = env.get("host_preset") or registry.task(settings.get("task", TrainConfig.task)).hosts[0]
+        slots = default_slots(host, default)
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return None
+    return list(slots) if slots != tuple(default) else None
 
 
 def _on_cuda(env: Mapping[str, Any]) -> bool:
