@@ -113,11 +113,16 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
     explicit --output that holds a run is refused.
     """
-    from esper_ray.train.checkpoints import fresh_run_folder, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
+    from esper_ray.train.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
+                                             resolve_checkpoint, round_of, run_folder_of)
 
     flags = given(args, args.train_fields)
     env = parse_env_overrides(args.env)
     if args.resume is not None:
+        if left_without_checkpoint(Path(args.resume).expanduser()):  # a run killed before its first checkpoint
+            raise ValueError(f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
+                             f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
+                             "(without --resume): a new run takes that folder")
         checkpoint = resolve_checkpoint(args.resume)
         stored = load_checkpoint_config(checkpoint)
         given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
@@ -144,23 +149,33 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
         raise ValueError(f"{args.config}: env must be a mapping of env settings")
     merged_env = {**dict(mapping.pop("env", {}) or {}), **env}
     cfg = TrainConfig.from_mapping({**mapping, **flags, "env": merged_env})
+    if "slots" not in flags and "slots" not in mapping and cfg.family is None:  # a family's members name their own
+        from esper_ray.morpho.hosts import default_slots
+
+        cfg = dataclasses.replace(cfg, slots=default_slots(cfg.host_name, cfg.slots))
     explicit = "output" in flags or "output" in mapping
     output = fresh_run_folder(Path(cfg.output).expanduser().resolve(), numbered=not explicit)
     return dataclasses.replace(cfg, output=str(output)), None
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from esper_ray.train.preflight import check_env_config
+    from esper_ray.train.progress_lines import counted, warn_short_run
+    from esper_ray.train.run_lock import check_can_write
+
+    # Every argument is checked before Ray is imported: importing it takes 30-165 s on a busy machine
+    cfg, resume = train_config_from_args(args)
+    check_can_write(Path(cfg.output), "--output")
+    check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
-        from esper_ray.train.progress_lines import counted, warn_short_run
         from esper_ray.train.runner import format_outcome, run_training
 
-    cfg, resume = train_config_from_args(args)
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
     print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
           f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
           f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)", flush=True)
     warn_short_run("train", cfg.short_run_warning())
-    outcome = run_training(cfg, Path(cfg.output), resume=resume)
+    outcome = run_training(cfg, Path(cfg.output), resume=resume, env_checked=True)
     print(format_outcome(outcome))
     if outcome.terminated:
         return TERMINATED_EXIT_CODE
@@ -168,21 +183,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
-        from esper_ray.train.checkpoints import resolve_checkpoint, round_of
-        from esper_ray.train.evaluate import mean_line, run_evaluation
-        from esper_ray.train.grow import check_save_folder, saver
-        from esper_ray.train.resources import quiet_ray_logs
+    from esper_ray.train.checkpoints import resolve_checkpoint, round_of
+    from esper_ray.train.grow import check_save_folder, saver
 
-    quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     check_int("--episodes", episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, episodes) if args.save else None
-    checkpoint = resolve_checkpoint(args.checkpoint)
+    checkpoint = resolve_checkpoint(args.checkpoint)  # before RLlib is imported: seconds, not a minute
+    env_overrides = parse_env_overrides(args.env)
+    with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
+        from esper_ray.train.evaluate import mean_line, run_evaluation
+        from esper_ray.train.resources import quiet_ray_logs
+
+    quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
     print(f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
           file=sys.stderr if args.json else sys.stdout, flush=True)
-    summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=parse_env_overrides(args.env),
+    summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=env_overrides,
                                on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}",
                                                     shared_name(checkpoint))
                                if folder else None, threads=args.threads)
@@ -192,7 +209,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_grow_args(args: argparse.Namespace) -> None:
+    """What `grow` could be refused for that needs no RLlib: the checkpoint, the plug-ins, the host and its task, the
+    --env settings and the --save folder, checked before RLlib (and Ray) are imported: seconds, not a minute."""
+    from esper_ray.contracts import registry
+    from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint
+
+    cfg = load_checkpoint_config(resolve_checkpoint(args.checkpoint))
+    registry.load_plugins([*cfg.plugins, *args.plugins])
+    registry.host(args.host, field="--host")  # an unknown name lists the registered ones
+    if args.task is None and not any(args.host in registry.task(t).hosts for t in registry.task_names()):
+        raise ValueError(f"--host {args.host}: no registered task lists it as its own host, so the data it grows on "
+                         f"must be named: add --task NAME, NAME one of {registry.task_names()} (or a package.module:loader)")
+    parse_env_overrides(args.env)
+    save = Path(args.save).expanduser() if args.save else None
+    if save is not None and save.exists() and (not save.is_dir() or any(save.iterdir())):
+        raise FileExistsError(f"--save {save.resolve()}: already exists and is not an empty folder; choose a new one")
+
+
 def _cmd_grow(args: argparse.Namespace) -> int:
+    _check_grow_args(args)
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
         from esper_ray.train.grow_command import GrowRequest, run_grow
         from esper_ray.train.resources import quiet_ray_logs
@@ -208,6 +244,10 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.train.progress_lines import counted, warn_short_run
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
+    try:
+        spec.check_checkpoints()  # every seed's checkpoint folder, before Ray starts (a minute on a busy machine)
+    except ValueError as err:
+        raise ValueError(f"{Path(args.experiment).expanduser()}: {err}") from None
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
@@ -216,8 +256,11 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
     cap = spec.max_concurrent_trials
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
+    episodes = counted(spec.eval_episodes, 'evaluation episode')
+    work = (f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if spec.trains_any_policy
+            else f"{episodes} each, no training")  # announce only what the arms do
     print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
-          f"({counted(spec.rounds, 'PPO round')}, then {counted(spec.eval_episodes, 'evaluation episode')} each), "
+          f"({work}), "
           f"{at_once} at once; output {output}",
           flush=True)
     for line in spec.short_run_warnings():
@@ -449,11 +492,22 @@ def remote_error_line(err: BaseException) -> str:
     return lines[-1] if lines else type(inner).__name__
 
 
+def working_folder_on_path() -> None:
+    """Plug-in modules (--plugins, `plugins:`) are found in the folder the command runs in, as `python -m` and
+    uvicorn (--app-dir .) find theirs: the console script's sys.path holds its own bin folder instead. Appended, so an
+    installed package is never shadowed by a file of the same name there. Ray's local workers get the driver's
+    working folder on their sys.path too (ray.init's py_driver_sys_path), so they import the same module."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verbose:
         os.environ[VERBOSE_ENV] = "1"
+    working_folder_on_path()
     try:
         with ctrl_c_deferred():  # every command needs torch, whose import a Ctrl-C must not cut (deferred_interrupt.py)
             import torch  # noqa: F401

@@ -134,3 +134,53 @@ def test_a_bad_experiment_file_is_refused_before_ray_is_imported(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
     assert "rounds=0: must be an integer >= 1" in done.stderr
+
+
+def test_bad_arguments_of_train_eval_grow_and_ab_are_refused_before_ray_is_imported(tmp_path):
+    """train, eval and grow imported Ray first (30-165 s to refuse on a busy machine, issue 74), and a checkpoint arm
+    was checked for its first seed only, after Ray started: each mistake is one line, exit 2, with no `ray` module
+    loaded. One process runs every command (importing torch once)."""
+    import json
+    import subprocess
+    import sys
+
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.checkpoints import record_checkpoint
+    from esper_ray.train.rounds import MODULE_PATH
+
+    run = tmp_path / "run"  # a training run's folder with one checkpoint, as `train` writes it (no pickles needed)
+    (run / "checkpoints" / "round_00001.partial").mkdir(parents=True)
+    record_checkpoint(run, TrainConfig(), run / "checkpoints" / "round_00001.partial", 1)
+    (tmp_path / "ck0" / MODULE_PATH).mkdir(parents=True)  # seed 0's checkpoint arm folder; seed 1's is missing
+    (tmp_path / "a file").write_text("")
+
+    def experiment(path: str) -> str:
+        file = tmp_path / f"e{abs(hash(path))}.yaml"
+        file.write_text(json.dumps({"name": "t", "seeds": [0, 1], "arms": {
+            "a": {"controller": "none"}, "b": {"controller": "checkpoint", "checkpoint": path}}}))
+        return str(file)
+
+    commands = [
+        (["train", "--env", "batch_size=0"], "batch_size=0: must be an integer >= 1"),
+        (["train", "--slots", "r1c4"], "slot 'r1c4' does not exist in this host"),
+        (["train", "--output", str(tmp_path / "a file" / "run")], "cannot be written (Not a directory"),
+        (["train", "--resume", str(tmp_path / "none")], "no esper-ray checkpoint at"),
+        (["eval", "--checkpoint", str(tmp_path / "none")], "no esper-ray checkpoint at"),
+        (["grow", str(tmp_path / "none"), "--host", "digits"], "no esper-ray checkpoint at"),
+        (["grow", str(run), "--host", "tests.plugin_parts:ToyMLP"],
+         "no registered task lists it as its own host, so the data it grows on must be named: add --task NAME, NAME one of"),
+        (["ab", experiment(str(tmp_path / "ck{seed}"))], f"(seed 1): {tmp_path / 'ck1'} does not exist"),
+        (["ab", experiment(str(run))], "is a training run's folder, not one of its checkpoints; give one of"),
+        (["ab", experiment("..")], "is not a checkpoint folder (no learner_group/learner/rl_module/default_policy in it)"),
+        (["ab", experiment(str(tmp_path / "a file"))], "is a file, not a folder"),
+        (["ab", experiment("t{seed}}{")], "the only field a checkpoint path may hold is {seed}"),
+    ]
+    code = ("import json, sys\nfrom esper_ray.cli import main\nfor args in json.loads(sys.argv[1]):\n    try:\n"
+            "        main(args + (['--output', sys.argv[2]] if args[0] in ('train', 'ab') and '--output' not in args else []))\n"
+            "    except SystemExit as e:\n        print(e.code, 'ray' in sys.modules, file=sys.stderr, flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([a for a, _ in commands]), str(tmp_path / "out")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2 * len(commands), done.stderr
+    for (args, expected), error, exit_line in zip(commands, lines[::2], lines[1::2]):
+        assert expected in error and exit_line == "2 False", (args, error, exit_line)

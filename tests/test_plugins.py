@@ -258,3 +258,45 @@ def test_the_examples_grow_their_own_host_at_small_settings(example, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reloaded the grown network" in done.stdout
     assert "esper-ray train: warning: no seed can be kept in a run of max_epochs=3" in done.stderr  # --small says so
+
+
+# ----------------------------------------------------------------------------------- the command line (issue 74)
+def test_a_plugin_module_in_the_folder_the_command_runs_in_is_found(tmp_path):
+    """`esper-ray host --plugins my_mod` run beside my_mod.py was refused: the console script's sys.path holds its
+    bin folder, not the working one (docs/plugins.md shows that command). sys.path as the console script has it."""
+    (tmp_path / "my_mod.py").write_text((REPO / "tests" / "plugin_parts.py").read_text())
+    code = ("import os, sys\nsys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
+            "from esper_ray.cli import main\nsys.exit(main(['host', '--plugins', 'my_mod', '--task', 'toy-blobs']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "host toy-mlp (vector)" in done.stdout and "slots h0, h1, h2" in done.stdout
+
+
+def test_a_plugin_that_raises_on_import_is_one_line_naming_it_and_where_with_exit_2(tmp_path, monkeypatch, capsys):
+    (tmp_path / "raising_plugin_74.py").write_text("import math\nraise RuntimeError('no licence file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["host", "--plugins", "raising_plugin_74"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert ("plugins: 'raising_plugin_74' raised RuntimeError on import: no licence file (at "
+            f"{tmp_path / 'raising_plugin_74.py'}:2)") in err
+
+
+def test_slots_default_to_the_plugin_hosts_own_and_ab_names_training_slots(tmp_path):
+    """`train --plugins ... --task toy-blobs` asked for r0c0, r0c1, r0c2, which the plug-in's host lacks."""
+    from esper_ray.cli import build_parser, train_config_from_args
+    from esper_ray.experiments.spec import ExperimentSpec
+
+    args = build_parser().parse_args(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--output", str(tmp_path / "r")])
+    assert train_config_from_args(args)[0].slots == ("h0", "h1", "h2")
+    args = build_parser().parse_args(["train", "--output", str(tmp_path / "r")])  # a built-in host keeps the default
+    assert train_config_from_args(args)[0].slots == ("r0c0", "r0c1", "r0c2")
+    experiment = {"name": "t", "arms": {"a": {"controller": "none"}, "b": {"controller": "heuristic"}}, "seeds": [0, 1],
+                  "training": {"task": "toy-blobs", "plugins": [PLUGIN]}}
+    assert {tuple(t.train["slots"]) for t in ExperimentSpec.from_mapping(experiment).trials()} == {("h0", "h1", "h2")}
+    with pytest.raises(ValueError, match=r"^training\.slots=\['r0c0'\]: slot 'r0c0' does not exist in this host"):
+        ExperimentSpec.from_mapping({**experiment, "training": {**experiment["training"], "slots": ["r0c0"]}})
+    with pytest.raises(ValueError, match=r"^arms\.b\.slots=\['h9'\]: slot 'h9' does not exist"):
+        ExperimentSpec.from_mapping({**experiment, "arms": {"a": {"controller": "none"},
+                                                            "b": {"controller": "heuristic", "slots": ["h9"]}}})

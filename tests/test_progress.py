@@ -290,3 +290,18 @@ def test_a_resumed_ab_run_says_how_many_trials_it_runs_at_once(tmp_path, capsys,
     assert "(1 PPO round, then 2 evaluation episodes each)" in printed  # counts with their own plural
     assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed
     assert "no cap (max_concurrent_trials not set)" in printed  # the run's own, not the flag's (Tune keeps it)
+
+
+def test_ab_announces_ppo_rounds_only_when_an_arm_trains(tmp_path, capsys, monkeypatch):
+    """`ab` announced "10 PPO rounds" for an experiment with no ppo arm (issue 74)."""
+    from esper_ray.cli import main
+    from esper_ray.experiments import runner
+
+    experiment = tmp_path / "baselines.yaml"
+    experiment.write_text(json.dumps({"name": "b", "arms": {"none": {"controller": "none"}, "heuristic": {
+        "controller": "heuristic"}}, "seeds": [0], "rounds": 10, "eval_episodes": 2}))
+    monkeypatch.setattr(runner, "run_experiment", lambda spec, output, **kw: runner.ExperimentOutcome(
+        output, interrupted=True, terminated=False, failed=[], done=0, total=2))
+    assert main(["ab", str(experiment), "--output", str(tmp_path / "out")]) == 130
+    printed = capsys.readouterr().out
+    assert "(2 evaluation episodes each, no training)" in printed and "PPO round" not in printed, printed

@@ -138,3 +138,27 @@ def test_the_default_output_is_numbered_past_a_folder_another_command_is_writing
         assert fresh_run_folder(default, numbered=True) == tmp_path / "esper_runs" / "train-2"
         assert fresh_run_folder(default, numbered=False) == default  # an explicit one: the lock refuses it
     assert fresh_run_folder(default, numbered=True) == default  # its writer gone before it wrote anything
+
+
+def test_a_folder_a_run_left_before_its_first_checkpoint_is_taken_by_a_new_run(tmp_path, capsys, monkeypatch):
+    """kill -9 during start-up left config.json and an empty checkpoints/: `--resume` called the folder empty and a
+    new run called it in use, each pointing at the other (issue 74). Nothing is there to continue, and no live
+    process holds it: a new run takes it, and --resume says to start one there."""
+    out = tmp_path / "run"
+    (out / "checkpoints" / "round_00001.partial").mkdir(parents=True)  # a save cut short by the kill
+    (out / "config.json").write_text("{}")
+    (out / "metrics.jsonl").write_text("")
+    (out / "run.lock").write_text("999999\n")  # its writer is gone: no flock is held
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(out), "--rounds", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert f"the run there saved no checkpoint (it stopped before its first), so there is nothing to continue; start it " \
+           f"again with --output {out} (without --resume)" in err[0]
+
+    def started(*args, **kwargs):
+        raise RayWouldStart()
+
+    monkeypatch.setattr("esper_ray.train.runner.connect_ray", started)
+    with pytest.raises(RayWouldStart):  # the run went past every check of its folder
+        main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])

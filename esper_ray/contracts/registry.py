@@ -25,6 +25,8 @@ What a builder is:
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,12 +249,32 @@ def load_plugins(plugins: Iterable[str], *, field: str = "plugins", hint: str = 
         except ImportError as err:
             raise ValueError(f"{field}: {plugin!r} cannot be imported ({err}); install it or put its folder on "
                              f"PYTHONPATH{hint}") from None
+        except Exception as err:  # the plug-in's own code raised: one line naming where, not Python's traceback
+            raise ValueError(f"{field}: {plugin!r} raised {type(err).__name__} on import: {err}"
+                             f"{_raised_at(err, module_name)}") from None
         if function:
             register = getattr(module, function, None)
             if not callable(register):
                 raise ValueError(f"{field}: {plugin!r}: module {module_name} has no function {function!r}")
-            register()
+            try:
+                register()
+            except Exception as err:  # as on import: one line naming the plug-in and where it raised
+                raise ValueError(f"{field}: {plugin!r} raised {type(err).__name__}: {err}"
+                                 f"{_raised_at(err, module_name)}") from None
         _LOADED.add(plugin)
+
+
+def _raised_at(err: BaseException, module_name: str) -> str:
+    """` (at FILE:LINE)`: the innermost frame of the plug-in's own module file, else the innermost frame."""
+    frames = traceback.extract_tb(err.__traceback__)
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    origin = getattr(spec, "origin", None)
+    own = [f for f in frames if origin is not None and f.filename == origin]
+    frame = (own or [f for f in frames if not f.filename.startswith("<frozen")] or [None])[-1]
+    return f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
 
 
 # ------------------------------------------------------------------------------------------------- built-ins

@@ -44,7 +44,8 @@ class TrainConfig:
     """Modules that register your own tasks, hosts or blueprints ('package.module' or 'package.module:function'),
     imported in every process of the run, Ray's workers included, and recorded in its checkpoints (docs/plugins.md)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    """Enabled seed slots."""
+    """Enabled seed slots; where none are given and the host lacks these (a plug-in's host), `train` and `ab` take
+    every slot the host declares, up to the policy's MAX_SLOTS."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
     """Episode length in host epochs (the original used 150; the CPU default is short)."""
     reward_mode: str = "committed"

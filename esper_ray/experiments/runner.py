@@ -248,7 +248,7 @@ def check_checkpoint(arm: str, path: str) -> None:
     missing = [str(p) for p in (MODULE_PATH, ENV_TO_MODULE_PATH) if not (Path(path) / p).is_dir()]
     if missing:
         raise ValueError(f"arms.{arm}.checkpoint={path}: not a checkpoint folder (no {', '.join(missing)} in it); give "
-                         "one that `esper-ray train` wrote (esper_runs/train/checkpoint_NNNNNN) or an A/B PPO trial's")
+                         "one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO trial's")
 
 
 def needs_cpu_fallback(spec: ExperimentSpec, have: dict[str, float], local: bool) -> bool:

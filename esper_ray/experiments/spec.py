@@ -39,15 +39,18 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import registry
-from esper_ray.contracts.actions import Tempo
+from esper_ray.contracts.actions import Tempo, check_slot_count
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan, FixedSeed
 from esper_ray.contracts.fields import check_int, check_keys
+from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.search_settings import SearchSettings
-from esper_ray.morpho.hosts import topology_of
+from esper_ray.morpho.hosts import default_slots, host_slot_ids, topology_of
 from esper_ray.policy.heuristic import TEMPO as HEURISTIC_TEMPO
+from esper_ray.train.checkpoints import LATEST_FILE
+from esper_ray.train.rounds import MODULE_PATH
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
@@ -181,9 +184,9 @@ class ExperimentSpec:
                 raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
                                  "checkpoint folder (relative to where `esper-ray ab` runs, or absolute; "
                                  f"{SEED_FIELD} in it stands for each trial's seed)")
-            if kind is ControllerKind.CHECKPOINT and re.search(r"\{(?!seed\})[^}]*\}", settings["checkpoint"]):
+            if kind is ControllerKind.CHECKPOINT and re.search(r"[{}]", settings["checkpoint"].replace(SEED_FIELD, "")):
                 raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: the only field a checkpoint path "
-                                 f"may hold is {SEED_FIELD} (each trial's seed)")
+                                 f"may hold is {SEED_FIELD} (each trial's seed), and no other brace")
             if kind is ControllerKind.SEARCH:
                 SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search")
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
@@ -204,6 +207,12 @@ class ExperimentSpec:
             object.__setattr__(self, "held_out", _plain(copy.deepcopy(self.held_out)))
         for trial in self.trials():
             cfg = TrainConfig.from_mapping(trial.train)  # every trial's settings are valid before anything starts
+            if cfg.family is None:
+                where = f"arms.{trial.arm}.slots" if "slots" in self.arms[trial.arm] else "training.slots"
+                try:
+                    check_slot_count(cfg.host_name, len(check_slots(list(cfg.slots), host_slot_ids(cfg.host_name))))
+                except ValueError as err:
+                    raise ValueError(f"{where}={list(cfg.slots)}: {err} (host {cfg.host_name})") from None
             for host, settings in trial.held_out:
                 try:
                     TrainConfig.from_mapping(settings)
@@ -306,6 +315,19 @@ class ExperimentSpec:
         built (building one imports the plug-ins the settings name; a report imports none)."""
         return self._arm_settings(arm).get(name, TrainConfig.__dataclass_fields__[name].default)
 
+    def check_checkpoints(self) -> None:
+        """Every `checkpoint` arm's folder, for every seed, is a checkpoint folder: one ValueError naming the arm, the
+        seed and the path, before anything starts (Ray's start takes a minute on a busy machine). Not in __post_init__:
+        a finished run's report is rebuilt from its spec where its checkpoints may be gone."""
+        for arm in self.arms:
+            for seed in self.seeds if self.controller(arm) is ControllerKind.CHECKPOINT else ():
+                path = Path(self.checkpoint_path(arm, seed))  # type: ignore[arg-type]
+                given = self.arms[arm]["checkpoint"]
+                where = f"arms.{arm}.checkpoint={given!r}" + (f" (seed {seed})" if SEED_FIELD in given else "")
+                problem = checkpoint_folder_problem(path)
+                if problem is not None:
+                    raise ValueError(f"{where}: {path} {problem}")
+
     @property
     def trains_any_policy(self) -> bool:
         return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
@@ -351,7 +373,15 @@ class ExperimentSpec:
         """The arm's TrainConfig settings, less the seed: `training` with the arm's overrides (env merged)."""
         overrides = {k: v for k, v in self.arms[arm].items() if k not in ARM_ONLY_KEYS}
         env = {**dict(self.training.get("env", {})), **dict(overrides.get("env", {}))}
-        return {**self.training, **overrides, "env": env, "rounds": self.rounds}
+        settings = {**self.training, **overrides, "env": env, "rounds": self.rounds}
+        if "slots" not in settings and settings.get("family") is None:  # a family's members name their own
+            slots = self._host_default_slots(settings)
+            if slots is not None:
+                settings["slots"] = slots
+        return settings
+
+    def _host_default_slots(self, settings: Mapping[str, Any]) -> list[str] | None:
+        return _host_default_slots(settings)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings, `last_rounds` as used (so a record says what was averaged, and reads back the same)."""
@@ -405,15 +435,14 @@ class RecordedExperiment(ExperimentSpec):
             raise ValueError(f"{err}; `esper-ray report` imports no plug-in a run folder names, so a plug-in's family "
                              "is not known to it") from None
 
+    def _host_default_slots(self, settings: Mapping[str, Any]) -> list[str] | None:
+        return None  # finding them imports the host's plug-in; a report reads no slot the file does not state
+
     def fixed_plan(self, arm: str) -> FixedPlan | None:
         settings = self.arms[arm]
         if "fixed" not in settings:
             return None
         return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=None, slots=None)
-
-
-_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoint_000120",
-                 "search": "controller: search, search: {budget: 16, algorithm: random}"}
 
 
 def _planting_tempo(trial: TrialSpec) -> Tempo | None:
@@ -424,6 +453,46 @@ def _planting_tempo(trial: TrialSpec) -> Tempo | None:
     if trial.controller is ControllerKind.SEARCH:
         return FixedSeed.tempo
     return HEURISTIC_TEMPO if trial.controller is ControllerKind.HEURISTIC else None
+
+
+CHECKPOINT_HINT = ("give a checkpoint folder: one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO "
+                   "trial's, relative to where `esper-ray ab` runs, or absolute")
+
+
+def checkpoint_folder_problem(path: Path) -> str | None:
+    """What keeps `path` from being a checkpoint a `checkpoint` arm evaluates (None: nothing). Reads folder names only:
+    a checkpoint's pickles load in its trial (and import Ray)."""
+    if not path.exists():
+        return f"does not exist; {CHECKPOINT_HINT}"
+    if not path.is_dir():
+        return f"is a file, not a folder; {CHECKPOINT_HINT}"
+    if (path / MODULE_PATH).is_dir():
+        return None
+    latest = path / "checkpoints" / LATEST_FILE
+    if latest.is_file():
+        return (f"is a training run's folder, not one of its checkpoints; give one of {path / 'checkpoints'}/round_NNNNN "
+                f"(its newest is named in {latest})")
+    return f"is not a checkpoint folder (no {MODULE_PATH} in it); {CHECKPOINT_HINT}"
+
+
+_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoints/round_00020",
+                 "search": "controller: search, search: {budget: 16, algorithm: random}"}
+
+
+def _host_default_slots(settings: Mapping[str, Any]) -> list[str] | None:
+    """The slots of an arm that names none, where TrainConfig's default does not fit its host (a plug-in's host):
+    every slot the host declares (morpho/hosts.py default_slots). None: the default fits, or the settings are bad
+    (TrainConfig's own check then names the setting)."""
+    default = TrainConfig.__dataclass_fields__["slots"].default
+    try:
+        plugins = settings.get("plugins", ())
+        registry.load_plugins(plugins if isinstance(plugins, (list, tuple)) else ())
+        env = settings.get("env", {})
+        host = env.get("host_preset") or registry.task(settings.get("task", TrainConfig.task)).hosts[0]
+        slots = default_slots(host, default)
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return None
+    return list(slots) if slots != tuple(default) else None
 
 
 def _on_cuda(env: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from esper_ray.contracts import registry
+from esper_ray.contracts.actions import MAX_SLOTS
 from esper_ray.contracts.host import Topology
 from esper_ray.morpho.host_api import HostModule, checked_host
 
@@ -58,3 +59,18 @@ def default_host(task: str) -> str:
 def topology_of(task: str, host: str | None = None) -> str:
     """"cnn", "transformer" or "vector": the topology of `host`, or of the task's own host."""
     return host_topology(host if host is not None else default_host(task)).value
+
+
+@functools.lru_cache(maxsize=None)
+def host_slot_ids(name: str) -> tuple[str, ...]:
+    """The slots a registered host declares, in its order (built on the meta device: shapes only)."""
+    with torch.device("meta"):
+        return tuple(build_host(name).slot_ids)
+
+
+def default_slots(host: str, slots: tuple[str, ...]) -> tuple[str, ...]:
+    """The slots a run uses when it names none: `slots` (the settings' default) where the host has them all (the
+    built-in CNN hosts), else every slot the host declares, up to the policy's MAX_SLOTS (a plug-in's host names its
+    own: h0, h1, ...), as `esper-ray grow` picks them."""
+    own = host_slot_ids(host)
+    return tuple(slots) if set(slots) <= set(own) else own[:MAX_SLOTS]

@@ -194,7 +194,17 @@ def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
 
 
 def holds_a_run(folder: Path) -> bool:
-    return folder.is_dir() and any((folder / marker).exists() for marker in RUN_MARKERS)
+    """Whether a run saved something there to continue: a checkpoint (latest.json, or a round_NNNNN folder). A run
+    killed (kill -9) before its first checkpoint leaves only its RUN_MARKERS (config.json, an empty checkpoints/):
+    nothing to resume, so a new run may take the folder (its lock says whether that run still lives)."""
+    checkpoints = folder / "checkpoints"
+    return (checkpoints / LATEST_FILE).exists() or (
+        checkpoints.is_dir() and any(_round_number(p) is not None for p in checkpoints.iterdir()))
+
+
+def left_without_checkpoint(folder: Path) -> bool:
+    """A run's folder (RUN_MARKERS) in which no checkpoint was ever saved: `--resume` has nothing to continue there."""
+    return folder.is_dir() and any((folder / m).exists() for m in RUN_MARKERS) and not holds_a_run(folder)
 
 
 def fresh_run_folder(output: Path, numbered: bool) -> Path:

@@ -38,6 +38,19 @@ def writable_folder(folder: Path, flag: str) -> Path:
     return folder
 
 
+def check_can_write(folder: Path, flag: str) -> None:
+    """The ValueError writable_folder would raise for a folder that cannot be made or written, without making
+    anything: for a check before Ray is imported, by a command that may still be refused for something else."""
+    existing = folder.expanduser().absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    why = ("Not a directory" if not existing.is_dir()
+           else None if os.access(existing, os.W_OK | os.X_OK) else "Permission denied")
+    if why is not None:
+        raise ValueError(f"{flag} {folder}: cannot be written ({why}{f': {existing}' if existing != folder else ''}); "
+                         "give a folder you can write")
+
+
 @contextlib.contextmanager
 def run_folder_lock(folder: Path, flag: str = "--output") -> Iterator[Path]:
     """Within: this process is the folder's only writer (created if missing). Raises RunFolderBusy naming the

@@ -69,12 +69,14 @@ def run_training(
     resume: Path | None = None,
     log: Callable[[str], None] = print,
     on_result: Callable[[dict], None] | None = None,
+    env_checked: bool = False,
 ) -> TrainingOutcome:
     """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own), its only writer
-    while it runs (run_lock.py)."""
+    while it runs (run_lock.py). `env_checked`: the caller ran check_env_config (the CLI does, before Ray is imported)."""
     start = time.perf_counter()
     output = output.expanduser().resolve()
-    check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
+    if not env_checked:
+        check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     mps_env = mps_environment(new_run_id()) if cfg.mps else None
     with contextlib.ExitStack() as stack:
         # Before Ray starts, and checked again under the lock: another command may have begun a run there since.
@@ -111,8 +113,10 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     # A resumed run replays the rounds after its checkpoint: the folder's records of those rounds (written
     # before a kill -9, or by the old run when resumed from an earlier checkpoint) give way to the replay's.
     keep_rounds_up_to(output / "metrics.jsonl", algo.iteration())
-    # purge_step: TensorBoard drops the events of earlier files at steps >= it, so each round is drawn once
-    writer = SummaryWriter(str(output / "tensorboard"), purge_step=algo.iteration() + 1 if resume is not None else None)
+    # purge_step: TensorBoard drops the events of earlier files at steps >= it, so each round is drawn once (a
+    # resumed run's, or a new run's in a folder a run killed before its first checkpoint left: checkpoints.py)
+    replaces = resume is not None or (output / "tensorboard").exists()
+    writer = SummaryWriter(str(output / "tensorboard"), purge_step=algo.iteration() + 1 if replaces else None)
     log_config(writer, cfg, algo.iteration())
     log(f"TensorBoard: {tensorboard_command(output / 'tensorboard')}")
     summaries: list[RoundSummary] = []
