@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -179,7 +182,8 @@ def test_bad_arguments_of_train_eval_grow_and_ab_are_refused_before_ray_is_impor
             "        main(args + (['--output', sys.argv[2]] if args[0] in ('train', 'ab') and '--output' not in args else []))\n"
             "    except SystemExit as e:\n        print(e.code, 'ray' in sys.modules, file=sys.stderr, flush=True)\n")
     done = subprocess.run([sys.executable, "-c", code, json.dumps([a for a, _ in commands]), str(tmp_path / "out")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # `tests.plugin_parts` importable there
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 2 * len(commands), done.stderr
     for (args, expected), error, exit_line in zip(commands, lines[::2], lines[1::2]):

@@ -264,7 +264,8 @@ def test_the_examples_grow_their_own_host_at_small_settings(example, tmp_path):
 def test_a_plugin_module_in_the_folder_the_command_runs_in_is_found(tmp_path):
     """`esper-ray host --plugins my_mod` run beside my_mod.py was refused: the console script's sys.path holds its
     bin folder, not the working one (docs/plugins.md shows that command). sys.path as the console script has it."""
-    (tmp_path / "my_mod.py").write_text((REPO / "tests" / "plugin_parts.py").read_text())
+    parts = (REPO / "tests" / "plugin_parts.py").read_text().replace("tests.plugin_parts:", "my_mod:")  # its own name
+    (tmp_path / "my_mod.py").write_text(parts)
     code = ("import os, sys\nsys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
             "from esper_ray.cli import main\nsys.exit(main(['host', '--plugins', 'my_mod', '--task', 'toy-blobs']))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
