@@ -59,7 +59,9 @@ def wrong_kind(hint: Any, value: Any) -> bool:
 
 def names(err: ValueError, key: Any) -> bool:
     text = str(err)
-    return repr(key) in text or (isinstance(key, str) and key != "" and re.search(rf"\b{re.escape(key)}\b", text) is not None)
+    if repr(key) in text:
+        return True
+    return isinstance(key, str) and key != "" and re.search(rf"\b{re.escape(key)}\b", text) is not None
 
 
 ALIASES = {("amp", False)}
@@ -69,7 +71,8 @@ ALIASES = {("amp", False)}
 def assert_clean(build, mapping: dict, hints: Mapping[str, Any]) -> None:
     """`build(mapping)` refuses it with a ValueError naming one of its keys (or a key inside its `env`), and must
     refuse it where a key is unknown or a value of the wrong kind."""
-    wrong = {k: v for k, v in mapping.items() if k not in hints or wrong_kind(hints[k], v) and not any(k == a and v is b for a, b in ALIASES)}
+    aliased = {k for k, v in mapping.items() if any(k == a and v is b for a, b in ALIASES)}
+    wrong = {k: v for k, v in mapping.items() if k not in hints or wrong_kind(hints[k], v) and k not in aliased}
     try:
         build(mapping)
     except ValueError as err:

@@ -32,7 +32,8 @@ def test_a_heuristic_run_too_short_for_a_seeds_lifecycle_runs_the_host_alone_to_
     assert [s.episode for s in summaries] == [0, 1]
     for s in summaries:
         assert s.steps == 12 and not s.rolled_back and s.refused == 0
-        assert s.germinated == s.params_added == s.seed_train_flops == 0 and s.final_accuracy == s.final_accuracy_with_probation
+        assert s.germinated == s.params_added == s.seed_train_flops == 0
+        assert s.final_accuracy == s.final_accuracy_with_probation
 
 
 def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float], accuracies: list[float],

@@ -52,8 +52,8 @@ DISTRIBUTION = {"sklearn": "scikit-learn", "yaml": "pyyaml"}
 
 
 def test_every_package_the_code_imports_is_a_declared_dependency():
-    """psutil was imported from Ray's vendored copy (ray/thirdparty_files, on sys.path once ray is imported): undeclared,
-    it breaks the day Ray stops shipping it, and the reaper's own process had to import Ray first to find it."""
+    """psutil was imported from Ray's vendored copy (ray/thirdparty_files, on sys.path once ray is imported):
+    undeclared, it breaks the day Ray stops shipping it, and the reaper's own process had to import Ray to find it."""
     text = (PACKAGE.parent / "pyproject.toml").read_text()
     block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE).group(1)
     declared = {re.match(r"[\w.-]+", d).group(0).lower() for d in re.findall(r'"([^"]+)"', re.sub(r"#.*", "", block))}
