@@ -38,6 +38,12 @@ def toy_env(host: str, blocks: int, **kw) -> MorphogeneticEnv:
                              "slots": [f"h{i}" for i in range(blocks)], "max_epochs": 3, **kw})
 
 
+def host_params(host: str, blocks: int) -> int:
+    env = toy_env(host, blocks)
+    env.reset(seed=0)
+    return env.model.host_params
+
+
 def block(features: np.ndarray, i: int) -> np.ndarray:
     return features[slot_offset(i): slot_offset(i) + SLOT_BLOCK]
 
@@ -194,7 +200,9 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
         assert main(["eval", "--checkpoint", str(run), "--episodes", "1", "--json", "--env", f"host_preset={host}",
                      "--env", f"slots={slots}"]) == 0
         [row] = json.loads(capsys.readouterr().out)
-        assert 0.0 <= row["test_accuracy"] <= 1.0
+        # the host named ran, not the one the policy trained on
+        assert row["host_params"] == host_params(host, blocks) != host_params("toy-mlp", 3)
+        assert row["steps"] == 3 and 0.0 <= row["test_accuracy"] <= 1.0
     # the checkpoint records its layout; code of another layout refuses it in one line naming what differs
     module_dir = resolve_checkpoint(run) / MODULE_PATH
     assert saved_layout(module_dir) == policy_layout()

@@ -201,12 +201,19 @@ def test_observations_and_rewards_reproduce_on_cpu_for_a_fixed_seed():
 def test_nan_in_the_host_rolls_back_to_the_snapshot_and_ends_the_episode():
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 12, "num_shards": 3})
     env.reset(seed=0)
+    taken, snapshot_of = {}, env.governor.snapshot
+
+    def record(model, epoch):  # the host's weights as each snapshot is taken
+        snapshot_of(model, epoch)
+        taken[epoch] = {k: v.detach().to("cpu", copy=True) for k, v in model.host.state_dict().items()}
+
+    env.governor.snapshot = record
     for _ in range(6):  # a snapshot is taken at epoch 5
         _, _, terminated, _, _ = env.step(wait())
         assert not terminated
     env.step(germinate(env, "r0c0"))
     assert env.governor.snapshot_epoch == 5
-    snapshot = {k: v.clone() for k, v in env.governor.host_state.items()}
+    snapshot = taken[5]
     with torch.no_grad():
         env.model.host.blocks[0].conv.weight[0, 0, 0, 0] = float("nan")  # poisons the loss of every batch
     obs, reward, terminated, truncated, info = env.step(wait())

@@ -134,7 +134,6 @@ def _rounds(out: Path) -> list[dict]:
 
 
 def _descendants(pid: int) -> list:
-    import ray  # noqa: F401  (psutil is Ray's bundled copy)
     import psutil
 
     return psutil.Process(pid).children(recursive=True)
@@ -144,7 +143,6 @@ def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leave
     """kill -9 of the command alone (as `kill -9 PID` does), after round 3 with checkpoints every 2 rounds: its Ray
     processes end with it (the dashboard and runtime-env agents outlived it before), and the resume from round 2
     replays round 3, which metrics.jsonl then holds once (it held [1, 2, 3, 3, 4] before)."""
-    import ray  # noqa: F401
     import psutil
 
     whole = _train(tmp_path / "whole", 4)

@@ -120,11 +120,20 @@ def test_running_std_merges_batches_like_one_pass():
     from esper_ray.train.reward_normalizer import RunningStd
 
     rng = np.random.default_rng(0)
-    parts = [rng.normal(3, 2, n) for n in (1, 7, 40, 3)]
+    parts = [rng.normal(3, 2, n) for n in (1, 0, 7, 40, 3)]
     running = RunningStd()
-    for part in parts:
+    assert running.std == 1.0  # nothing seen yet: rewards pass unscaled
+    running.update(parts[0])
+    assert running.std == 1.0 and running.count == 1
+    for part in parts[1:3]:
         running.update(part)
-    assert running.std == pytest.approx(np.std(np.concatenate(parts))) and running.count == 51
+    resumed = RunningStd()  # from a checkpoint: the state is all it needs
+    resumed.set_state(running.get_state())
+    for part in parts[3:]:
+        running.update(part)
+        resumed.update(part)
+    assert running.std == pytest.approx(np.std(np.concatenate(parts)), rel=1e-12) and running.count == 51
+    assert resumed.get_state() == running.get_state()
 
 
 def test_a_rollback_forfeits_the_episodes_earlier_rewards_and_keeps_its_penalty():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 import esper_ray
@@ -43,3 +45,18 @@ def test_every_module_imports_only_lower_layers_and_ray_stays_out_of_the_core():
             if LAYER[target] >= LAYER[layer]:
                 problems.append(f"{rel} ({layer}) imports {name} ({target}): layers import only downwards")
     assert not problems, "\n".join(problems)
+
+
+DISTRIBUTION = {"sklearn": "scikit-learn", "yaml": "pyyaml"}
+"""Import names whose package installs under another name."""
+
+
+def test_every_package_the_code_imports_is_a_declared_dependency():
+    """psutil was imported from Ray's vendored copy (ray/thirdparty_files, on sys.path once ray is imported):
+    undeclared, it breaks the day Ray stops shipping it, and the reaper's own process had to import Ray to find it."""
+    text = (PACKAGE.parent / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE).group(1)
+    declared = {re.match(r"[\w.-]+", d).group(0).lower() for d in re.findall(r'"([^"]+)"', re.sub(r"#.*", "", block))}
+    imported = {name.split(".")[0] for path in PACKAGE.rglob("*.py") for name in imports_of(path)}
+    third_party = {DISTRIBUTION.get(n, n).lower() for n in imported - {"esper_ray"} if n not in sys.stdlib_module_names}
+    assert {"torch", "ray", "psutil"} <= third_party and third_party <= declared, sorted(third_party - declared)

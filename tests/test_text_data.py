@@ -43,7 +43,7 @@ def test_embedded_corpus_is_the_sorted_pydoc_topics():
 def test_splits_are_fixed_disjoint_and_in_position_order(data, corpus):
     expected = split_bytes(corpus)
     assert data.split_bytes == tuple(len(expected[s]) for s in SPLITS)
-    assert data.corpus_bytes == len(corpus)
+    assert sum(data.split_bytes) == len(corpus)
     for split in SPLITS:
         x, y = tensors(data, split)
         assert x.dtype == y.dtype == torch.int64
@@ -107,11 +107,11 @@ def test_data_dir_reads_every_txt_file_in_sorted_order(tmp_path):
     expected = b"first file " * 10 + b"\n\n" + b"second file " * 10
     data = load_text(str(tmp_path), 4)
     n = len(expected)
-    assert data.corpus_bytes == n and data.source == str(tmp_path)
+    assert sum(data.split_bytes) == n and data.source == str(tmp_path)
     assert bytes(torch.cat([data.train_x[:1, 0], data.train_y.reshape(-1)]).tolist()) == expected[: 1 + data.tokens("train")]
     assert bytes(data.test_x[0].tolist()) == expected[9 * n // 10 : 9 * n // 10 + 4]
     capped = load_text(str(tmp_path), 4, max_bytes=120)
-    assert capped.corpus_bytes == 120
+    assert sum(capped.split_bytes) == 120
     last = (len(capped.train_x) - 1) * 4  # the last training chunk starts at byte (N - 1) * seq_len
     assert bytes(capped.train_x[-1].tolist() + capped.train_y[-1, -1:].tolist()) == expected[last : last + 5]
     # The test split is bytes [108, 120): it spans the separator and ends at the cap, inside b.txt.

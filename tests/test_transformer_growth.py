@@ -16,8 +16,9 @@ from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.contracts.transformer_host import TransformerHostConfig
 from esper_ray.env import MorphogeneticEnv
+from esper_ray.env.train_step import prediction_loss
 from esper_ray.morpho.model import MorphogeneticModel
-from esper_ray.morpho.transformer import TransformerHost, next_token_loss, transformer_preset
+from esper_ray.morpho.transformer import TRANSFORMER_PRESETS, TransformerHost
 from esper_ray.policy.baselines import NoGrowthController
 from esper_ray.policy.fixed import FixedSeedController
 from esper_ray.train.episodes import run_episode
@@ -49,12 +50,12 @@ def test_a_blended_transformer_seed_passes_the_host_its_exact_gradient(stage, bl
     idx = torch.randint(0, 256, (4, SMALL.seq_len), generator=torch.Generator().manual_seed(1))
     targets = torch.roll(idx, -1, dims=1)
 
-    got = host_gradients(model, next_token_loss(model(idx), targets))
+    got = host_gradients(model, prediction_loss(model(idx), targets))
     # Oracle: the same function written out with no isolation at all, h -> h + alpha * (seed(h) - h).
     reference = copy.deepcopy(model)
     seed = reference.slot("r0c2").seed
     hook = lambda s, h: h + alpha * (seed(h) - h) if s == "r0c2" else h  # noqa: E731
-    expected = host_gradients(reference, next_token_loss(reference.host(idx, at_slot=hook), targets))
+    expected = host_gradients(reference, prediction_loss(reference.host(idx, at_slot=hook), targets))
 
     assert got.keys() == expected.keys()
     block0 = "blocks.0.attn.qkv.weight"
@@ -70,8 +71,8 @@ def test_a_training_transformer_seed_still_leaves_the_host_gradients_unchanged()
     drive_to(seeded.slot("r0c1"), Stage.TRAINING, blueprint="mlp")
     idx = torch.randint(0, 256, (4, SMALL.seq_len), generator=torch.Generator().manual_seed(1))
     targets = torch.roll(idx, -1, dims=1)
-    got = host_gradients(seeded, next_token_loss(seeded(idx), targets))
-    expected = host_gradients(bare, next_token_loss(bare(idx), targets))
+    got = host_gradients(seeded, prediction_loss(seeded(idx), targets))
+    expected = host_gradients(bare, prediction_loss(bare(idx), targets))
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
     assert all(p.grad is not None for p in seeded.slot("r0c1").seed_parameters()[-2:])  # fc2 learns from birth
@@ -98,7 +99,7 @@ def test_a_windowed_host_sees_only_the_last_bytes_of_its_window(window, changed)
 
 
 def test_the_starved_text_host_predicts_from_the_current_byte_alone():
-    assert transformer_preset("text-starved") == replace(transformer_preset("text"), attention_window=1)
+    assert TRANSFORMER_PRESETS["text-starved"] == replace(TRANSFORMER_PRESETS["text"], attention_window=1)
     with pytest.raises(ValueError, match="attention_window"):
         TransformerHostConfig(attention_window=0)
 

@@ -42,9 +42,5 @@ class TransformerHostConfig:
             raise ValueError(f"dropout={self.dropout!r}: must be a number in [0, 1)")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
     def mlp_hidden(self) -> int:
         return self.mlp_ratio * self.d_model

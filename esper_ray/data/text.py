@@ -80,10 +80,6 @@ class TextData:
         """Bytes of a split that are never a target: the tail too short for a full chunk (< seq_len)."""
         return self.split_bytes[self._index(split)] - 1 - self.tokens(split)
 
-    @property
-    def corpus_bytes(self) -> int:
-        return sum(self.split_bytes)
-
 
 def embedded_corpus() -> bytes:
     """The running Python's pydoc help texts, joined in sorted key order with b"\\n\\n" (UTF-8)."""

@@ -94,7 +94,3 @@ class Governor:
                 slot.prune(force=True)
         self.losses.clear()
         self.panics = 0
-
-    @property
-    def host_state(self) -> dict[str, torch.Tensor]:
-        return self._host_state

@@ -46,6 +46,12 @@ WARMUP_STEPS = 1
 KEPT_STEPS = 6
 
 
+def prediction_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The training loss: the mean cross-entropy over every prediction, in nats. Images: logits [B, classes], targets
+    [B]; text: logits [B, T, vocab], targets [B, T] (every position predicts the next byte)."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 @dataclass
 class Precision:
     """Autocast dtype (None = fp32) and the env's own GradScaler (fp16 only)."""
@@ -122,8 +128,7 @@ class TrainStep:
         scaler = self.precision.scaler
         with self.precision.autocast(x.device, capturing), fused_block.fusing(fuse):
             logits = self.model(x)
-        # images: logits [B, classes], y [B]; text: logits [B, T, 256], y [B, T] (every position predicts a byte)
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = prediction_loss(logits.float(), y)
         optimizers = [self.host_optimizer] + [s.optimizer for s in self.slots]
         if self.lean:
             for params in self.clipped:

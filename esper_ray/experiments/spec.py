@@ -329,10 +329,6 @@ class ExperimentSpec:
                     raise ValueError(f"{where}: {path} {problem}")
 
     @property
-    def trains_any_policy(self) -> bool:
-        return any(self.controller(a) is ControllerKind.PPO for a in self.arms)
-
-    @property
     def asks_for_gpus(self) -> bool:
         """Whether any trial puts its envs or learner on a GPU (a GPU share, or an env device cuda)."""
         for arm in self.arms:  # an arm's trials differ only in their seed

@@ -37,13 +37,6 @@ TRANSFORMER_PRESETS: dict[str, TransformerHostConfig] = {
 }
 
 
-
-def transformer_preset(name: str) -> TransformerHostConfig:
-    if name not in TRANSFORMER_PRESETS:
-        raise ValueError(f"unknown transformer preset {name!r}; available: {', '.join(sorted(TRANSFORMER_PRESETS))}")
-    return TRANSFORMER_PRESETS[name]
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only (with `window`, only to the
     last `window` of them, t included)."""
@@ -184,11 +177,3 @@ class TransformerHost(HostModule):
             if at_slot is not None and (hooked is None or slot_id(0, i) in hooked):
                 x = at_slot(slot_id(0, i), x)
         return self.head(self.ln_f(x))  # (B, T, vocab)
-
-
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of logits [B, T, vocab] against targets [B, T], in nats per token.
-
-    With reduction="none" it returns [B * T] per-token losses; divide the mean by ln 2 for bits per byte.
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)

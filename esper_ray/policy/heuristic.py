@@ -231,7 +231,7 @@ class HeuristicController:
         if stage is Stage.GERMINATED:
             return Op.ADVANCE
         if stage in (Stage.TRAINING, Stage.BLENDING):
-            epochs_in_stage = float(block[SLOT_EPOCHS_IN_STAGE]) * self.max_epochs
+            epochs_in_stage = round(float(block[SLOT_EPOCHS_IN_STAGE]) * self.max_epochs)  # k / max_epochs in float32
             if epochs_in_stage >= cfg.prune_patience and accuracy - track.accuracy_at_stage_start < -cfg.prune_drop:
                 return Op.PRUNE
             if stage is Stage.TRAINING or float(block[SLOT_ALPHA]) >= 1.0:

@@ -20,8 +20,7 @@ import select
 import subprocess
 import sys
 
-import ray  # noqa: F401  (psutil is Ray's bundled copy, on sys.path once ray is imported)
-import psutil  # noqa: E402
+import psutil
 
 POLL_S = 1.0
 GRACE_S = 2.0

@@ -25,7 +25,12 @@ EPSILON = 1e-8
 
 
 class RunningStd:
-    """Welford's running variance over every value seen (Chan et al.'s parallel update for batches)."""
+    """Welford's running variance over every value seen (Chan et al.'s parallel update for batches).
+
+    Not RLlib's RunningStat (policy/feature_filter.py's): that one takes one value per push, gives the sample
+    variance (n - 1) cast to float32, and 0 until two values are seen, which would divide the first rewards by
+    EPSILON. This one is the population std (numpy's np.std) in float64, 1 until two values are seen; its state
+    is three numbers, saved with the learner (the shipped controllers hold only the policy and its filter)."""
 
     def __init__(self) -> None:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
