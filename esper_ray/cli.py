@@ -17,6 +17,7 @@ import yaml
 
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
+from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
@@ -257,7 +258,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     cap = spec.max_concurrent_trials
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
     episodes = counted(spec.eval_episodes, 'evaluation episode')
-    work = (f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if spec.trains_any_policy
+    trains = any(spec.controller(a) is ControllerKind.PPO for a in spec.arms)
+    work = (f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if trains
             else f"{episodes} each, no training")  # announce only what the arms do
     print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
           f"({work}), "

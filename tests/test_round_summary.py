@@ -33,3 +33,17 @@ def test_the_closing_lines_of_a_run_say_what_its_last_round_planted(tmp_path: Pa
     quiet = TrainingOutcome(rounds=[summary({})], checkpoint=None, output=tmp_path, interrupted=False, seconds=21.0)
     assert "planted" not in format_outcome(quiet)  # a run made before seeds were counted by blueprint
     assert format_outcome(outcome).startswith("finished 1 round in 21s")  # not "1 rounds"
+
+
+def test_the_training_summary_gives_block_means_not_a_first_and_a_last_round():
+    """`first round 27.2 %, last round 35.9 %` read as progress where the block means were level (issue 74): the
+    summary gives the mean of each block of 10 rounds, computed here independently."""
+    import dataclasses
+
+    from esper_ray.train.runner import accuracy_by_block
+
+    accuracies = [0.30, 0.10] * 5 + [0.25, 0.15] * 5 + [0.5, 0.4, 0.3]
+    rounds = [dataclasses.replace(summary({}), round=i + 1, final_accuracy=a) for i, a in enumerate(accuracies)]
+    line = accuracy_by_block(rounds)
+    assert "rounds 1-10 20.0%, rounds 11-20 20.0%, rounds 21-23 40.0%" in line
+    assert "first round" not in line

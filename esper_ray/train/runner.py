@@ -184,6 +184,19 @@ def keep_rounds_up_to(metrics: Path, done: int) -> None:
     write_atomically(metrics, "".join(line + "\n" for line in kept))
 
 
+BLOCK_ROUNDS = 10
+"""Rounds a block of the summary's accuracy means: one round's few episodes swing by 10-20 points, so a first and a
+last round side by side read as progress where there is none (issue 74)."""
+
+
+def accuracy_by_block(rounds: list[RoundSummary]) -> str:
+    """The rollouts' final host accuracy as means of blocks of BLOCK_ROUNDS rounds."""
+    blocks = [rounds[i:i + BLOCK_ROUNDS] for i in range(0, len(rounds), BLOCK_ROUNDS)]
+    means = ", ".join(f"rounds {b[0].round}-{b[-1].round} {100 * sum(r.final_accuracy for r in b) / len(b):.1f}%"
+                      for b in blocks)
+    return f"final host accuracy, mean of each block of {BLOCK_ROUNDS} rounds (one round's swings by 10-20 points): {means}"
+
+
 def format_outcome(outcome: TrainingOutcome) -> str:
     verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
     lines = [f"{verb} {counted(len(outcome.rounds), 'round')} in {outcome.seconds:.0f}s"]
@@ -191,10 +204,8 @@ def format_outcome(outcome: TrainingOutcome) -> str:
         first, last = outcome.rounds[0], outcome.rounds[-1]
         steps = sum(r.env_steps for r in outcome.rounds)
         busy = sum(r.seconds for r in outcome.rounds)
-        lines.append(
-            f"  final host accuracy: first round {100 * first.final_accuracy:.1f}%, last round {100 * last.final_accuracy:.1f}%; "
-            f"episode return {first.episode_return:.2f} -> {last.episode_return:.2f}"
-        )
+        lines.append(f"  {accuracy_by_block(outcome.rounds)}; episode return {first.episode_return:.2f} -> "
+                     f"{last.episode_return:.2f}")
         lines.append(f"  {steps} env steps, {steps / busy:.1f} steps/s, {busy / len(outcome.rounds):.1f}s per round")
         top = planted_most(last)
         if top is not None:
