@@ -45,6 +45,6 @@ def test_the_heuristic_command_uses_its_threads_and_says_so_once():
                           "--episodes", "2", "--threads", "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert [row["torch_threads"] for row in json.loads(run.stdout)] == [2, 2]  # read inside the process, per episode
-    lines = run.stderr.splitlines()
+    lines = [line for line in run.stderr.splitlines() if "warning: no seed can be kept" not in line]  # 1 epoch: too short
     assert lines[0].endswith("heuristic: 2 episodes of up to 1 epoch (results at the end), torch threads: 2"), run.stderr
     assert run.stderr.count("torch threads") == 1
