@@ -93,3 +93,16 @@ def test_pytest_says_before_the_first_dot_which_files_run_long(tmp_path):
     first = done.stdout.splitlines()[0]
     assert "long files run first" in first, done.stdout[:500]
     assert all(name in first for name in LONGEST_FIRST)
+
+
+def test_every_experiment_file_has_a_time_on_2_and_on_16_cores_in_its_index():
+    """A newcomer plans by these (issue 74): each row of tune_configs/README.md says a time, or that it was not
+    measured, for 2 cores and for 16 (or GPUs), and the files of an hour or more are marked long."""
+    rows = [line for line in (REPO / "tune_configs" / "README.md").read_text().splitlines()
+            if re.match(r"^\| [a-z_]+\.yaml \|", line)]
+    assert rows and {r.split("|")[1].strip() for r in rows} == {p.name for p in (REPO / "tune_configs").glob("*.yaml")}
+    for row in rows:
+        two, sixteen = (cell.strip() for cell in row.split("|")[3].split(" / "))
+        for cell in (two, sixteen):
+            assert re.search(r"\d+(\.\d+)? (min|h|s)\b|not measured|hours", cell), row
+        assert ("**long**" in two) == bool(re.search(r"\d+ h\b|hours|50 min", two)), row

@@ -949,3 +949,20 @@ def test_the_report_says_which_fixed_plans_were_never_planted_or_never_kept(tmp_
     assert "- heavy (fixed(conv_heavy@r0c1)): its plan was not kept on seed(s) 2 (planted, and never fossilized" in text
     assert "ppo (" not in text.split("## What the host runs kept")[1].split("##")[0].split("|---|")[-1]  # ppo kept its seeds
     assert "**Too short to keep a seed:** arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16" in text
+
+
+def test_report_of_a_run_with_no_finished_trial_says_so_in_one_line_and_how_to_continue(tmp_path, capsys):
+    """`report` on a controllers.yaml run stopped before any trial finished wrote a report of n=0 and "n/a"
+    throughout (issue 74): it says there is nothing to report yet and gives the command that continues the run."""
+    smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
+    order = [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(smoke.trials())]
+    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "tune_configs/smoke.yaml",
+                                                          "order_seed": 11, "order_seed_drawn": False,
+                                                          "start_order": order}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"no trial has finished yet ({len(order)} planned)" in err
+    assert f"esper-ray ab tune_configs/smoke.yaml --resume --output {tmp_path}" in err
+    assert not (tmp_path / "report.md").exists()
