@@ -205,7 +205,7 @@ def test_identical_arms_empty_arms_and_missing_pairs_are_said():
     values = as_seeds([0.3, 0.5, 0.7, 0.9])
     same = compare_pair("a", values, "b", values)
     assert same.prob_a_beats_b == 0.5 and same.mann_whitney_p == pytest.approx(1.0) and same.wilcoxon_n == 0
-    assert "every one of the 4 seed pairs scored the same" in verdict(same, "test_accuracy", 0.05, 1)
+    assert "every one of the 4 run-seed pairs scored the same" in verdict(same, "test_accuracy", 0.05, 1)
     empty = compare_pair("a", {}, "b", as_seeds([0.5, 0.6, 0.7]))
     assert "no finished trials in a" in empty.notes[0] and math.isnan(empty.mann_whitney_p)
     assert "no test possible" in verdict(empty, "test_accuracy", 0.05, 1)

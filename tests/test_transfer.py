@@ -261,7 +261,7 @@ def test_the_report_has_a_table_per_host_a_pooled_table_and_the_cost_per_new_hos
         assert heading in report
     cost = {row["arm"]: row for row in results["statistics"]["held_out"]["cost"]}
     assert cost["search"]["host_runs_per_new_host"] == 5 and cost["ppo"]["host_runs_per_new_host"] == 1
-    assert cost["ppo"]["one_off"].startswith("8 host runs of training per seed")  # 1 round x 2 envs x 4 episodes (defaults)
+    assert cost["ppo"]["one_off"].startswith("8 host runs of training per run seed")  # 1 round x 2 envs x 4 episodes (defaults)
     # a grown network costs a controller one host run and the search its 4 candidates; this evaluation spent 5 there
     assert cost["search"]["host_runs_per_network"] == 4 and cost["ppo"]["host_runs_per_network"] == 1
     assert "| search | search | 4 | 5 | 4 |" in report and "| ppo | ppo | 1 | 1 | 0 |" in report

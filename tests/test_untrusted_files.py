@@ -200,7 +200,7 @@ def test_report_of_a_run_folder_naming_plugins_and_import_strings_imports_none_o
         out = run_folder(tmp_path / f"run{i}", hostile, task=task, held_out=hosts)
         assert main(["report", str(out)]) == 0, capsys.readouterr().err
         report = (out / "report.md").read_text()
-        assert "fix = fixed(conv_heavy@r0c1)" in report and "| ppo | 8 host runs of 25 epochs per seed" in report
+        assert "fix = fixed(conv_heavy@r0c1)" in report and "| ppo | 8 host runs of 25 epochs per run seed" in report
         assert marks(marked) == [] and module not in sys.modules, marks(marked)
         results = json.loads((out / "results.json").read_text())
         assert results["trials"][0]["config"]["plugins"] == hostile["plugins"]  # reported as data, as recorded

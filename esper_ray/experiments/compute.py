@@ -85,7 +85,7 @@ def summarize_compute(record: ExperimentRecord) -> tuple[list[ArmCompute], list[
 
 
 def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int]:
-    """(median of A - B, median of A / B, seed pairs) over the seeds in both; the ratio is NaN where B has a 0."""
+    """(median of A - B, median of A / B, run-seed pairs) over the seeds in both; the ratio is NaN where B has a 0."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return math.nan, math.nan, 0
@@ -112,4 +112,4 @@ def size_sentence(pair: PairCompute) -> str:
             f"(median paired difference {pair.params_difference:+,.0f}) and uses "
             f"{_relative(pair.train_flops_ratio, 'training FLOPs', pair.arm_b)} ({pair.train_flops_difference:+.3g}; "
             f"{_relative(pair.all_flops_ratio, 'FLOPs', pair.arm_b)} with validation and counterfactual passes), "
-            f"over {pair.n_pairs} seed pairs.")
+            f"over {pair.n_pairs} run-seed pairs.")

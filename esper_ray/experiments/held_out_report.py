@@ -1,7 +1,7 @@
 """The report's part for an experiment with held-out hosts (held_out.py): a table per host, a pooled table, and
 each arm's cost per new host in host runs.
 
-Per host: every arm's metric on that host per seed, the compared pairs seed-paired there (exact signed-rank test,
+Per host: every arm's metric on that host per seed, the compared pairs paired by run seed there (exact signed-rank test,
 Holm over the pairs, as for the whole file). Pooled: per seed the mean over the held-out hosts, paired by seed
 across arms, the same test and Holm; a pair whose arms do not both run on every host (a fixed plan a host cannot
 take) is pooled over the hosts both ran on, and the table says which. The pooled pairs are the file's verdict.
@@ -76,7 +76,7 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
         kind = spec.controller(arm)
         if kind is ControllerKind.PPO:
             training = spec.rounds * spec.arm_setting(arm, "envs") * spec.arm_setting(arm, "episodes_per_env")
-            one_off = f"{training:,} host runs of training per seed, once"
+            one_off = f"{training:,} host runs of training per run seed, once"
         elif kind is ControllerKind.CHECKPOINT:
             one_off = "its training, done before this run (not counted here)"
         elif kind is ControllerKind.FIXED:
@@ -157,7 +157,7 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         "", "## Held-out hosts", "",
         f"Every trial was evaluated on {len(hosts)} held-out host(s) no arm trained on: {', '.join(hosts)}. The PPO arm "
         "trained on its own settings and was then frozen: its evaluation there is the transfer measurement. The "
-        "verdict above is the pooled one (per seed, the mean over the hosts).",
+        "verdict above is the pooled one (per run seed, the mean over the hosts).",
         "", "### Cost per new host", "",
         "Host runs to grow one network on a new host: one for a controller (frozen, rules or a fixed plan), the "
         "candidates for a search (the best one's run is kept). Host runs this evaluation spent on each new host (mean "
@@ -171,10 +171,10 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         lines.append(f"| {row['arm']} | {row['controller']} | {_fmt(row['host_runs_per_network'])} | "
                      f"{_fmt(row['host_runs_per_new_host'])} | "
                      f"{_fmt(row['search_runs_per_new_host'])} | {row['one_off']} | {', '.join(row['not_applicable_on']) or '-'} |")
-    header = ["| A | B | seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |", "|---|---|---|---|---|---|"]
+    header = ["| A | B | run-seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |", "|---|---|---|---|---|---|"]
     for host in hosts:
         part = stats["per_host"][host]
-        lines += ["", f"### Host `{host}`", "", f"| arm | n | {metric}, mean [95 % t] | per seed |", "|---|---|---|---|"]
+        lines += ["", f"### Host `{host}`", "", f"| arm | n | {metric}, mean [95 % t] | per run seed |", "|---|---|---|---|"]
         for a in part["arms"]:
             interval = f" [{_fmt(a.mean_ci.low)}, {_fmt(a.mean_ci.high)}]" if math.isfinite(a.mean_ci.low) else ""
             lines.append(f"| {a.arm} | {a.n} | {_fmt(a.mean)}{interval} | "
@@ -183,7 +183,7 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         lines += ["", *header, *[_pair_row(p) for p in part["pairs"]]]
     lines += ["", "### Pooled over the held-out hosts", "",
               "Per seed, the mean over the hosts; paired by seed across arms; exact signed-rank test, Holm over the pairs.",
-              "", "| A | B | hosts | seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |",
+              "", "| A | B | hosts | run-seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |",
               "|---|---|---|---|---|---|---|"]
     for p, used in zip(stats["pooled"], stats["pooled_hosts"]):
         lines.append(_pair_row(p, f" {', '.join(used) if len(used) < len(hosts) else 'all'} |"))

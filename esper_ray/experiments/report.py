@@ -133,7 +133,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         f"# A/B experiment `{spec.name}`",
         "",
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
-        f"Alpha {spec.alpha}. {counted(len(spec.seeds), 'seed')} shared by all arms (seed s: same host initialisation, "
+        f"Alpha {spec.alpha}. {counted(len(spec.seeds), 'run seed')} shared by all arms (run seed s: same host initialisation, "
         f"data order and {counted(spec.eval_episodes, 'evaluation episode')} in every arm), {counted(spec.rounds, 'PPO round')} per trial.",
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
@@ -145,9 +145,9 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "",
         "## Verdict",
         "",
-        f"The verdict rests on the seed-paired test (Wilcoxon signed-rank, exact), Holm-corrected over the {len(pairs)} "
+        f"The verdict rests on the test paired by run seed (Wilcoxon signed-rank, exact), Holm-corrected over the {len(pairs)} "
         f"pair(s){' the experiment file names (compare)' if spec.compare is not None else ''}; Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
-        f"non-zero seed pairs to reach alpha={spec.alpha}.",
+        f"non-zero run-seed pairs to reach alpha={spec.alpha}.",
         "",
         *[f"- {v} {s}" for v, s in zip(verdicts, size_verdicts)],
     ]
@@ -168,7 +168,7 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "",
         "Differences are A - B. Intervals are 95 % unless another coverage is given (the exact coverage that n allows).",
         "",
-        "| A | B | seed pairs (non-zero) | paired p (Holm) | smallest possible p | Hodges-Lehmann A - B | "
+        "| A | B | run-seed pairs (non-zero) | paired p (Holm) | smallest possible p | Hodges-Lehmann A - B | "
         "Mann-Whitney U | unpaired p (Holm) | P(A > B) | notes |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -264,7 +264,7 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
         if kind is ControllerKind.PPO:  # envs, episodes and epochs are the same for every seed
             envs, episodes, epochs = (spec.arm_setting(arm, k) for k in ("envs", "episodes_per_env", "max_epochs"))
             runs = spec.rounds * envs * episodes
-            rows.append(f"| {arm} | {runs:,} host runs of {epochs} epochs per seed ({counted(spec.rounds, 'round')} x "
+            rows.append(f"| {arm} | {runs:,} host runs of {epochs} epochs per run seed ({counted(spec.rounds, 'round')} x "
                         f"{counted(envs, 'env')} x {counted(episodes, 'episode')}) |")
         elif kind is ControllerKind.FIXED:
             sweep = spec.arms[arm].get("sweep_host_runs")
@@ -281,7 +281,7 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
 
 
 def loss_lines(record: ExperimentRecord) -> list[str]:
-    """Test loss and perplexity beside the metric: per arm, and seed-paired per pair of arms (none in older runs)."""
+    """Test loss and perplexity beside the metric: per arm, and paired by run seed per pair of arms (none in older runs)."""
     perplexity = by_seed(record, "test_perplexity")
     loss = by_seed(record, "test_loss")
     arms = [a for a in record.spec.arms if perplexity[a]]
@@ -299,7 +299,7 @@ def loss_lines(record: ExperimentRecord) -> list[str]:
         p = list(perplexity[arm].values())
         lines.append(f"| {arm} | {len(p)} | {_fmt(float(np.mean(list(loss[arm].values()))))} | "
                      f"{_fmt(float(np.mean(p)))} [{_fmt(min(p))}, {_fmt(max(p))}] |")
-    lines += ["", "| A | B | seed pairs | perplexity A - B, median | seeds with lower perplexity in A |", "|---|---|---|---|---|"]
+    lines += ["", "| A | B | run-seed pairs | perplexity A - B, median | seeds with lower perplexity in A |", "|---|---|---|---|---|"]
     for i, a in enumerate(arms):
         for b in arms[i + 1:]:
             seeds = sorted(set(perplexity[a]) & set(perplexity[b]))
@@ -417,7 +417,7 @@ def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it hid points
     ax.set_xlabel("training FLOPs of an evaluation episode's host run (host + seeds, forward + backward)")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} against training compute, one point per seed")
+    ax.set_title(f"{metric} against training compute, one point per run seed")
     ax.title.set_fontsize(9)
     save_figure(fig, path)
 

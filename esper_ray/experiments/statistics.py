@@ -1,6 +1,6 @@
 """A/B statistics that hold at small n, on scipy.stats (see ../shared docs EXPERIMENTS.md for the reasons).
 
-The verdict rests on the seed-paired test: seed s gives both arms the same host initialisation, data order
+The verdict rests on the test paired by run seed: seed s gives both arms the same host initialisation, data order
 and evaluation episodes, so the difference A_s - B_s removes what the seed itself does.
     primary    Wilcoxon signed-rank on the paired differences of the seeds both arms finished; zero
                differences are dropped (`wilcoxon_n` is the number of non-zero differences used); p-value from
@@ -274,7 +274,7 @@ def compare_pair(arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_se
     w_n, w_stat, w_sum, w_p, w_method = paired_wilcoxon(d)
     hl, hl_ci = hodges_lehmann(d)
     if len(paired) and w_n == 0:
-        notes.append("every seed-paired difference is zero: the arms did exactly the same on every seed")
+        notes.append("every paired by run seed difference is zero: the arms did exactly the same on every seed")
     if w_n and len(d) > w_n:
         notes.append(f"{len(d) - w_n} of {len(d)} paired differences are zero and were dropped by the signed-rank test")
     if w_n and wilcoxon_min_p(w_n) > 0.05:
@@ -340,9 +340,9 @@ def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: in
     if pair.n_pairs == 0:
         return f"{head}: no test possible ({'; '.join(pair.notes) or 'no seed finished in both arms'})."
     if pair.wilcoxon_n == 0:
-        return f"{head}: no difference: every one of the {pair.n_pairs} seed pairs scored the same ({secondary})."
+        return f"{head}: no difference: every one of the {pair.n_pairs} run-seed pairs scored the same ({secondary})."
     if pair.wilcoxon_min_p >= alpha:
-        return (f"{head}: undecidable at alpha={alpha}: with {pair.wilcoxon_n} non-zero seed pairs the exact paired test "
+        return (f"{head}: undecidable at alpha={alpha}: with {pair.wilcoxon_n} non-zero run-seed pairs the exact paired test "
                 f"cannot give p below {pair.wilcoxon_min_p:.3g}; at least {seeds_needed(alpha)} are needed "
                 f"({effect}; {secondary}).")
     p = pair.wilcoxon_p_holm
