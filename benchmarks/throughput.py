@@ -553,7 +553,7 @@ def main() -> None:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
         from esper_ray.contracts.train_config import TrainConfig
-        from esper_ray.data.datasets import load_task_data
+        from esper_ray.data.task_loading import load_task_data
 
         default = TrainConfig()
         setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),

@@ -21,7 +21,7 @@ from esper_ray.contracts.actions import CNN_BLUEPRINTS
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.data.datasets import load_task_data
+from esper_ray.data.task_loading import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
 from esper_ray.experiments.results import (COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, TRIAL_DIR_RE, ExperimentRecord,
                                            TrialResult, metric_by_arm)

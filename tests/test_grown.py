@@ -17,7 +17,7 @@ from esper_ray.contracts.actions import Style
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.contracts.transformer_host import TransformerHostConfig
-from esper_ray.data.datasets import load_task_data
+from esper_ray.data.task_loading import load_task_data
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.morpho.grown import grown_from
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, WEIGHTS_FILE, load_grown, save_grown_network
