@@ -23,9 +23,9 @@ from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_na
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
-from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
-from esper_ray.train.threads import COMMAND_THREADS, threads_line, threads_of_cpus
-from esper_ray.train.termination import received as sigterm_received
+from esper_ray.train.process.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from esper_ray.train.process.threads import COMMAND_THREADS, threads_line, threads_of_cpus
+from esper_ray.train.process.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
         return "n/a here"
 
 
-VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
+VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/process/resources.py when it starts or joins Ray
 VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
@@ -67,8 +67,8 @@ SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
     with ctrl_c_deferred():  # native libraries load here (deferred_interrupt.py)
-        from esper_ray.train.grow import check_save_folder, saver
-        from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
+        from esper_ray.train.commands.grow import check_save_folder, saver
+        from esper_ray.train.commands.heuristic import CONTROLLER_NAME, run_heuristic
 
     check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
@@ -82,14 +82,14 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
 
 
 def _print_saved(folder: Path | None, as_json: bool) -> None:
-    from esper_ray.train.grow import saved_line
+    from esper_ray.train.commands.grow import saved_line
 
     if folder is not None:  # on stderr under --json, so stdout stays one JSON document
         print(saved_line(folder), file=sys.stderr if as_json else sys.stdout)
 
 
 def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
-    from esper_ray.train.episodes import format_summary
+    from esper_ray.train.commands.episodes import format_summary
 
     if as_json:
         print(json.dumps([s.as_dict() for s in summaries], indent=2))
@@ -114,7 +114,7 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
     explicit --output that holds a run is refused.
     """
-    from esper_ray.train.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
+    from esper_ray.train.folders.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
                                              resolve_checkpoint, round_of, run_folder_of)
 
     flags = given(args, args.train_fields)
@@ -160,16 +160,17 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from esper_ray.train.preflight import check_env_config
-    from esper_ray.train.progress_lines import counted, warn_short_run
-    from esper_ray.train.run_lock import check_can_write
+    from esper_ray.train.process.preflight import check_env_config
+    from esper_ray.formatting import counted
+    from esper_ray.train.output.progress_lines import warn_short_run
+    from esper_ray.train.folders.run_lock import check_can_write
 
     # Every argument is checked before Ray is imported: importing it takes 30-165 s on a busy machine
     cfg, resume = train_config_from_args(args)
     check_can_write(Path(cfg.output), "--output")
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
-        from esper_ray.train.runner import format_outcome, run_training
+        from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
     print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
@@ -184,8 +185,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.checkpoints import resolve_checkpoint, round_of
-    from esper_ray.train.grow import check_save_folder, saver
+    from esper_ray.train.folders.checkpoints import resolve_checkpoint, round_of
+    from esper_ray.train.commands.grow import check_save_folder, saver
 
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     check_int("--episodes", episodes, 1, MAX_COUNT)
@@ -193,8 +194,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = resolve_checkpoint(args.checkpoint)  # before RLlib is imported: seconds, not a minute
     env_overrides = parse_env_overrides(args.env)
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
-        from esper_ray.train.evaluate import mean_line, run_evaluation
-        from esper_ray.train.resources import quiet_ray_logs
+        from esper_ray.train.commands.evaluate import mean_line, run_evaluation
+        from esper_ray.train.process.resources import quiet_ray_logs
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
@@ -214,7 +215,7 @@ def _check_grow_args(args: argparse.Namespace) -> None:
     """What `grow` could be refused for that needs no RLlib: the checkpoint, the plug-ins, the host and its task, the
     --env settings and the --save folder, checked before RLlib (and Ray) are imported: seconds, not a minute."""
     from esper_ray.contracts import registry
-    from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint
+    from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint
 
     cfg = load_checkpoint_config(resolve_checkpoint(args.checkpoint))
     registry.load_plugins([*cfg.plugins, *args.plugins])
@@ -231,8 +232,8 @@ def _check_grow_args(args: argparse.Namespace) -> None:
 def _cmd_grow(args: argparse.Namespace) -> int:
     _check_grow_args(args)
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
-        from esper_ray.train.grow_command import GrowRequest, run_grow
-        from esper_ray.train.resources import quiet_ray_logs
+        from esper_ray.train.commands.grow_command import GrowRequest, run_grow
+        from esper_ray.train.process.resources import quiet_ray_logs
 
     quiet_ray_logs()  # no Ray is started, but RLlib's modules log their own deprecation notices
     run_grow(GrowRequest(args.checkpoint, args.host, args.task, tuple(args.plugins), tuple(args.env or ()), args.seed,
@@ -242,7 +243,8 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
 def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.spec import ExperimentSpec
-    from esper_ray.train.progress_lines import counted, warn_short_run
+    from esper_ray.formatting import counted
+    from esper_ray.train.output.progress_lines import warn_short_run
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     try:
@@ -312,7 +314,7 @@ def experiment_source(path: Path, cwd: Path | None = None) -> str:
 
 def _print_report(run_dir: Path) -> None:
     from esper_ray.experiments.report import FIGURES
-    from esper_ray.train.viewer_hints import tensorboard_command
+    from esper_ray.train.output.viewer_hints import tensorboard_command
 
     print((run_dir / "report.md").read_text())
     print(f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
@@ -521,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
-    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
+    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/process/termination.py)
         if sigterm_received():
             parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")

@@ -12,7 +12,7 @@ import pytest
 from esper_ray.cli import VERBOSE_ENV, build_parser, main
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.viewer_hints import tensorboard_command
+from esper_ray.train.output.viewer_hints import tensorboard_command
 
 
 @pytest.mark.parametrize("command", ["train", "heuristic", "host"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import esper_ray
 
 PACKAGE = Path(esper_ray.__file__).parent
-LAYER = {"cli_args": 6, "deferred_interrupt": 6, "cli": 7, "entry": 8, "contracts": 0, "morpho": 1, "data": 1, "rewards": 1, "env": 2, "policy": 3, "train": 4, "experiments": 5}
+LAYER = {"formatting": 0, "cli_args": 6, "deferred_interrupt": 6, "cli": 7, "entry": 8, "contracts": 0, "morpho": 1, "data": 1, "rewards": 1, "env": 2, "policy": 3, "train": 4, "experiments": 5}
 RAY_ALLOWED = {"policy", "train", "experiments", "cli", "cli_args"}
 
 

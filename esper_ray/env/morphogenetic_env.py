@@ -235,7 +235,7 @@ class MorphogeneticEnv(gym.Env):
     def start_round(self, round_: int) -> None:
         """From now on, episode k of training round `round_` starts from a seed fixed by (seed, shard, round, k),
         whatever reset() is given, and so does this process's global generator, which samples the policy's
-        actions: a resumed run then replays the rounds an uninterrupted one would have (train/rounds.py)."""
+        actions: a resumed run then replays the rounds an uninterrupted one would have (train/rllib/rounds.py)."""
         self._round, self._episode_in_round = round_, 0
 
     def measure_test(self) -> TestStats:

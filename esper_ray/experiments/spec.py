@@ -50,8 +50,8 @@ from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_hel
 from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import default_slots, host_slot_ids, topology_of
 from esper_ray.policy.heuristic import TEMPO as HEURISTIC_TEMPO
-from esper_ray.train.checkpoints import LATEST_FILE
-from esper_ray.train.rounds import MODULE_PATH
+from esper_ray.train.folders.checkpoints import LATEST_FILE
+from esper_ray.train.rllib.rounds import MODULE_PATH
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
