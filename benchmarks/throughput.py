@@ -564,7 +564,7 @@ def main() -> None:
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap or args.lead, lead=args.lead,
                       extra_env=extra_env, bare_controller=args.bare_controller, bare_threads=args.bare_threads)
     from esper_ray.contracts.env_config import EnvConfig
-    from esper_ray.env.morphogenetic_env import resolve_amp
+    from esper_ray.env.precision import resolve_amp
 
     amp = EnvConfig(**dict(extra_env)).amp  # as an env reads it (YAML's `off` arrives as False)
     precision = resolve_amp(amp, torch.device("cuda" if setup.gpus else "cpu"))  # what the envs train in

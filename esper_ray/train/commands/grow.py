@@ -20,7 +20,8 @@ from typing import Any
 
 import esper_ray
 from esper_ray.data.datasets import TaskData
-from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.env.precision import resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, plugins_needed, save_grown_network
 from esper_ray.train.commands.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
