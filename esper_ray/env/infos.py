@@ -6,17 +6,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from esper_ray.contracts.rewards import RewardBreakdown
 from esper_ray.env.epoch import TrainStats
 
-if TYPE_CHECKING:
-    from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
-
-def step_info(env: MorphogeneticEnv, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None,
+def step_info(env: Any, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None,
               rollback_reason: str = "") -> dict[str, Any]:
+    """A MorphogeneticEnv's info after a reset or step. `env` is typed Any: the env module imports this one."""
     assert env.model is not None
     info: dict[str, Any] = {
         "epoch": env.epoch,

@@ -3,7 +3,7 @@ the validation before and after."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from esper_ray.contracts.actions import FactoredAction
 from esper_ray.contracts.rewards import SlotSignal, StepSignal
@@ -11,9 +11,6 @@ from esper_ray.contracts.stages import Stage
 from esper_ray.env.epoch import ValStats
 from esper_ray.morpho.counterfactual import CounterfactualPlan
 from esper_ray.morpho.model import MorphogeneticModel
-
-if TYPE_CHECKING:
-    from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
 
 def slot_snapshot(model: MorphogeneticModel) -> dict[str, dict[str, Any]]:
@@ -29,10 +26,11 @@ def slot_snapshot(model: MorphogeneticModel) -> dict[str, dict[str, Any]]:
 
 
 def step_signal(
-    env: MorphogeneticEnv, decision: FactoredAction, success: bool, before: dict[str, dict[str, Any]],
+    env: Any, decision: FactoredAction, success: bool, before: dict[str, dict[str, Any]],
     plan: CounterfactualPlan, val: ValStats, prev_val: ValStats,
 ) -> StepSignal:
-    """The signal of the env's step just taken (its model, epoch, escrow and drip pools as the step left them)."""
+    """The signal of the step a MorphogeneticEnv just took (its model, epoch, escrow and drip pools as the step left
+    them). `env` is typed Any: the env module imports this one."""
     assert env.model is not None
     slots = []
     for s in env.model.seed_slots():
