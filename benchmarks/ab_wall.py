@@ -46,7 +46,7 @@ from throughput import gpu_ids, log, machine  # noqa: E402  (a sibling script, n
 import yaml  # noqa: E402
 
 from esper_ray.experiments.results import FINISHED  # noqa: E402
-from esper_ray.train.termination import EXIT_CODE as TERMINATED  # noqa: E402
+from esper_ray.train.process.termination import EXIT_CODE as TERMINATED  # noqa: E402
 
 AB = "import sys; from esper_ray.cli import main; sys.exit(main())"
 STATE = "ab_wall.json"

@@ -1,5 +1,5 @@
 """Which GPU each env process lands on: N Ray actors asking 1/16 of a GPU each, as an A/B's env runners ask, with
-Ray's own pick and then through esper_ray.train.gpu_spread (as CpuPolicyEnvRunner and a baseline trial do).
+Ray's own pick and then through esper_ray.train.process.gpu_spread (as CpuPolicyEnvRunner and a baseline trial do).
 
     python benchmarks/placement_check.py [--envs 8]
 
@@ -25,8 +25,8 @@ from throughput import machine  # benchmarks/ is on sys.path when this runs as a
 @ray.remote(num_cpus=0)
 class EnvProcess:
     def place(self, spread: bool) -> dict[str, object]:
-        import esper_ray.train.env_runner  # noqa: F401  what an env runner has imported before its __init__
-        from esper_ray.train.gpu_spread import spread_gpu
+        import esper_ray.train.rllib.env_runner  # noqa: F401  what an env runner has imported before its __init__
+        from esper_ray.train.process.gpu_spread import spread_gpu
 
         chosen = spread_gpu() if spread else None
         import torch

@@ -228,7 +228,7 @@ def bare(setup: Setup) -> dict[str, float]:
 # ----------------------------------------------------------------------------------------------------- train
 def train(setup: Setup, mps: bool) -> dict[str, float]:
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.runner import run_training
+    from esper_ray.train.commands.runner import run_training
 
     env = {k: v for k, v in setup.env_config(0).items() if k not in ("task", "slots", "max_epochs", "shard", "num_shards", "device")}
     cfg = TrainConfig(task=setup.task, slots=setup.slots, max_epochs=setup.max_epochs, envs=setup.envs,
@@ -247,7 +247,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         outcome = run_training(cfg, Path(folder) / "run", log=log, on_result=record)
     from esper_ray.contracts import metrics as m
-    from esper_ray.train.round_summary import flatten_numbers
+    from esper_ray.train.output.round_summary import flatten_numbers
 
     last = flatten_numbers(results[-1])
     timers = {k: round(v, 4) for k, v in last.items() if ("timer" in k or "esper/time_" in k or "time_between" in k)
@@ -293,7 +293,7 @@ def episode_work(results: list[dict], setup: Setup) -> dict[str, float]:
     trains another network: train / bare then measures more than overhead), and a step's milliseconds in the env's
     phases against the rest of the runner's sample call (the policy, RLlib's connectors and episodes, the resets)."""
     from esper_ray.contracts import metrics as m
-    from esper_ray.train.round_summary import flatten_numbers
+    from esper_ray.train.output.round_summary import flatten_numbers
 
     rows = [{k.removeprefix(f"{m.ENV_RUNNERS}/"): v for k, v in flatten_numbers(r).items()} for r in results]
 
@@ -310,7 +310,7 @@ def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
     """The env runners' sample calls over `results` (the steady rounds, `seconds` of wall): the mean runner's and the
     slowest runner's seconds a round, and the share of the wall the others stood waiting for the slowest."""
     from esper_ray.contracts import metrics as m
-    from esper_ray.train.round_summary import flatten_numbers
+    from esper_ray.train.output.round_summary import flatten_numbers
 
     rows = [flatten_numbers(r) for r in results]
     mean = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS}"] for row in rows]
@@ -330,7 +330,7 @@ def cards(results: list[dict]) -> dict[str, Any]:
     learner updates on, where the rounds carry them (envs on GPUs; a learner on one). A card whose runners are slower
     than the others' is one where something else runs: the learner's update, for one."""
     from esper_ray.contracts import metrics as m
-    from esper_ray.train.round_summary import flatten_numbers
+    from esper_ray.train.output.round_summary import flatten_numbers
 
     rows = [flatten_numbers(r) for r in results]
     prefix = f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS_ON_GPU}"
@@ -349,9 +349,9 @@ def cards(results: list[dict]) -> dict[str, Any]:
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
     """The GPU ids both halves use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1). The train half's Ray
-    must see only these, or its env processes spread over every card of the machine (esper_ray/train/gpu_spread.py):
+    must see only these, or its env processes spread over every card of the machine (esper_ray/train/process/gpu_spread.py):
     `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
-    from esper_ray.train.gpu_spread import gpu_list
+    from esper_ray.train.process.gpu_spread import gpu_list
 
     ids = gpu_list(visible) if visible else [str(i) for i in range(gpus)]
     if len(ids) < gpus:
@@ -365,9 +365,9 @@ def local_ray(mps: bool, gpus: int, profiles: Path | None = None):  # type: igno
     its env runners profile their sample calls into that folder); the bare half needs none."""
     import ray
 
-    from esper_ray.train.env_runner import PROFILE_ENV
-    from esper_ray.train.gpu_spread import NODE_GPUS_ENV
-    from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
+    from esper_ray.train.rllib.env_runner import PROFILE_ENV
+    from esper_ray.train.process.gpu_spread import NODE_GPUS_ENV
+    from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
 
     env = mps_environment(new_run_id()) if mps else {}
     if profiles is not None:
@@ -399,7 +399,7 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
     import shutil
     import subprocess
 
-    from esper_ray.train.mps import CONTROL, mps_environment, new_run_id
+    from esper_ray.train.process.mps import CONTROL, mps_environment, new_run_id
 
     env = mps_environment(new_run_id())
     for folder in env.values():
@@ -420,7 +420,7 @@ def bare_mps(mps: bool):  # type: ignore[no-untyped-def]
 
 
 def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Path | None = None) -> str:
-    """The env runners' profiles in `folder` (one file a sample call: esper_ray/train/env_runner.py) from call
+    """The env runners' profiles in `folder` (one file a sample call: esper_ray/train/rllib/env_runner.py) from call
     `first_call` on (call 1 is the first round, with its captures), merged: the functions by cumulative and by own
     time. With `dump`, the merged profile is also written there, for pstats' callers and callees."""
     files = sorted(p for p in folder.glob("runner_*_call_*.prof") if int(p.stem.rsplit("_", 1)[1]) >= first_call)
@@ -431,7 +431,7 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
         stats.add(str(path))
     if dump is not None:
         stats.dump_stats(str(dump))
-    from esper_ray.train.progress_lines import counted
+    from esper_ray.formatting import counted
 
     runners = len({p.stem.split("_call_")[0] for p in files})
     out = io.StringIO()
@@ -445,7 +445,7 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
 def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles: Path | None = None) -> dict[str, Any]:
     """The figures of the halves asked for (a half not measured is left out, and so is the ratio). With `profiles`,
     the train half's runners profile their sample calls there and the steady rounds' summary goes to steady.txt."""
-    from esper_ray.train.progress_lines import counted
+    from esper_ray.formatting import counted
 
     figures: dict[str, Any] = {}
     if "bare" in halves:
@@ -553,7 +553,7 @@ def main() -> None:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
         from esper_ray.contracts.train_config import TrainConfig
-        from esper_ray.data.datasets import load_task_data
+        from esper_ray.data.task_loading import load_task_data
 
         default = TrainConfig()
         setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),
@@ -564,7 +564,7 @@ def main() -> None:
                       cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap or args.lead, lead=args.lead,
                       extra_env=extra_env, bare_controller=args.bare_controller, bare_threads=args.bare_threads)
     from esper_ray.contracts.env_config import EnvConfig
-    from esper_ray.env.morphogenetic_env import resolve_amp
+    from esper_ray.env.precision import resolve_amp
 
     amp = EnvConfig(**dict(extra_env)).amp  # as an env reads it (YAML's `off` arrives as False)
     precision = resolve_amp(amp, torch.device("cuda" if setup.gpus else "cpu"))  # what the envs train in

@@ -23,9 +23,9 @@ from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_na
 from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
-from esper_ray.train.termination import EXIT_CODE as TERMINATED_EXIT_CODE
-from esper_ray.train.threads import COMMAND_THREADS, threads_line, threads_of_cpus
-from esper_ray.train.termination import received as sigterm_received
+from esper_ray.train.process.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from esper_ray.train.process.threads import COMMAND_THREADS, threads_line, threads_of_cpus
+from esper_ray.train.process.termination import received as sigterm_received
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def _seed_size(blueprint: Any, channels: int, topology: Any) -> str:
         return "n/a here"
 
 
-VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/resources.py when it starts or joins Ray
+VERBOSE_ENV = "ESPER_RAY_VERBOSE"  # read by train/process/resources.py when it starts or joins Ray
 VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
@@ -65,10 +65,17 @@ SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, 
              "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only")
 
 
+EVAL_SEED_HELP = "env seed (default: the training seed)"
+EVAL_ENV_HELP = "override an env setting, e.g. --env device=cpu"
+GROW_SEED_HELP = "env seed: the host's initialisation and data order (default: the checkpoint's training seed)"
+GROW_ENV_HELP = ("an env setting on top of the checkpoint's (repeatable), e.g. --env max_epochs=40 "
+                 "--env 'slots=[h0, h1, h2]' --env device=cpu")
+
+
 def _cmd_heuristic(args: argparse.Namespace) -> int:
     with ctrl_c_deferred():  # native libraries load here (deferred_interrupt.py)
-        from esper_ray.train.grow import check_save_folder, saver
-        from esper_ray.train.heuristic import CONTROLLER_NAME, run_heuristic
+        from esper_ray.train.commands.grow import check_save_folder, saver
+        from esper_ray.train.commands.heuristic import CONTROLLER_NAME, run_heuristic
 
     check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
@@ -82,14 +89,14 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
 
 
 def _print_saved(folder: Path | None, as_json: bool) -> None:
-    from esper_ray.train.grow import saved_line
+    from esper_ray.train.commands.grow import saved_line
 
     if folder is not None:  # on stderr under --json, so stdout stays one JSON document
         print(saved_line(folder), file=sys.stderr if as_json else sys.stdout)
 
 
 def _print_summaries(summaries: Sequence[Any], as_json: bool) -> None:
-    from esper_ray.train.episodes import format_summary
+    from esper_ray.train.commands.episodes import format_summary
 
     if as_json:
         print(json.dumps([s.as_dict() for s in summaries], indent=2))
@@ -114,7 +121,7 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
     explicit --output that holds a run is refused.
     """
-    from esper_ray.train.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
+    from esper_ray.train.folders.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
                                              resolve_checkpoint, round_of, run_folder_of)
 
     flags = given(args, args.train_fields)
@@ -160,16 +167,17 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from esper_ray.train.preflight import check_env_config
-    from esper_ray.train.progress_lines import counted, warn_short_run
-    from esper_ray.train.run_lock import check_can_write
+    from esper_ray.train.process.preflight import check_env_config
+    from esper_ray.formatting import counted
+    from esper_ray.train.output.progress_lines import warn_short_run
+    from esper_ray.train.folders.run_lock import check_can_write
 
     # Every argument is checked before Ray is imported: importing it takes 30-165 s on a busy machine
     cfg, resume = train_config_from_args(args)
     check_can_write(Path(cfg.output), "--output")
     check_env_config(cfg)  # a bad env setting fails here, once, not in every env runner
     with ctrl_c_deferred():  # Ray loads here (deferred_interrupt.py)
-        from esper_ray.train.runner import format_outcome, run_training
+        from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
     print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
@@ -184,8 +192,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.checkpoints import resolve_checkpoint, round_of
-    from esper_ray.train.grow import check_save_folder, saver
+    from esper_ray.train.folders.checkpoints import resolve_checkpoint, round_of
+    from esper_ray.train.commands.grow import check_save_folder, saver
 
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     check_int("--episodes", episodes, 1, MAX_COUNT)
@@ -193,8 +201,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     checkpoint = resolve_checkpoint(args.checkpoint)  # before RLlib is imported: seconds, not a minute
     env_overrides = parse_env_overrides(args.env)
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
-        from esper_ray.train.evaluate import mean_line, run_evaluation
-        from esper_ray.train.resources import quiet_ray_logs
+        from esper_ray.train.commands.evaluate import mean_line, run_evaluation
+        from esper_ray.train.process.resources import quiet_ray_logs
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
@@ -214,7 +222,7 @@ def _check_grow_args(args: argparse.Namespace) -> None:
     """What `grow` could be refused for that needs no RLlib: the checkpoint, the plug-ins, the host and its task, the
     --env settings and the --save folder, checked before RLlib (and Ray) are imported: seconds, not a minute."""
     from esper_ray.contracts import registry
-    from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint
+    from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint
 
     cfg = load_checkpoint_config(resolve_checkpoint(args.checkpoint))
     registry.load_plugins([*cfg.plugins, *args.plugins])
@@ -231,8 +239,8 @@ def _check_grow_args(args: argparse.Namespace) -> None:
 def _cmd_grow(args: argparse.Namespace) -> int:
     _check_grow_args(args)
     with ctrl_c_deferred():  # RLlib loads here (deferred_interrupt.py)
-        from esper_ray.train.grow_command import GrowRequest, run_grow
-        from esper_ray.train.resources import quiet_ray_logs
+        from esper_ray.train.commands.grow_command import GrowRequest, run_grow
+        from esper_ray.train.process.resources import quiet_ray_logs
 
     quiet_ray_logs()  # no Ray is started, but RLlib's modules log their own deprecation notices
     run_grow(GrowRequest(args.checkpoint, args.host, args.task, tuple(args.plugins), tuple(args.env or ()), args.seed,
@@ -242,7 +250,8 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 
 def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.spec import ExperimentSpec
-    from esper_ray.train.progress_lines import counted, warn_short_run
+    from esper_ray.formatting import counted
+    from esper_ray.train.output.progress_lines import warn_short_run
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     try:
@@ -312,7 +321,7 @@ def experiment_source(path: Path, cwd: Path | None = None) -> str:
 
 def _print_report(run_dir: Path) -> None:
     from esper_ray.experiments.report import FIGURES
-    from esper_ray.train.viewer_hints import tensorboard_command
+    from esper_ray.train.output.viewer_hints import tensorboard_command
 
     print((run_dir / "report.md").read_text())
     print(f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
@@ -334,6 +343,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threads_flag() -> argparse.ArgumentParser:
+    """--threads of the commands that step envs in this process (heuristic, eval, grow)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
+    return parent
+
+
+def _episode_results_flags() -> argparse.ArgumentParser:
+    """--json and --save of the commands that print episode summaries (heuristic, eval)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", help=JSON_HELP)
+    parent.add_argument("--save", metavar="DIR", help=SAVE_HELP)
+    return parent
+
+
+def _checkpoint_run_flags(seed_help: str, env_help: str) -> argparse.ArgumentParser:
+    """--seed and --env of the commands that run a checkpoint's policy (eval, grow): the same flags, each command's
+    own words for what its run does with them."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--seed", type=int, default=None, help=seed_help)
+    parent.add_argument("--env", action="append", metavar="KEY=VALUE", help=env_help)
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="esper-ray", allow_abbrev=False,
@@ -345,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
     verbose_after = argparse.ArgumentParser(add_help=False)
     verbose_after.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_host, _add_heuristic, _add_train, _add_eval, _add_grow, _add_ab, _add_report):
+        add(sub, verbose_after)
+    return parser
+
+
+def _add_host(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray host`: a task's host network, its slots and seed sizes."""
     host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
                           help="show a task's host network: its slots and each blueprint's parameter count",
                           description="Print a task's host network (the network a run grows from): its parameter "
@@ -360,21 +400,24 @@ def build_parser() -> argparse.ArgumentParser:
                       help="modules that register your own tasks, hosts or blueprints (docs/plugins.md)")
     host.set_defaults(func=_cmd_host)
 
+
+def _add_heuristic(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray heuristic`: the rule-based controller's episodes."""
     heuristic = sub.add_parser(
-        "heuristic", allow_abbrev=False, parents=[verbose_after],
+        "heuristic", allow_abbrev=False, parents=[verbose_after, _episode_results_flags(), _threads_flag()],
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
         "those that hurt) for some episodes and print, per episode: final and test accuracy, parameters added "
         "and seeds germinated/fossilized/pruned. With --save DIR, one episode, whose grown network is kept in DIR.",
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
-    heuristic.add_argument("--json", action="store_true", help=JSON_HELP)
-    heuristic.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
-    heuristic.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
     heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma"),
                                                                                          defaults=TRAINING_ENV_DEFAULTS))
 
+
+def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray train`: PPO on Ray; TrainConfig's fields are its flags, EnvConfig's its --env keys."""
     train = sub.add_parser(
         "train", allow_abbrev=False, parents=[verbose_after],
         help="train the controller with PPO on Ray (defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
@@ -392,8 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below")
     train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
+
+def _add_eval(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray eval`: a checkpoint's greedy policy on fresh episodes."""
     evaluate = sub.add_parser(
-        "eval", allow_abbrev=False, parents=[verbose_after],
+        "eval", allow_abbrev=False,
+        parents=[verbose_after, _checkpoint_run_flags(EVAL_SEED_HELP, EVAL_ENV_HELP), _episode_results_flags(), _threads_flag()],
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
         "and test accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
@@ -401,15 +448,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")
     evaluate.add_argument("--episodes", type=int, default=None, help=f"episodes to run (default: {EVAL_EPISODES}, or 1 with --save)")
-    evaluate.add_argument("--seed", type=int, default=None, help="env seed (default: the training seed)")
-    evaluate.add_argument("--env", action="append", metavar="KEY=VALUE", help="override an env setting, e.g. --env device=cpu")
-    evaluate.add_argument("--json", action="store_true", help=JSON_HELP)
-    evaluate.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
-    evaluate.add_argument("--save", metavar="DIR", help=SAVE_HELP)
     evaluate.set_defaults(func=_cmd_eval)
 
+
+def _add_grow(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray grow`: a checkpoint's policy grows one host, and the network is kept."""
     grow = sub.add_parser(
-        "grow", allow_abbrev=False, parents=[verbose_after],
+        "grow", allow_abbrev=False, parents=[verbose_after, _checkpoint_run_flags(GROW_SEED_HELP, GROW_ENV_HELP), _threads_flag()],
         help="a trained controller grows your host (built in or a plug-in's) once, and the network is kept; no RL training",
         description="Grow a host network with a trained controller: the checkpoint's policy, frozen, makes every "
         "decision of ONE host training run on --host (a registered host, or a package.module:HostClass import string) "
@@ -433,19 +478,16 @@ def build_parser() -> argparse.ArgumentParser:
     grow.add_argument("--plugins", nargs="+", default=[], metavar="MOD",
                       help="modules that register your own tasks, hosts or blueprints (docs/plugins.md), imported "
                            "with those the checkpoint names")
-    grow.add_argument("--env", action="append", metavar="KEY=VALUE",
-                      help="an env setting on top of the checkpoint's (repeatable), e.g. --env max_epochs=40 "
-                           "--env 'slots=[h0, h1, h2]' --env device=cpu")
-    grow.add_argument("--seed", type=int, default=None, help="env seed: the host's initialisation and data order "
-                      "(default: the checkpoint's training seed)")
     grow.add_argument("--sample", action="store_true",
                       help="sample each decision from the policy instead of taking its most likely one (draws fixed by --seed)")
     grow.add_argument("--save", metavar="DIR", help="a new folder for the network (default: a new one under the run "
                       "folder's grown/, or ./grown/ where that cannot be written, named HOST-seedS and numbered past "
                       "any that exists; printed)")
-    grow.add_argument("--threads", type=int, default=COMMAND_THREADS, help=THREADS_HELP)
     grow.set_defaults(func=_cmd_grow)
 
+
+def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray ab`: an experiment file's trials on Ray Tune, compared seed by seed."""
     ab = sub.add_parser(
         "ab", allow_abbrev=False, parents=[verbose_after],
         help="A/B experiment between controllers or reward modes on Ray Tune, with exact statistics and a report",
@@ -477,11 +519,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))")
     ab.set_defaults(func=_cmd_ab)
 
+
+def _add_report(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
+    """`esper-ray report`: an A/B run's report, rebuilt."""
     report = sub.add_parser("report", allow_abbrev=False, parents=[verbose_after], help="rebuild an A/B report from a finished or partial run",
                             description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)")
     report.set_defaults(func=_cmd_report)
-    return parser
 
 
 def remote_error_line(err: BaseException) -> str:
@@ -521,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
-    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/termination.py)
+    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/process/termination.py)
         if sigterm_received():
             parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_probe import run_of  # noqa: E402
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
-from esper_ray.train.episodes import EpisodeHistory, EpisodeSummary  # noqa: E402
-from esper_ray.train.evaluate import GreedyPolicyController, evaluation_episodes, load_policy, run_evaluation_episodes  # noqa: E402
+from esper_ray.train.commands.episodes import EpisodeHistory, EpisodeSummary  # noqa: E402
+from esper_ray.train.commands.evaluate import GreedyPolicyController, evaluation_episodes, load_policy, run_evaluation_episodes  # noqa: E402
 
 
 def seeds_of(env: MorphogeneticEnv, history: EpisodeHistory) -> list[dict[str, Any]]:

@@ -39,8 +39,8 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.experiments.trainable import train_config_of  # noqa: E402
 from esper_ray.morpho.hosts import topology_of  # noqa: E402
-from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint  # noqa: E402
-from esper_ray.train.evaluate import EVAL_SEED_STRIDE, load_policy, policy_batch  # noqa: E402
+from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint  # noqa: E402
+from esper_ray.train.commands.evaluate import EVAL_SEED_STRIDE, load_policy, policy_batch  # noqa: E402
 
 OPS = (Op.WAIT, Op.PRUNE, Op.ADVANCE, Op.FOSSILIZE)
 

@@ -27,8 +27,8 @@ from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
 from esper_ray.policy import layout
 from esper_ray.policy.layout import check_layout, policy_layout, saved_layout
-from esper_ray.train.checkpoints import resolve_checkpoint
-from esper_ray.train.rounds import MODULE_PATH
+from esper_ray.train.folders.checkpoints import resolve_checkpoint
+from esper_ray.train.rllib.rounds import MODULE_PATH
 
 PLUGIN = "tests.any_host_parts"
 
@@ -222,7 +222,7 @@ def test_a_blueprint_the_host_lacks_is_never_planted_even_by_a_policy_that_prefe
     import torch
 
     from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
-    from esper_ray.train.evaluate import GreedyPolicyController
+    from esper_ray.train.commands.evaluate import GreedyPolicyController
 
     env = toy_env("any-mlp-4", 4, max_epochs=12, commit_horizon=False)
     offered = {b.key for b in env.blueprints}

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from esper_ray.train.background import InBackground, WorkerThread
+from esper_ray.train.process.background import InBackground, WorkerThread
 
 
 def test_jobs_put_to_one_worker_thread_all_run_there_in_order():

@@ -184,8 +184,8 @@ def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_m
     """ESPER_RAY_PROFILE_SAMPLING makes an env runner profile each sample call into one file; profile_summary merges
     the calls from the second on (the first round captures graphs) and reads like pstats."""
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.env_runner import PROFILE_ENV, CpuPolicyEnvRunner
-    from esper_ray.train.ppo_config import build_ppo_config
+    from esper_ray.train.rllib.env_runner import PROFILE_ENV, CpuPolicyEnvRunner
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
 
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
     cfg = TrainConfig(max_epochs=2)
@@ -207,8 +207,8 @@ def test_a_runner_given_a_gpu_times_its_sample_calls_under_that_cards_id_and_one
     sample calls are logged under that id beside the runner-wide mean, which one call makes the same figure."""
     from esper_ray.contracts import metrics as m
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.env_runner import CpuPolicyEnvRunner
-    from esper_ray.train.ppo_config import build_ppo_config
+    from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     for gpus, expected in ((0.25, [m.RUNNER_SAMPLE_SECONDS_ON_GPU + "1"]), (0.0, [])):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.checkpoints import LATEST_FILE, MANIFEST_FILE, in_a_run, latest_round, resolve_checkpoint, round_of
-from esper_ray.train.runner import save_round
+from esper_ray.train.folders.checkpoints import LATEST_FILE, MANIFEST_FILE, in_a_run, latest_round, resolve_checkpoint, round_of
+from esper_ray.train.commands.runner import save_round
 
 STATE = "learner_group/learner/state.pkl"
 
@@ -66,7 +66,7 @@ def test_latest_is_replaced_by_rename_never_rewritten_in_place(tmp_path, monkeyp
         renamed.append((Path(src).name, Path(dst).name))
         real_replace(src, dst)
 
-    monkeypatch.setattr("esper_ray.train.checkpoints.os.replace", spy)
+    monkeypatch.setattr("esper_ray.train.folders.checkpoints.os.replace", spy)
     before = latest.stat().st_ino
     save_round(StandInAlgorithm(2), TrainConfig(), output)  # type: ignore[arg-type]
     # the manifest inside the partial folder, then the folder, then latest.json
@@ -165,7 +165,7 @@ def test_latest_naming_an_empty_round_says_the_round_before_is_complete(tmp_path
 @pytest.mark.parametrize("text, expected", [("{", "not valid JSON"), ("[1, 2]", "expected a mapping"),
                                             ('{"rounds": "many"}', "rounds='many'")])
 def test_damaged_settings_of_a_checkpoint_are_one_line_naming_the_file(tmp_path, text, expected):
-    from esper_ray.train.checkpoints import TRAIN_CONFIG_FILE, load_checkpoint_config
+    from esper_ray.train.folders.checkpoints import TRAIN_CONFIG_FILE, load_checkpoint_config
 
     output = run_with_rounds(tmp_path, 1)
     settings = output / "checkpoints" / "round_00001" / TRAIN_CONFIG_FILE
@@ -204,7 +204,7 @@ def test_a_resume_never_writes_outside_the_folder_it_was_given(tmp_path, capsys,
     def refuse(cfg, output, **kwargs):
         raise AssertionError(f"train went on to write into {output}")
 
-    monkeypatch.setattr("esper_ray.train.runner.run_training", refuse)
+    monkeypatch.setattr("esper_ray.train.commands.runner.run_training", refuse)
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", str(resumed), "--rounds", "4"])
     err = capsys.readouterr().err.strip()
@@ -216,7 +216,7 @@ def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_fo
 
     output = run_with_rounds(tmp_path, 1, 2)
     loaded = []
-    monkeypatch.setattr("esper_ray.train.evaluate.run_evaluation", lambda checkpoint, *args, **kwargs: loaded.append(checkpoint) or [])
+    monkeypatch.setattr("esper_ray.train.commands.evaluate.run_evaluation", lambda checkpoint, *args, **kwargs: loaded.append(checkpoint) or [])
     assert main(["eval", "--checkpoint", str(output)]) == 0
     newest = output / "checkpoints" / "round_00002"
     assert loaded == [newest]
@@ -239,3 +239,15 @@ def test_a_checkpoint_on_its_own_takes_its_round_from_round_json_as_an_ab_trials
     assert in_a_run(tmp_path / "run" / "checkpoints" / "round_00007")
     with pytest.raises(ValueError, match=r"other: not an esper-ray checkpoint folder .*round.json"):
         round_of(tmp_path / "other")
+
+
+def test_a_checkpoint_pickled_before_the_rllib_move_still_loads_its_classes():
+    """Checkpoints name the PPO config's classes by module path; those were esper_ray.train.X before train/rllib/."""
+    import pickle
+
+    from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.rllib.learner import MorphoPPOLearner
+
+    old = b"cesper_ray.train.learner\nMorphoPPOLearner\n.", b"cesper_ray.train.env_runner\nCpuPolicyEnvRunner\n."
+    assert [pickle.loads(p) for p in old] == [MorphoPPOLearner, CpuPolicyEnvRunner]
+    assert pickle.dumps(MorphoPPOLearner, protocol=0) == b"cesper_ray.train.rllib.learner\nMorphoPPOLearner\np0\n."

@@ -26,7 +26,7 @@ def no_ray_may_start(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the command went on to start Ray")
 
-    monkeypatch.setattr("esper_ray.train.runner.connect_ray", refuse)
+    monkeypatch.setattr("esper_ray.train.commands.runner.connect_ray", refuse)
     monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
 
 
@@ -148,8 +148,8 @@ def test_bad_arguments_of_train_eval_grow_and_ab_are_refused_before_ray_is_impor
     import sys
 
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.checkpoints import record_checkpoint
-    from esper_ray.train.rounds import MODULE_PATH
+    from esper_ray.train.folders.checkpoints import record_checkpoint
+    from esper_ray.train.rllib.rounds import MODULE_PATH
 
     run = tmp_path / "run"  # a training run's folder with one checkpoint, as `train` writes it (no pickles needed)
     (run / "checkpoints" / "round_00001.partial").mkdir(parents=True)

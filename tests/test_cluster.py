@@ -60,7 +60,7 @@ def three_node_cluster():
 @pytest.mark.expensive
 def test_spread_placement_puts_env_runners_on_more_than_one_node(three_node_cluster, tmp_path):
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.runner import run_training
+    from esper_ray.train.commands.runner import run_training
 
     lines: list[str] = []
     cfg = TrainConfig(max_epochs=3, envs=2, cpus_per_env=1, learners=0, rounds=1, placement="SPREAD",

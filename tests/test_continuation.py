@@ -11,7 +11,7 @@ import pytest
 
 from esper_ray.experiments.continuation import (CONTINUES_KEY, ROUND_FILE, continuation, continued_rows,
                                                 newest_intact_checkpoint)
-from esper_ray.train.manifest import write_manifest
+from esper_ray.train.folders.manifest import write_manifest
 
 
 def checkpoint(trial: Path, index: int, round_: int) -> Path:

@@ -12,7 +12,7 @@ from esper_ray.contracts.actions import AlphaTarget, Blueprint, Op, Style, Tempo
 from esper_ray.cli import parse_env_overrides
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.env import ENV_ID, MorphogeneticEnv
-from esper_ray.env.morphogenetic_env import resolve_amp
+from esper_ray.env.precision import resolve_amp
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import feature_size
 

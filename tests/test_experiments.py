@@ -21,7 +21,7 @@ from esper_ray.contracts.actions import CNN_BLUEPRINTS
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.data.datasets import load_task_data
+from esper_ray.data.task_loading import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
 from esper_ray.experiments.results import (COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, TRIAL_DIR_RE, ExperimentRecord,
                                            TrialResult, metric_by_arm)
@@ -29,8 +29,8 @@ from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.runner import check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 from esper_ray.experiments.trainable import evaluation_metrics
-from esper_ray.train.episodes import EpisodeSummary
-from esper_ray.train.evaluate import evaluation_episodes
+from esper_ray.train.commands.episodes import EpisodeSummary
+from esper_ray.train.commands.evaluate import evaluation_episodes
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"name": "t", "arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "sparse", "lr": 1e-3}},
@@ -645,7 +645,7 @@ def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_it
     import pickle
 
     from esper_ray.experiments.runner import TUNE_MANIFEST
-    from esper_ray.train.manifest import write_manifest
+    from esper_ray.train.folders.manifest import write_manifest
 
     no_ray_may_start(monkeypatch)
     marker = tmp_path / "ran"
@@ -911,7 +911,7 @@ def test_the_ab_command_warns_before_ray_starts_when_its_runs_are_too_short(tmp_
 
 
 def test_the_train_command_warns_when_its_runs_are_too_short_to_keep_a_seed(tmp_path, monkeypatch, capsys):
-    import esper_ray.train.runner as runner
+    import esper_ray.train.commands.runner as runner
 
     class Stop(Exception):
         pass

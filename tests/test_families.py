@@ -169,7 +169,7 @@ def test_two_rounds_of_train_on_a_family_log_each_member(ray_local, tmp_path, ca
 
 
 def test_a_controller_trained_on_a_family_grows_the_one_host_asked_for():
-    from esper_ray.train.grow_command import grow_env_config
+    from esper_ray.train.commands.grow_command import grow_env_config
 
     base = TrainConfig(family="digits-family-3slot").env_config(shard=0, num_shards=1)
     config = grow_env_config(base, ("r0c0", "r0c1", "r0c2"), "digits", None, (), {}, None)

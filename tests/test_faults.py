@@ -17,9 +17,9 @@ import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import FAIL_TRIAL, NAN_AT_EPOCH, RAISE_AT_EPOCH
-from esper_ray.train.algorithm_host import AlgorithmDriver
-from esper_ray.train.round_summary import summarize_round
-from esper_ray.train.step_failures import FAILURES_LOG
+from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
+from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib.step_failures import FAILURES_LOG
 
 pytestmark = pytest.mark.expensive
 NAN_SEED = 77

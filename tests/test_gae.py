@@ -18,7 +18,7 @@ from ray.rllib.evaluation.postprocessing import Postprocessing
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.rllib.ppo_config import build_ppo_config
 
 T = 5
 GAMMA, LAMBDA = 0.9, 0.8
@@ -117,7 +117,7 @@ def test_forfeiting_rewards_sets_each_as_an_array_of_the_reward_space_s_shape():
 
 
 def test_running_std_merges_batches_like_one_pass():
-    from esper_ray.train.reward_normalizer import RunningStd
+    from esper_ray.train.rllib.reward_normalizer import RunningStd
 
     rng = np.random.default_rng(0)
     parts = [rng.normal(3, 2, n) for n in (1, 0, 7, 40, 3)]

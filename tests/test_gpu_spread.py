@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from esper_ray.train.gpu_spread import claim, least_loaded, single_visible_gpu, spread_gpu
+from esper_ray.train.process.gpu_spread import claim, least_loaded, single_visible_gpu, spread_gpu
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""`esper-ray grow` (train/grow_command.py): a trained checkpoint's policy grows a built-in or a plug-in host once,
+"""`esper-ray grow` (train/commands/grow_command.py): a trained checkpoint's policy grows a built-in or a plug-in host once,
 with no RL, and the network is kept as `eval --save` keeps one; what cannot run is refused before the host trains."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import esper_ray
 from esper_ray.cli import main, shared_name
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE
-from esper_ray.train.episodes import EpisodeSummary
-from esper_ray.train.evaluate import mean_line
-from esper_ray.train.grow_command import TASK_BOUND_ENV_KEYS, default_save_folder, grow_env_config
+from esper_ray.train.commands.episodes import EpisodeSummary
+from esper_ray.train.commands.evaluate import mean_line
+from esper_ray.train.commands.grow_command import TASK_BOUND_ENV_KEYS, default_save_folder, grow_env_config
 
 PLUGIN = "tests.plugin_parts"
 TOY_HOST = "tests.plugin_parts:ToyMLP"

@@ -17,15 +17,15 @@ from esper_ray.contracts.actions import Style
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.contracts.transformer_host import TransformerHostConfig
-from esper_ray.data.datasets import load_task_data
+from esper_ray.data.task_loading import load_task_data
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.morpho.grown import grown_from
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, WEIGHTS_FILE, load_grown, save_grown_network
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.transformer import TransformerHost
 from esper_ray.policy.baselines import wait_action
-from esper_ray.train.episodes import EpisodeHistory, run_episodes
-from esper_ray.train.grow import saver
+from esper_ray.train.commands.episodes import EpisodeHistory, run_episodes
+from esper_ray.train.commands.grow import saver
 from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,7 +354,7 @@ def summary_architecture(task: str, seeds: list[dict] | None = None) -> dict:
     host and input; `seeds`: the kept seeds (none: the host alone)."""
     from esper_ray.contracts import registry
     from esper_ray.morpho.hosts import topology_of
-    from esper_ray.train.grow import input_description
+    from esper_ray.train.commands.grow import input_description
 
     registry.load_plugins(["tests.plugin_parts"])  # toy-blobs: a vector host's own features
     data = load_task_data(task)
@@ -373,7 +373,7 @@ def summary_architecture(task: str, seeds: list[dict] | None = None) -> dict:
 
 
 def use_it_block(task: str) -> str:
-    from esper_ray.train.grow_summary import summary_markdown
+    from esper_ray.train.commands.grow_summary import summary_markdown
 
     return summary_markdown(Path("net"), summary_architecture(task)).split("## Use it")[1].split("```")[1]
 
@@ -391,8 +391,8 @@ def test_summary_usage_feeds_each_kind_of_input_as_its_network_takes_it(task, sa
 
 
 def test_a_saved_network_with_no_kept_seed_says_it_is_the_host_alone(tmp_path):
-    from esper_ray.train.grow import saved_line
-    from esper_ray.train.grow_summary import summary_markdown
+    from esper_ray.train.commands.grow import saved_line
+    from esper_ray.train.commands.grow_summary import summary_markdown
 
     note = "no seed was kept (none was fossilized by the run's end): this is the host alone"
     alone = summary_architecture("digits")

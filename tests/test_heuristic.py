@@ -17,7 +17,7 @@ from esper_ray.env.observation import (
     BASE_VAL_ACCURACY, SLOT_EPOCHS_IN_STAGE, EpochView, blueprint_ids, build_features, slot_offset,
 )
 from esper_ray.policy.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController
-from esper_ray.train.heuristic import run_heuristic
+from esper_ray.train.commands.heuristic import run_heuristic
 from tests.morpho_helpers import drive_to
 
 
@@ -214,10 +214,10 @@ def test_the_heuristic_command_prints_each_episodes_test_accuracy_as_eval_does(c
 def test_the_heuristic_command_and_the_ab_heuristic_arm_run_the_same_env_settings(monkeypatch):
     """`esper-ray heuristic` takes TRAINING_ENV_DEFAULTS (commit_horizon on) as train, eval and every A/B arm do,
     and a flag still turns a setting off."""
-    import esper_ray.train.heuristic as heuristic_command
+    import esper_ray.train.commands.heuristic as heuristic_command
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.evaluate import evaluation_episodes
+    from esper_ray.train.commands.evaluate import evaluation_episodes
 
     given: list[dict] = []
     monkeypatch.setattr(heuristic_command, "run_heuristic", lambda config, *a, **k: given.append(dict(config)) or [])
@@ -240,8 +240,8 @@ def test_the_heuristics_planting_deadline_follows_the_envs_lifecycle():
     A/B arm's and the command's) takes the env's, not the default's 16."""
     from esper_ray.contracts.controllers import ControllerKind
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.evaluate import baseline_controller
-    from esper_ray.train.heuristic import PerMemberHeuristic
+    from esper_ray.train.commands.evaluate import baseline_controller
+    from esper_ray.train.commands.heuristic import PerMemberHeuristic
 
     arm = baseline_controller(ControllerKind.HEURISTIC, TrainConfig(env={"min_training_epochs": 4}))
     assert arm.cfg.lifecycle_epochs == 4 + 5 + 1  # TRAINING, the standard tempo's 5-epoch blend, one in HOLDING

@@ -19,8 +19,8 @@ from esper_ray.env.masks import action_nvec
 from esper_ray.policy.baselines import lifecycle_action
 from esper_ray.policy.distribution import CausalFactoredDistribution, relevance_matrix
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
-from esper_ray.train.learner import BLUEPRINT_ENTROPY_KEY, blueprint_entropy_bonus
-from esper_ray.train.ppo_config import build_ppo_config
+from esper_ray.train.rllib.learner import BLUEPRINT_ENTROPY_KEY, blueprint_entropy_bonus
+from esper_ray.train.rllib.ppo_config import build_ppo_config
 from tests.morpho_helpers import drive_to
 
 NUM_SLOTS = 2

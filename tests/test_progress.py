@@ -1,6 +1,6 @@
 """Progress: the counter behind `esper-ray train`'s bar (env runners batch their step reports: a remote call per
-step cost the default run on 2 cores speed, train/progress.py, and a finished sample is always counted whole);
-the plain lines with a time-left estimate of `heuristic` and `eval` (train/progress_lines.py), as a command run
+step cost the default run on 2 cores speed, train/output/progress.py, and a finished sample is always counted whole);
+the plain lines with a time-left estimate of `heuristic` and `eval` (train/output/progress_lines.py), as a command run
 with its output redirected to a log file writes them; the estimate on `esper-ray ab`'s trial lines."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from esper_ray.train import progress
-from esper_ray.train.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
-from esper_ray.train.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress, counted, duration
+from esper_ray.train.output import progress
+from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
+from esper_ray.formatting import counted, duration
+from esper_ray.train.output.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""train/reaper.py on its own: no Ray, no training run (tests/test_faults.py kills a real run's command)."""
+"""train/process/reaper.py on its own: no Ray, no training run (tests/test_faults.py kills a real run's command)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from esper_ray.train import reaper
+from esper_ray.train.process import reaper
 
 
 def test_the_watcher_ends_a_killed_commands_descendants_and_needs_no_ray():
@@ -17,7 +17,7 @@ def test_the_watcher_ends_a_killed_commands_descendants_and_needs_no_ray():
     command = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
                                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
                                 "time.sleep(120)"])
-    watcher = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "esper_ray.train.reaper", str(command.pid)],
+    watcher = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "esper_ray.train.process.reaper", str(command.pid)],
                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []
     try:

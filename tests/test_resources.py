@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from esper_ray.train.resources import LOG_LEVEL_NOTICE, dashboard_line, native_stderr_without
+from esper_ray.train.process.resources import LOG_LEVEL_NOTICE, dashboard_line, native_stderr_without
 
 
 def test_dashboard_line_says_how_to_sign_in_when_the_cluster_asks_for_a_token():
@@ -46,7 +46,7 @@ def test_no_address_starts_a_local_ray_even_where_a_cluster_is_recorded_or_named
         os.makedirs(os.path.join(temp, "ray"))
         with open(os.path.join(temp, "ray", "ray_current_cluster"), "w") as f:
             f.write("127.0.0.1:1")
-        code = ("from esper_ray.train.resources import connect_ray; import ray; connect_ray(None, log=lambda line: None); "
+        code = ("from esper_ray.train.process.resources import connect_ray; import ray; connect_ray(None, log=lambda line: None); "
                 "print('CPUs', int(ray.cluster_resources()['CPU'])); ray.shutdown()")
         for extra in ({}, {"RAY_ADDRESS": "127.0.0.1:1"}):
             env = {**os.environ, "RAY_TMPDIR": temp, "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled", **extra}

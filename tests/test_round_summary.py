@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from esper_ray.train.round_summary import RoundSummary, largest_share, planted_most
-from esper_ray.train.runner import TrainingOutcome, format_outcome
+from esper_ray.formatting import largest_share
+
+from esper_ray.train.output.round_summary import RoundSummary, planted_most
+from esper_ray.train.commands.runner import TrainingOutcome, format_outcome
 
 
 def summary(by_blueprint: dict[str, float]) -> RoundSummary:
@@ -40,7 +42,7 @@ def test_the_training_summary_gives_block_means_not_a_first_and_a_last_round():
     summary gives the mean of each block of 10 rounds, computed here independently."""
     import dataclasses
 
-    from esper_ray.train.runner import accuracy_by_block
+    from esper_ray.train.commands.runner import accuracy_by_block
 
     accuracies = [0.30, 0.10] * 5 + [0.25, 0.15] * 5 + [0.5, 0.4, 0.3]
     rounds = [dataclasses.replace(summary({}), round=i + 1, final_accuracy=a) for i, a in enumerate(accuracies)]

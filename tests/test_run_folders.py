@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_printed_resume_commands_are_shell_quoted(tmp_path, capsys, monkeypatch):
     """`resume with: esper-ray ab with space/my exp.yaml --output ...` failed as pasted (issue 69, item 7)."""
     from esper_ray.experiments import runner
-    from esper_ray.train.runner import TrainingOutcome, format_outcome
+    from esper_ray.train.commands.runner import TrainingOutcome, format_outcome
 
     folder = tmp_path / "with space"
     folder.mkdir()
@@ -69,7 +69,7 @@ def test_a_second_train_on_a_run_folder_is_refused_naming_the_process_that_holds
     """Two `train --output same` 1 s apart both ran, one's metrics lost (issue 69, item 3)."""
     out = tmp_path / "run"
     args = ["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)]
-    seen = _second_writer_while_ray_starts(monkeypatch, "esper_ray.train.runner.connect_ray", args)
+    seen = _second_writer_while_ray_starts(monkeypatch, "esper_ray.train.commands.runner.connect_ray", args)
     with pytest.raises(RayWouldStart):
         main(args)
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "warning: no seed can be kept" not in line]
@@ -92,7 +92,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
     """kill -9 leaves run.lock behind, naming a process that no longer runs: the next command takes it over."""
     out = tmp_path / "run"
     holder = subprocess.run([sys.executable, "-c", "import os, signal, sys; from pathlib import Path; "
-                             "from esper_ray.train.run_lock import run_folder_lock; "
+                             "from esper_ray.train.folders.run_lock import run_folder_lock; "
                              "cm = run_folder_lock(Path(sys.argv[1])); cm.__enter__(); print(os.getpid(), flush=True); "
                              "os.kill(os.getpid(), signal.SIGKILL)", str(out)], capture_output=True, text=True)
     dead = int(holder.stdout)
@@ -102,7 +102,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
         assert (out / "run.lock").read_text().strip() == str(os.getpid())  # this command holds it now
         raise RayWouldStart()
 
-    monkeypatch.setattr("esper_ray.train.runner.connect_ray", started)
+    monkeypatch.setattr("esper_ray.train.commands.runner.connect_ray", started)
     with pytest.raises(RayWouldStart):
         main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])
 
@@ -113,7 +113,7 @@ def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, c
     def refuse(*args, **kwargs):
         raise AssertionError("the command went on to start Ray")
 
-    monkeypatch.setattr("esper_ray.train.runner.connect_ray", refuse)
+    monkeypatch.setattr("esper_ray.train.commands.runner.connect_ray", refuse)
     monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
     (tmp_path / "a file").write_text("not a folder")
     out = tmp_path / "a file" / "run"
@@ -130,8 +130,8 @@ def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, c
 
 def test_the_default_output_is_numbered_past_a_folder_another_command_is_writing(tmp_path):
     """Two `esper-ray train` without --output started together: the second takes train-2 rather than failing."""
-    from esper_ray.train.checkpoints import fresh_run_folder
-    from esper_ray.train.run_lock import run_folder_lock
+    from esper_ray.train.folders.checkpoints import fresh_run_folder
+    from esper_ray.train.folders.run_lock import run_folder_lock
 
     default = tmp_path / "esper_runs" / "train"
     with run_folder_lock(default):  # nothing written yet: Ray is still starting
@@ -159,6 +159,6 @@ def test_a_folder_a_run_left_before_its_first_checkpoint_is_taken_by_a_new_run(t
     def started(*args, **kwargs):
         raise RayWouldStart()
 
-    monkeypatch.setattr("esper_ray.train.runner.connect_ray", started)
+    monkeypatch.setattr("esper_ray.train.commands.runner.connect_ray", started)
     with pytest.raises(RayWouldStart):  # the run went past every check of its folder
         main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])

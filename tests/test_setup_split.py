@@ -1,11 +1,11 @@
-"""Where a PPO trial's setup goes (train/env_runner.py, runner_start_seconds): its env runners' processes coming up,
+"""Where a PPO trial's setup goes (train/rllib/env_runner.py, runner_start_seconds): its env runners' processes coming up,
 then their own init. The whole path (an A/B's progress line) is checked in test_experiments.py's smoke run."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from esper_ray.train.env_runner import runner_start_seconds
+from esper_ray.train.rllib.env_runner import runner_start_seconds
 
 
 class FakeRunnerGroup:

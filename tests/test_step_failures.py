@@ -9,8 +9,8 @@ import pytest
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from esper_ray.contracts import metrics as m
-from esper_ray.train.round_summary import progress_line, summarize_round
-from esper_ray.train.step_failures import StepFailure, StepFailureRecorder, record_step_failure, round_failures
+from esper_ray.train.output.round_summary import progress_line, summarize_round
+from esper_ray.train.rllib.step_failures import StepFailure, StepFailureRecorder, record_step_failure, round_failures
 
 
 class RaisesOnSecondStep(gym.Env):
@@ -113,8 +113,8 @@ def test_env_runners_built_one_after_another_in_a_process_register_their_env_wit
     import warnings
 
     from esper_ray.contracts.train_config import TrainConfig
-    from esper_ray.train.env_runner import CpuPolicyEnvRunner
-    from esper_ray.train.ppo_config import build_ppo_config
+    from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
 
     cfg = TrainConfig(max_epochs=2)
     with warnings.catch_warnings(record=True) as caught:

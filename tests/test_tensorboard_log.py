@@ -16,10 +16,10 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.baselines import wait_action
 from esper_ray.policy.fixed import FixedSeedController
-from esper_ray.train.callbacks import MorphoMetrics
-from esper_ray.train.learner import ENTROPY_PREFIX
-from esper_ray.train.round_summary import flatten_numbers
-from esper_ray.train.tensorboard_log import DETAIL_GROUP, NAMED, PAGE_SIZE, log_config, log_round, tensorboard_scalars
+from esper_ray.train.rllib.callbacks import MorphoMetrics
+from esper_ray.train.rllib.learner import ENTROPY_PREFIX
+from esper_ray.train.output.round_summary import flatten_numbers
+from esper_ray.train.output.tensorboard_log import DETAIL_GROUP, NAMED, PAGE_SIZE, log_config, log_round, tensorboard_scalars
 
 USER_GROUPS = ("host", "ppo", "ppo_entropy", "seeds", "seeds_kept", "seeds_planted", "speed")
 

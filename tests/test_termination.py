@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from esper_ray.train.termination import EXIT_CODE, Terminated, received, sigterm_raises_terminated
+from esper_ray.train.process.termination import EXIT_CODE, Terminated, received, sigterm_raises_terminated
 
 
 def test_sigterm_inside_raises_terminated_which_ctrl_c_handlers_catch_and_the_handler_is_restored_after():
@@ -27,7 +27,7 @@ def test_sigterm_inside_raises_terminated_which_ctrl_c_handlers_catch_and_the_ha
 def test_sigterm_acts_as_the_ctrl_c_handler_of_the_moment_and_notes_it_came():
     """`esper-ray ab`: Ray Tune's SIGINT handler stops an experiment cleanly; SIGTERM must reach it, not end the
     process (or raise inside Tune's loop, which skips its last save)."""
-    from esper_ray.train.termination import sigterm_acts_as_ctrl_c
+    from esper_ray.train.process.termination import sigterm_acts_as_ctrl_c
 
     calls = []
     before_int, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)

@@ -19,7 +19,7 @@ from esper_ray.morpho.counterfactual import build_plan
 from esper_ray.morpho.transformer_blueprints import AttentionSeed
 from esper_ray.policy.baselines import wait_action
 from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
-from esper_ray.train.episodes import run_episode
+from esper_ray.train.commands.episodes import run_episode
 from tests.morpho_helpers import drive_to
 
 SMALL_TEXT = {"task": "text", "text_max_bytes": 30_000, "max_epochs": 4, "device": "cpu"}

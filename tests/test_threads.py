@@ -1,4 +1,4 @@
-"""Every process that steps an env uses the torch threads it was given and says so (train/threads.py).
+"""Every process that steps an env uses the torch threads it was given and says so (train/process/threads.py).
 
 The tests run with OMP_NUM_THREADS=1 (conftest.py), so a process that reports 2 threads set them itself."""
 
@@ -15,7 +15,7 @@ import torch
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import MorphoTrial
 from esper_ray.experiments.trial_keys import TORCH_THREADS, TRIAL_KEY
-from esper_ray.train.threads import threads_of_cpus, use_threads
+from esper_ray.train.process.threads import threads_of_cpus, use_threads
 
 REPO = Path(__file__).resolve().parents[1]
 

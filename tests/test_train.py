@@ -21,15 +21,15 @@ from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, encode_jo
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import decode_action
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter, feature_filter_of
-from esper_ray.train.checkpoints import checkpoint_dir, partial_checkpoint_dir, record_checkpoint, resolve_checkpoint
-from esper_ray.train.env_factory import ShardedMorphogeneticEnv
-from esper_ray.train.algorithm_host import AlgorithmDriver
-from esper_ray.train.evaluate import load_policy
-from esper_ray.train.overlap import UPDATE_HIDDEN_TIMER
-from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.round_summary import summarize_round
-from esper_ray.train.rounds import train_round
-from esper_ray.train.runner import run_training
+from esper_ray.train.folders.checkpoints import checkpoint_dir, partial_checkpoint_dir, record_checkpoint, resolve_checkpoint
+from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
+from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
+from esper_ray.train.commands.evaluate import load_policy
+from esper_ray.train.rllib.overlap import UPDATE_HIDDEN_TIMER
+from esper_ray.train.rllib.ppo_config import build_ppo_config
+from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib.rounds import train_round
+from esper_ray.train.commands.runner import run_training
 
 pytestmark = pytest.mark.expensive
 REPO = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def test_train_config_file_is_strict(tmp_path, capsys):
     assert "set them at the top level" in capsys.readouterr().err
 
 
-# SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/termination.py), so from there both signals take one path:
+# SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/process/termination.py), so from there both signals take one path:
 # each signal is run once, and the overlapped learner's stop (it learns the waiting batch) rides on one of them.
 @pytest.mark.parametrize("stop, overlap, code, said", [
     ("SIGINT", [], 130, "interrupted after 1 round"),

@@ -157,7 +157,7 @@ def text_episode_with_a_seed(env: MorphogeneticEnv, blueprint: Blueprint) -> tup
 
 @pytest.fixture
 def one_torch_thread():
-    """As in an env runner given one CPU (train/env_factory.py): two threads on a busy 2-core machine ran these
+    """As in an env runner given one CPU (train/rllib/env_factory.py): two threads on a busy 2-core machine ran these
     text epochs 7x slower."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -27,10 +27,10 @@ from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
-from esper_ray.train.episodes import EpisodeSummary
+from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.policy.layout import check_layout, saved_layout
-from esper_ray.train.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
-from esper_ray.train.rounds import MODULE_PATH
+from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
+from esper_ray.train.rllib.rounds import MODULE_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]

@@ -21,7 +21,7 @@ from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.transformer import TRANSFORMER_PRESETS, TransformerHost
 from esper_ray.policy.baselines import NoGrowthController
 from esper_ray.policy.fixed import FixedSeedController
-from esper_ray.train.episodes import run_episode
+from esper_ray.train.commands.episodes import run_episode
 from tests.morpho_helpers import drive_to, make_model
 
 SMALL = TransformerHostConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=4, n_layers=3)

@@ -25,7 +25,7 @@ from esper_ray.morpho.blueprints import build_seed
 from esper_ray.morpho.grown import GrownNetwork, GrownSeed, GrownSeedSpec
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, save_grown_network
 from esper_ray.morpho.hosts import rebuild_host
-from esper_ray.train.grow_summary import usage_lines
+from esper_ray.train.commands.grow_summary import usage_lines
 from tests.plugin_parts import ToyMLP
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,7 +208,7 @@ def test_report_of_a_run_folder_naming_plugins_and_import_strings_imports_none_o
 
 
 def test_the_line_printed_after_saving_a_plugin_network_passes_its_plugins(tmp_path):
-    from esper_ray.train.grow import saved_line
+    from esper_ray.train.commands.grow import saved_line
 
     save_grown_network(tmp_path / "net", plugin_network("toy-mlp", ["tests.plugin_parts"]), {})
     assert f"esper_ray.load_grown({str(tmp_path / 'net')!r}, plugins=['tests.plugin_parts'])" in saved_line(tmp_path / "net")

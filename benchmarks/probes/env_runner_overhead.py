@@ -33,8 +33,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from esper_ray.contracts.train_config import TrainConfig
     from esper_ray.env.morphogenetic_env import MorphogeneticEnv
-    from esper_ray.train.env_runner import CpuPolicyEnvRunner
-    from esper_ray.train.ppo_config import build_ppo_config
+    from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
 
     cfg = TrainConfig(model=args.model)
     runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=1, num_workers=cfg.envs)

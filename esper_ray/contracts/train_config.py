@@ -77,13 +77,13 @@ class TrainConfig:
     kernels side by side instead of in turns; stopped when the run ends. Off by default (no use with one env
     per GPU)."""
     overlap: bool = False
-    """Let the learner train on round k's episodes while the env runners sample round k+1 (train/overlap.py): the
+    """Let the learner train on round k's episodes while the env runners sample round k+1 (train/rllib/overlap.py): the
     learner update (about 1 s a round on a GPU) no longer stops the envs, and the runners act with weights one
     update older. Off by default: it changes what is learned, and it pays only where the learner has a GPU share
     or cores of its own."""
     lead: bool = False
     """With `overlap`: an env runner done with round k starts round k+1 at once, without waiting for the other
-    runners and the driver (train/env_runner.py): the slowest runner, the collection of the episodes and the
+    runners and the driver (train/rllib/env_runner.py): the slowest runner, the collection of the episodes and the
     weight send no longer stop the others. Round k+1 then samples with the weights and observation filter sent
     after round k-1 (one update older than with `overlap` alone), always the same ones, so runs replay. No runner
     leads into the round after a checkpoint (every `checkpoint_every` rounds) or past the last. Off by default: it
@@ -110,7 +110,7 @@ class TrainConfig:
     vf_loss_coeff: float = 0.5
     """Value loss coefficient."""
     ppo_epochs: int = 16
-    """Gradient steps per round, each on the whole batch of full-episode sequences (see train/learner.py)."""
+    """Gradient steps per round, each on the whole batch of full-episode sequences (see train/rllib/learner.py)."""
     grad_clip: float = 5.0
     """Global gradient-norm clip of the policy update."""
     rollback_clawback: bool = True

@@ -179,12 +179,3 @@ def synthetic_gray_task(context: TaskContext) -> TaskData:
 
 def text_task(context: TaskContext) -> TaskData:
     return load_text_task(context.data_dir, context.seq_len, context.text_max_bytes)
-
-
-def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
-                   max_bytes: int | None = None, synthetic_held_out: int | None = None) -> TaskData:
-    """A registered task's data (contracts/registry.py; data/task_loading.py turns a plug-in's arrays into TaskData)."""
-    from esper_ray.data.task_loading import load_task  # task_loading imports this module
-
-    context = TaskContext(data_dir, synthetic_size, seq_len, max_bytes, synthetic_held_out)
-    return load_task(task, context)

@@ -81,3 +81,10 @@ def _split(name: str, split: str, raw: Any, tokens: bool) -> tuple[torch.Tensor,
     elif tokens:
         x = x.to(torch.int64)
     return x.contiguous(), y.to(torch.int64).contiguous()
+
+
+def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
+                   max_bytes: int | None = None, synthetic_held_out: int | None = None) -> TaskData:
+    """A registered task's data (contracts/registry.py) by name and settings."""
+    context = TaskContext(data_dir, synthetic_size, seq_len, max_bytes, synthetic_held_out)
+    return load_task(task, context)

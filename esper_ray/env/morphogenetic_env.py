@@ -21,8 +21,6 @@ import contextlib
 import functools
 import math
 import random
-import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,26 +32,31 @@ import torch
 from esper_ray.contracts.actions import (
     BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, FactoredAction, Op, Tempo, check_slot_count, topology_blueprints,
 )
-from esper_ray.contracts.env_config import MIXED_AMP_MODES, EnvConfig
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.families import Member
 from esper_ray.contracts.metrics import BLUEPRINT_OUTCOMES
-from esper_ray.contracts.rewards import RewardBreakdown, SlotSignal, StepSignal
+from esper_ray.contracts.rewards import RewardBreakdown, StepSignal
 from esper_ray.contracts.slots import check_slots, is_grid_slot
-from esper_ray.contracts.stages import Stage
 from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import TaskContext, TaskData
 from esper_ray.data.task_loading import load_task
 from esper_ray.data.sharding import DeviceShard, shard_indices
+from esper_ray.env.counterfactuals import record_counterfactuals
+from esper_ray.env.decisions import apply_decision
+from esper_ray.env.family_draw import check_slot_counts, member_index
 from esper_ray.env.faults import nan_epoch, poison_with_nan, raise_if_asked
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
 from esper_ray.env.graph_memory import GraphMemory
 from esper_ray.env.validation_graph import CapturedValidation, ValidationGraphs
-from esper_ray.env.train_step import CapturedStep, Precision, StepGraphs
+from esper_ray.env.train_step import CapturedStep, StepGraphs
 from esper_ray.env.governor import SNAPSHOT_EVERY, Governor
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
+from esper_ray.env.precision import precision_of, resolve_device
 from esper_ray.env.spaces import MaskedMultiDiscrete
+from esper_ray.env.infos import step_info, timed
 from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size, slot_descriptors
+from esper_ray.env.step_signal import slot_snapshot, step_signal
 from esper_ray.morpho import cpu_step
 from esper_ray.morpho.counterfactual import CounterfactualPlan, build_plan
 from esper_ray.morpho.flops import FlopCounter, FlopTally
@@ -63,41 +66,8 @@ from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.rewards import compute_reward
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
-FAMILY_STREAM = 6_811
-"""Keys the member draws' generator apart from the episode seeds' (both start from the run's seed)."""
 HOST_MOMENTUM = 0.9
 HOST_WEIGHT_DECAY = 5e-4
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r}: CUDA is not available here; use device='cpu' or 'auto'")
-    return device
-
-
-def resolve_amp(amp: str, device: torch.device) -> str:
-    """The precision `amp` means on `device`: fp32, bf16 or fp16 (auto: bf16 on a CUDA GPU that has it; off: fp32)."""
-    if device.type != "cuda" or amp in ("off", "fp32"):
-        return "fp32"
-    if amp == "auto":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return amp
-
-
-def _precision(amp: str, device: torch.device) -> Precision:
-    if amp in MIXED_AMP_MODES and device.type != "cuda":
-        warnings.warn(f"amp={amp} applies on CUDA only; this env trains on the {device.type} in fp32", stacklevel=3)
-    amp = resolve_amp(amp, device)
-    if amp == "fp32":
-        return Precision()
-    if amp == "bf16":
-        if not torch.cuda.is_bf16_supported():
-            raise ValueError("amp='bf16': this GPU has no bf16 support; use amp='fp16' or 'fp32'")
-        return Precision(dtype=torch.bfloat16)
-    return Precision(dtype=torch.float16, scaler=torch.amp.GradScaler("cuda"))
 
 
 @dataclass(frozen=True)
@@ -113,7 +83,6 @@ class TestStats:
 
 class MorphogeneticEnv(gym.Env):
     metadata = {"render_modes": []}
-
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.cfg = EnvConfig.from_mapping(dict(config or {}))
         self._base_cfg = self.cfg  # with a family, self.cfg is the current member's settings
@@ -122,7 +91,7 @@ class MorphogeneticEnv(gym.Env):
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
         if self.device.type == "cuda":
             torch.backends.cudnn.deterministic = self.cfg.cudnn_deterministic  # a process-wide flag: one env per process
-        self.precision = _precision(self.cfg.amp, self.device)
+        self.precision = precision_of(self.cfg.amp, self.device)
         graphs = self.device.type == "cuda" and self.cfg.cuda_graphs
         memory = GraphMemory(self.device) if graphs else None  # one pool for all of this env's graphs
         self.graphs = StepGraphs(enabled=graphs, capture=functools.partial(CapturedStep, memory=memory))
@@ -130,7 +99,7 @@ class MorphogeneticEnv(gym.Env):
                                            capture=functools.partial(CapturedValidation, memory=memory))
         self.family = self.cfg.members()  # (member, its env settings) per member; () without a family
         if self.family:
-            _check_slot_counts(self.cfg.family, self.family)  # every member now, not at its first draw
+            check_slot_counts(self.cfg.family, self.family)  # every member now, not at its first draw
         self._member: str | None = None  # the member whose host, data and slots are in place
         self._placed = False
         self._member_data: dict[str, tuple[TaskData, DeviceShard, torch.Tensor, torch.Tensor]] = {}
@@ -148,96 +117,32 @@ class MorphogeneticEnv(gym.Env):
         self._episode_rng = np.random.default_rng([self.cfg.seed, self.cfg.shard])
         self._round: int | None = None  # set by start_round() in RLlib training
         self._episode_in_round = 0
-
-    def _use(self, member: Member | None, cfg: EnvConfig) -> None:
-        """Put a member's host, slots and data in place (the run's own settings without a family): everything that
-        follows from the env settings but the device, the spaces and the RNGs. Each member's data is loaded once."""
-        name = member.name if member is not None else None
-        if self._placed and name == self._member:
-            return
-        self.cfg, self._member, self._placed = cfg, name, True
-        self.reward_config = cfg.reward_config  # this env's own copy
-        probe = build_host(cfg.effective_host_preset)  # its slots, topology and context length
-        self.topology = probe.topology
-        self.slot_ids: list[str] = check_slots(list(cfg.slots), probe.slot_ids)
-        check_slot_count(cfg.effective_host_preset, len(self.slot_ids))
-        self.slot_descriptors = slot_descriptors(probe.slots(), self.slot_ids)  # fixed for a host: where each slot sits
-        if cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
-            raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
-                             f"{cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
-        self.blueprints = self._usable_blueprints()
-        self.flop_counter = FlopCounter(cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
-        key = name or ""
-        if key not in self._member_data:
-            seq_len = int(probe.example_input().shape[-1]) if cfg.tokens else 64  # a token task's context: the host's
-            data = load_task(cfg.task, TaskContext(
-                cfg.data_dir, cfg.synthetic_size, seq_len, cfg.text_max_bytes, cfg.synthetic_held_out))
-            available = len(data.train_y)
-            if cfg.train_samples is not None and cfg.train_samples > available:
-                where = f"family {self.family_name!r}, member {name!r}: " if name is not None else ""
-                raise ValueError(f"{where}train_samples={cfg.train_samples:,}: task {cfg.task} has only {available:,} "
-                                 "training samples")
-            idx = shard_indices(min(available, cfg.train_samples or available), cfg.shard, cfg.num_shards)
-            with self._on_stream():
-                shard = DeviceShard(data.train_x[idx], data.train_y[idx], self.device)
-                self._member_data[key] = (data, shard, data.val_x.to(self.device), data.val_y.to(self.device))
-        self.data, self.shard, self.val_x, self.val_y = self._member_data[key]
-        self.random_guess_loss = math.log(self.data.num_classes)
-        self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
-        self._commit_steps = {tempo: cfg.lifecycle.commit_steps(tempo) for tempo in Tempo}
-        if self.model is not None:  # another host: its own optimizer, and none of the old graphs
-            self.model = None
-            self.graphs.forget()
-            self.val_graphs.forget()
-
     @property
     def base_cfg(self) -> EnvConfig:
         """The settings the env was built with (with a family, `cfg` holds the current member's)."""
         return self._base_cfg
-
     @property
     def family_name(self) -> str | None:
         return self._base_cfg.family
-
     @property
     def member(self) -> str | None:
         """The family member of the current episode (None without a family)."""
         return self._member
-
-    def _draw_member(self) -> None:
-        """Pick this episode's member: position g = episode x num_shards + shard in a sequence of shuffled blocks of
-        every member, so the envs of a round together use each member once per block (and each env every member over
-        enough episodes), the same in every run of this seed. In training rounds the blocks restart each round, keyed by
-        (seed, round), so a resumed run draws as the uninterrupted one did; else they run on from reset(seed=...)."""
-        if not self.family:
-            return
-        if self._round is not None:
-            position, key = self._episode_in_round * self.cfg.num_shards + self.cfg.shard, [self._base_cfg.seed, self._round]
-        else:
-            position, key = self._family_draws * self.cfg.num_shards + self.cfg.shard, [self._family_seed]
-            self._family_draws += 1
-        block, at = divmod(position, len(self.family))
-        order = np.random.default_rng([FAMILY_STREAM, *key, block]).permutation(len(self.family))
-        self._use(*self.family[int(order[at])])
-
     # ------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
         with self._on_stream():
             return self._reset(seed)
-
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         if self.model is None:
             raise RuntimeError("step() called before reset()")
         with self._on_stream():
             return self._step(action)
-
     def start_round(self, round_: int) -> None:
         """From now on, episode k of training round `round_` starts from a seed fixed by (seed, shard, round, k),
         whatever reset() is given, and so does this process's global generator, which samples the policy's
-        actions: a resumed run then replays the rounds an uninterrupted one would have (train/rounds.py)."""
+        actions: a resumed run then replays the rounds an uninterrupted one would have (train/rllib/rounds.py)."""
         self._round, self._episode_in_round = round_, 0
-
     def measure_test(self) -> TestStats:
         """The held-out test split's accuracy and loss of the committed model (host and fossils: what a host run
         keeps), and the accuracy with the seeds still on probation at their current alpha, in one fused pass.
@@ -257,8 +162,7 @@ class MorphogeneticEnv(gym.Env):
                 chunk=self.cfg.effective_val_batch_size, prepare=self._prepare_eval, precision=self.precision,
             )
         return TestStats(accuracy=stats.accuracy(0), loss=stats.loss(0), accuracy_with_probation=stats.accuracy(1))
-
-    # ------------------------------------------------------------------ phases
+    # ------------------------------------------------------------------ reset: the member, its host and data, a fresh model
     def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         if seed is not None and self._round is None:
             self._family_seed, self._family_draws = seed, 0
@@ -311,22 +215,90 @@ class MorphogeneticEnv(gym.Env):
         self.governor.check(self.val.loss())
         self.governor.snapshot(self.model, self.epoch)
         return self._observation(), self._info(reward=None, timings={}, train=None)
-
+    def _draw_member(self) -> None:
+        """Pick this episode's member: position g = episode x num_shards + shard in a sequence of shuffled blocks of
+        every member, so the envs of a round together use each member once per block (and each env every member over
+        enough episodes), the same in every run of this seed. In training rounds the blocks restart each round, keyed by
+        (seed, round), so a resumed run draws as the uninterrupted one did; else they run on from reset(seed=...)."""
+        if not self.family:
+            return
+        if self._round is not None:
+            position, key = self._episode_in_round * self.cfg.num_shards + self.cfg.shard, [self._base_cfg.seed, self._round]
+        else:
+            position, key = self._family_draws * self.cfg.num_shards + self.cfg.shard, [self._family_seed]
+            self._family_draws += 1
+        self._use(*self.family[member_index(position, key, len(self.family))])
+    def _use(self, member: Member | None, cfg: EnvConfig) -> None:
+        """Put a member's host, slots and data in place (the run's own settings without a family): everything that
+        follows from the env settings but the device, the spaces and the RNGs. Each member's data is loaded once."""
+        name = member.name if member is not None else None
+        if self._placed and name == self._member:
+            return
+        self.cfg, self._member, self._placed = cfg, name, True
+        self.reward_config = cfg.reward_config  # this env's own copy
+        probe = build_host(cfg.effective_host_preset)  # its slots, topology and context length
+        self.topology = probe.topology
+        self.slot_ids: list[str] = check_slots(list(cfg.slots), probe.slot_ids)
+        check_slot_count(cfg.effective_host_preset, len(self.slot_ids))
+        self.slot_descriptors = slot_descriptors(probe.slots(), self.slot_ids)  # fixed for a host: where each slot sits
+        if cfg.mask_cut_off and not all(is_grid_slot(s) for s in self.slot_ids):
+            raise ValueError(f"mask_cut_off=True: needs slots named r{{row}}c{{col}}, which say where each sits; host "
+                             f"{cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off")
+        self.blueprints = self._usable_blueprints()
+        self.flop_counter = FlopCounter(cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids})
+        key = name or ""
+        if key not in self._member_data:
+            seq_len = int(probe.example_input().shape[-1]) if cfg.tokens else 64  # a token task's context: the host's
+            data = load_task(cfg.task, TaskContext(
+                cfg.data_dir, cfg.synthetic_size, seq_len, cfg.text_max_bytes, cfg.synthetic_held_out))
+            available = len(data.train_y)
+            if cfg.train_samples is not None and cfg.train_samples > available:
+                where = f"family {self.family_name!r}, member {name!r}: " if name is not None else ""
+                raise ValueError(f"{where}train_samples={cfg.train_samples:,}: task {cfg.task} has only {available:,} "
+                                 "training samples")
+            idx = shard_indices(min(available, cfg.train_samples or available), cfg.shard, cfg.num_shards)
+            with self._on_stream():
+                shard = DeviceShard(data.train_x[idx], data.train_y[idx], self.device)
+                self._member_data[key] = (data, shard, data.val_x.to(self.device), data.val_y.to(self.device))
+        self.data, self.shard, self.val_x, self.val_y = self._member_data[key]
+        self.random_guess_loss = math.log(self.data.num_classes)
+        self._test_split: tuple[torch.Tensor, torch.Tensor] | None = None  # moved to the device on first use
+        self._commit_steps = {tempo: cfg.lifecycle.commit_steps(tempo) for tempo in Tempo}
+        if self.model is not None:  # another host: its own optimizer, and none of the old graphs
+            self.model = None
+            self.graphs.forget()
+            self.val_graphs.forget()
+    def _keep_host(self, model: MorphogeneticModel) -> None:
+        """Give the new episode's model the host tensors and host optimizer of the episodes before, holding the new
+        episode's initial values: its fresh host's values are copied in, and the optimizer's momentum is zeroed,
+        which for SGD without dampening is where a new optimizer starts (its first step sets momentum to the
+        gradient; zero times momentum plus the gradient is the gradient). So the captured step and validation pass
+        of the host alone, kept by key (StepGraphs, ValidationGraphs), are replayed in every episode instead of
+        captured anew; the graphs of the last episode's seeds are never asked for again and age out."""
+        assert self.model is not None
+        host = self.model.host
+        host.load_state_dict(model.host.state_dict())  # copies into the same tensors: a captured graph reads them
+        model.host = host
+        for state in self.host_optimizer.state.values():
+            momentum = state.get("momentum_buffer")
+            if momentum is not None:
+                momentum.zero_()
+    # ------------------------------------------------------------------ step: decision, epoch, validation, rollback, reward, observation
     def _step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         assert self.model is not None
         timings: dict[str, float] = {}
-        with _timed(timings, "decision"):
+        with timed(timings, "decision"):
             decision = decode_action(action, self._mask(), self.slot_ids)
-            before = self._slot_snapshot()
+            before = slot_snapshot(self.model)
             success = self._apply_decision(decision)
-        with _timed(timings, "train"):
+        with timed(timings, "train"):
             train = self._train_epoch()
-        with _timed(timings, "val"):
+        with timed(timings, "val"):
             plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
             val = self._validate(plan)
             prev_val = self.val
             self._record_validation(plan, val)
-        with _timed(timings, "lifecycle"):
+        with timed(timings, "lifecycle"):
             self.model.step_epoch()
             verdict = self.governor.check(val.loss()) if self.cfg.governor else None
             rollback = verdict is not None and verdict.rollback
@@ -334,43 +306,19 @@ class MorphogeneticEnv(gym.Env):
                 self._roll_back()
             elif math.isfinite(val.loss()) and (self.epoch % SNAPSHOT_EVERY == 0 or (decision.op is Op.FOSSILIZE and success)):
                 self.governor.snapshot(self.model, self.epoch)
-        with _timed(timings, "reward"):
-            signal = self._signal(decision, success, before, plan, val, prev_val)
+        with timed(timings, "reward"):
+            signal = step_signal(self, decision, success, before, plan, val, prev_val)
             reward = self._reward(signal, rollback)
-        with _timed(timings, "observation"):
+        with timed(timings, "observation"):
             self.last_op, self.last_success = decision.op, success
             obs = self._observation()
         terminated = rollback or self.epoch >= self.cfg.max_epochs
         info = self._info(reward=reward, timings=timings, train=train, rollback_reason=verdict.reason if rollback else "")
         return obs, float(reward.total), bool(terminated), False, info
-
     def _apply_decision(self, decision: FactoredAction) -> bool:
-        if decision.op is Op.WAIT:
-            return True
-        slot = self.model.slot(decision.slot)  # type: ignore[union-attr, arg-type]
-        if decision.op is Op.GERMINATE:
-            with torch.random.fork_rng(devices=[]):  # seed init is reproducible from (seed, shard, epoch)
-                torch.manual_seed(self._episode_seed + 7919 * (self.epoch + 1))
-                result = slot.germinate(decision.blueprint, decision.style, decision.tempo, decision.alpha_target)
-            self._in_layout(slot)  # the new seed and gate
-            self.counts["germinated"] += 1
-            if result.passed:
-                self.counts[f"germinated/{slot.blueprint.key}"] += 1  # type: ignore[union-attr]
-        elif decision.op is Op.SET_ALPHA_TARGET:
-            result = slot.set_alpha_target(decision.alpha_target, decision.alpha_speed, decision.alpha_curve)
-        elif decision.op is Op.PRUNE:
-            result = slot.prune(decision.alpha_speed, decision.alpha_curve)
-            self.counts["pruned"] += int(result.passed)
-        elif decision.op is Op.FOSSILIZE:
-            result = slot.fossilize()
-            self.counts["fossilized"] += int(result.passed)
-            if result.passed:
-                self.counts[f"fossilized/{slot.blueprint.key}"] += 1  # type: ignore[union-attr]
-        else:
-            result = slot.advance()
-        self.counts["refused"] += int(not result.passed)  # a gate or precondition said no; the slot is unchanged
-        return result.passed
-
+        assert self.model is not None
+        return apply_decision(self.model, decision, self.counts, episode_seed=self._episode_seed, epoch=self.epoch,
+                              in_layout=self._in_layout)
     def _train_epoch(self) -> TrainStats:
         assert self.model is not None
         if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
@@ -388,7 +336,6 @@ class MorphogeneticEnv(gym.Env):
         capture.publish()
         self.epoch += 1
         return stats
-
     def _validate(self, plan: CounterfactualPlan) -> ValStats:
         assert self.model is not None
         main, extra = self.flop_counter.validation(self.model.seed_slots(), plan.alphas, rows=len(self.val_y))
@@ -398,41 +345,15 @@ class MorphogeneticEnv(gym.Env):
             self.model, self.val_x, self.val_y, plan.alphas,  # type: ignore[arg-type]
             chunk=self.cfg.effective_val_batch_size, prepare=self._prepare_eval, precision=self.precision,
         )
-
     def _record_validation(self, plan: CounterfactualPlan, val: ValStats) -> None:
         assert self.model is not None
         self.val = val
         self.committed_accuracy = val.accuracy(plan.committed_index)
+        record_counterfactuals(self.model, plan, val)
         main = val.accuracy(0)
-        for slot_id in plan.ablated_slots:
-            self.model.slot(slot_id).metrics.record_contribution(main - val.accuracy(plan.row(f"off:{slot_id}")))
-        interactions = {s: 0.0 for s in plan.ablated_slots}
-        for a, b in plan.pairs:  # I_ab = f(all) - f(all - a) - f(all - b) + f(all - a - b)
-            i_ab = main - val.accuracy(plan.row(f"off:{a}")) - val.accuracy(plan.row(f"off:{b}")) + val.accuracy(plan.row(f"off:{a}+{b}"))
-            interactions[a] += i_ab
-            interactions[b] += i_ab
-        for s in self.model.seed_slots():
-            s.metrics.interaction_sum = interactions.get(s.slot_id, 0.0)
         self.model.observe_accuracy(main)
         self.loss_history.append(val.loss(0))
         self.accuracy_history.append(main)
-
-    def _keep_host(self, model: MorphogeneticModel) -> None:
-        """Give the new episode's model the host tensors and host optimizer of the episodes before, holding the new
-        episode's initial values: its fresh host's values are copied in, and the optimizer's momentum is zeroed,
-        which for SGD without dampening is where a new optimizer starts (its first step sets momentum to the
-        gradient; zero times momentum plus the gradient is the gradient). So the captured step and validation pass
-        of the host alone, kept by key (StepGraphs, ValidationGraphs), are replayed in every episode instead of
-        captured anew; the graphs of the last episode's seeds are never asked for again and age out."""
-        assert self.model is not None
-        host = self.model.host
-        host.load_state_dict(model.host.state_dict())  # copies into the same tensors: a captured graph reads them
-        model.host = host
-        for state in self.host_optimizer.state.values():
-            momentum = state.get("momentum_buffer")
-            if momentum is not None:
-                momentum.zero_()
-
     def _roll_back(self) -> None:
         """Restore the snapshot, prune live seeds, drop host momentum, and re-measure the restored model."""
         assert self.model is not None
@@ -445,7 +366,6 @@ class MorphogeneticEnv(gym.Env):
         self.accuracy_history.pop()
         plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
         self._record_validation(plan, self._validate(plan))
-
     def _reward(self, signal: StepSignal, rollback: bool) -> RewardBreakdown:
         if rollback:
             return RewardBreakdown(self.reward_config.rollback_penalty, {"rollback": self.reward_config.rollback_penalty})
@@ -453,92 +373,6 @@ class MorphogeneticEnv(gym.Env):
         self.escrow_credits.update(reward.escrow_credits)
         self.drip_pools.update(reward.drip_pools)
         return reward
-
-    # ----------------------------------------------------------------- helpers
-    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
-        """Issue GPU work on this env's own stream (a no-op on CPU)."""
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-
-    def _usable_blueprints(self) -> tuple[Blueprint, ...]:
-        """The topology's blueprints, less flex_attention where it cannot train (no CPU backward in torch 2.13)."""
-        blueprints = topology_blueprints(self.topology.value)
-        if Blueprint.FLEX_ATTENTION in blueprints and not flex_attention_available(self.device)[0]:
-            blueprints = tuple(b for b in blueprints if b is not Blueprint.FLEX_ATTENTION)
-        return blueprints
-
-    def _in_layout(self, module: ModuleT) -> ModuleT:
-        """On CUDA, 4-d weights channels-last like the images (cuDNN's NHWC kernels). A seed left in the default
-        layout is converted on every call: with seeds converted once at birth, 4 bf16 envs on an H100 stepped 7 %
-        faster (benchmarks/throughput.py, 591K -> 632K samples/s bare; fp32 1 %)."""
-        return module.to(memory_format=torch.channels_last) if self.device.type == "cuda" else module
-
-    def _prepare_train(self, x: torch.Tensor) -> torch.Tensor:
-        if self.data.tokens:
-            return x
-        x = self.data.prepare(x)
-        if self.cfg.effective_augment:
-            x = crop_and_flip(x, self.data_generator)
-        return self._image_layout(x)
-
-    def _prepare_eval(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.data.tokens else self._image_layout(self.data.prepare(x))
-
-    def _image_layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" and x.dim() == 4 else x
-
-    def _current_mask(self) -> np.ndarray | None:
-        return self._mask() if self.model is not None else None
-
-    def _mask(self) -> np.ndarray:
-        assert self.model is not None
-        return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
-                            blueprints=self.blueprints, tempos=self._commit_tempos(), mask_cut_off=self.cfg.mask_cut_off)
-
-    def _commit_tempos(self) -> tuple[Tempo, ...]:
-        """The tempos a seed germinated at this step (epoch + 1) may take: with commit_horizon on, those whose
-        lifecycle lets it be fossilized by the last step (max_epochs); none once even the fastest does not."""
-        if not self.cfg.commit_horizon:
-            return tuple(Tempo)
-        return tuple(t for t, steps in self._commit_steps.items()
-                     if self.cfg.lifecycle.commits_in_time(self.epoch, steps, self.cfg.max_epochs))
-
-    def _slot_snapshot(self) -> dict[str, dict[str, Any]]:
-        assert self.model is not None
-        return {
-            s.slot_id: {
-                "stage": s.stage, "epochs_in_stage": s.metrics.epochs_in_stage, "alpha": s.alpha.alpha,
-                "contribution": s.metrics.contribution, "age": s.metrics.age,
-                "accuracy_at_germination": s.metrics.accuracy_at_germination, "seed_params": s.seed_params,
-            }
-            for s in self.model.seed_slots()
-        }
-
-    def _signal(
-        self, decision: FactoredAction, success: bool, before: dict[str, dict[str, Any]],
-        plan: CounterfactualPlan, val: ValStats, prev_val: ValStats,
-    ) -> StepSignal:
-        assert self.model is not None
-        slots = []
-        for s in self.model.seed_slots():
-            b = before[s.slot_id]
-            slots.append(SlotSignal(
-                slot_id=s.slot_id, stage_before=b["stage"], stage_after=s.stage,
-                epochs_in_stage_before=b["epochs_in_stage"], epochs_in_stage_after=s.metrics.epochs_in_stage,
-                age=s.metrics.age if s.is_live or s.stage is Stage.FOSSILIZED else b["age"],
-                contribution=b["contribution"], contribution_after=s.metrics.contribution,
-                accuracy_at_germination=b["accuracy_at_germination"] if b["stage"] is not Stage.DORMANT else s.metrics.accuracy_at_germination,
-                seed_params=max(s.seed_params, b["seed_params"]), alpha_before=b["alpha"], alpha_after=s.alpha.alpha,
-                escrow_credit=self.escrow_credits[s.slot_id], interaction_sum=s.metrics.interaction_sum,
-                drip_pool=self.drip_pools[s.slot_id],
-            ))
-        return StepSignal(
-            epoch=self.epoch, max_epochs=self.cfg.max_epochs, op=decision.op, target_slot=decision.slot,
-            action_success=success, val_accuracy=val.accuracy(0), prev_val_accuracy=prev_val.accuracy(0),
-            initial_val_accuracy=self.initial_accuracy, val_loss=val.loss(0), prev_val_loss=prev_val.loss(0),
-            random_guess_loss=self.random_guess_loss, committed_accuracy=val.accuracy(plan.committed_index),
-            host_params=self.model.host_params, slots=tuple(slots),
-        )
-
     def _observation(self) -> dict[str, np.ndarray]:
         assert self.model is not None
         view = EpochView(
@@ -548,56 +382,44 @@ class MorphogeneticEnv(gym.Env):
         )
         slots = self.model.seed_slots()
         return {"features": build_features(view, slots, self.slot_descriptors), "blueprint_ids": blueprint_ids(slots), "action_mask": self._mask()}
-
     def _info(self, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None, rollback_reason: str = "") -> dict[str, Any]:
+        return step_info(self, reward=reward, timings=timings, train=train, rollback_reason=rollback_reason)
+    # ------------------------------------------------------------------ helpers
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        """Issue GPU work on this env's own stream (a no-op on CPU)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+    def _usable_blueprints(self) -> tuple[Blueprint, ...]:
+        """The topology's blueprints, less flex_attention where it cannot train (no CPU backward in torch 2.13)."""
+        blueprints = topology_blueprints(self.topology.value)
+        if Blueprint.FLEX_ATTENTION in blueprints and not flex_attention_available(self.device)[0]:
+            blueprints = tuple(b for b in blueprints if b is not Blueprint.FLEX_ATTENTION)
+        return blueprints
+    def _in_layout(self, module: ModuleT) -> ModuleT:
+        """On CUDA, 4-d weights channels-last like the images (cuDNN's NHWC kernels). A seed left in the default
+        layout is converted on every call: with seeds converted once at birth, 4 bf16 envs on an H100 stepped 7 %
+        faster (benchmarks/throughput.py, 591K -> 632K samples/s bare; fp32 1 %)."""
+        return module.to(memory_format=torch.channels_last) if self.device.type == "cuda" else module
+    def _prepare_train(self, x: torch.Tensor) -> torch.Tensor:
+        if self.data.tokens:
+            return x
+        x = self.data.prepare(x)
+        if self.cfg.effective_augment:
+            x = crop_and_flip(x, self.data_generator)
+        return self._image_layout(x)
+    def _prepare_eval(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.data.tokens else self._image_layout(self.data.prepare(x))
+    def _image_layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.device.type == "cuda" and x.dim() == 4 else x
+    def _current_mask(self) -> np.ndarray | None:
+        return self._mask() if self.model is not None else None
+    def _mask(self) -> np.ndarray:
         assert self.model is not None
-        info: dict[str, Any] = {
-            "epoch": self.epoch,
-            "episode_seed": self._episode_seed,
-            **({"family_member": self._member} if self._member is not None else {}),
-            "val_accuracy": self.val.accuracy(), "val_loss": self.val.loss(),
-            "committed_accuracy": self.committed_accuracy,
-            "val_correct": self.val.correct[0], "val_total": self.val.samples,
-            "host_params": self.model.host_params, "seed_params": self.model.seed_params,
-            "committed_seed_params": self.model.committed_seed_params,
-            "total_params": self.model.host_params + self.model.seed_params,
-            "stages": {s.slot_id: s.stage.name for s in self.model.seed_slots()},
-            "last_op": self.last_op.name if self.last_op is not None else "NONE",
-            "action_success": self.last_success,
-            "rollback": rollback_reason,
-            "graph_captures": self.graphs.captures + self.val_graphs.captures,  # over the env's life
-            **{f"count/{k}": v for k, v in self.counts.items()},
-            **self.flops.as_info(),
-            **{f"time/{k}": v for k, v in timings.items()},
-        }
-        if self.data.tokens:  # per-token perplexity; a classifier's exp(loss) would read as one and mean nothing
-            info["val_perplexity"] = math.exp(min(self.val.loss(), 50.0))
-        if train is not None:
-            info.update(train_accuracy=train.accuracy, train_loss=train.loss, train_correct=train.correct,
-                        train_total=train.samples, train_batches=train.batches)
-        if reward is not None:
-            info.update({f"reward/{k}": v for k, v in reward.components.items()})
-        if self.precision.scaler is not None:
-            info["grad_scale"] = float(self.precision.scaler.get_scale())
-        return info
-
-
-def _check_slot_counts(name: str | None, members: tuple[tuple[Member, EnvConfig], ...]) -> None:
-    """One line for a member whose host lacks one of its slots or has more than the policy's spaces hold (shapes only:
-    the meta device), when the env is built rather than at the member's first draw."""
-    for member, cfg in members:
-        try:
-            with torch.device("meta"):
-                slots = check_slots(list(cfg.slots), build_host(cfg.effective_host_preset).slot_ids)
-            check_slot_count(cfg.effective_host_preset, len(slots))
-        except ValueError as error:
-            raise ValueError(f"family {name!r}, member {member.name!r}: {error}") from None
-
-
-@contextlib.contextmanager
-def _timed(timings: dict[str, float], phase: str):  # type: ignore[no-untyped-def]
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[phase] = time.perf_counter() - start
+        return compute_mask(self.model.seed_slots(), auto_forward=self.cfg.auto_forward, max_seeds=self.cfg.effective_max_seeds,
+                            blueprints=self.blueprints, tempos=self._commit_tempos(), mask_cut_off=self.cfg.mask_cut_off)
+    def _commit_tempos(self) -> tuple[Tempo, ...]:
+        """The tempos a seed germinated at this step (epoch + 1) may take: with commit_horizon on, those whose
+        lifecycle lets it be fossilized by the last step (max_epochs); none once even the fastest does not."""
+        if not self.cfg.commit_horizon:
+            return tuple(Tempo)
+        return tuple(t for t, steps in self._commit_steps.items()
+                     if self.cfg.lifecycle.commits_in_time(self.epoch, steps, self.cfg.max_epochs))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from esper_ray.train.progress_lines import counted
+from esper_ray.formatting import counted
 
 RESOURCES_SHOWN = ("CPU", "GPU")
 

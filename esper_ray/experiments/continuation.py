@@ -18,7 +18,7 @@ from typing import Any
 
 from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
 from esper_ray.experiments.tune_folder import number, read_results
-from esper_ray.train.manifest import damage_of
+from esper_ray.train.folders.manifest import damage_of
 
 CONTINUES_KEY = "continues"
 ROUND_FILE = "round.json"

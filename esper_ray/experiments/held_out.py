@@ -21,6 +21,7 @@ from typing import Any
 
 from esper_ray.contracts import families
 from esper_ray.contracts.train_config import TRAIN_OWNED_ENV_KEYS
+from esper_ray.experiments.folder_names import check_folder_name
 
 HOST_LEVEL_KEYS = ("task", "slots", "max_epochs", "plugins")
 """Env settings a held-out host may set that are training settings (TrainConfig's own, not under `env`)."""
@@ -60,8 +61,6 @@ def parse_held_out(value: Any) -> tuple[HeldOutHost, ...]:
 
 
 def _host(name: Any, env: Any, where: str) -> HeldOutHost:
-    from esper_ray.experiments.spec import check_folder_name  # spec imports this module
-
     check_folder_name(f"{where}.name", name, "host name")
     if not isinstance(env, Mapping):
         raise ValueError(f"{where}.env={env!r}: must be a mapping of env settings, e.g. {{task: digits, max_epochs: 25}}")

@@ -42,7 +42,7 @@ from esper_ray.experiments.statistics import (  # noqa: E402
     t_interval,
     verdict,
 )
-from esper_ray.train.progress_lines import counted  # noqa: E402
+from esper_ray.formatting import counted  # noqa: E402
 
 FIGURES = ("metric_by_arm.png", "learning_curves.png", "performance_profile.png", "metric_vs_flops.png")
 BOX_FROM_N = 10

@@ -21,7 +21,7 @@ import numpy as np
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.results import BY_BLUEPRINT, ExperimentRecord, TrialResult
-from esper_ray.train.round_summary import largest_share
+from esper_ray.formatting import largest_share
 
 LEVEL_TOLERANCE = 0.01
 """One point of accuracy: a reading rule, not a test (a block's mean still moves by a point or two from noise

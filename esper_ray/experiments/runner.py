@@ -38,16 +38,16 @@ from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
 from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
                                               SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY)
 from esper_ray.experiments.tune_folder import read_trials, state_file
-from esper_ray.train.manifest import damage_of, write_atomically, write_manifest
-from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
-from esper_ray.train.preflight import check_env_config
-from esper_ray.train.progress_lines import clock_stamp, counted, time_left
-from esper_ray.train.resources import connect_ray
-from esper_ray.train.run_lock import LOCK_FILE, run_folder_lock
-from esper_ray.train.step_failures import FAILURES_LOG
-from esper_ray.train.termination import received as sigterm_received
-from esper_ray.train.termination import sigterm_acts_as_ctrl_c
-from esper_ray.train.viewer_hints import tensorboard_command
+from esper_ray.train.folders.manifest import damage_of, write_atomically, write_manifest
+from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
+from esper_ray.train.process.preflight import check_env_config
+from esper_ray.formatting import clock_stamp, counted, time_left
+from esper_ray.train.process.resources import connect_ray
+from esper_ray.train.folders.run_lock import LOCK_FILE, run_folder_lock
+from esper_ray.train.rllib.step_failures import FAILURES_LOG
+from esper_ray.train.process.termination import received as sigterm_received
+from esper_ray.train.process.termination import sigterm_acts_as_ctrl_c
+from esper_ray.train.output.viewer_hints import tensorboard_command
 
 TUNE_MANIFEST = "tune_files.json"
 """Size and SHA-256 of every file under tune/, written whenever the command stops; --resume checks it first."""
@@ -243,7 +243,7 @@ def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], l
 
 def check_checkpoint(arm: str, path: str) -> None:
     """A `checkpoint` arm's checkpoint holds a policy and its observation filter, before any trial starts."""
-    from esper_ray.train.evaluate import ENV_TO_MODULE_PATH, MODULE_PATH
+    from esper_ray.train.commands.evaluate import ENV_TO_MODULE_PATH, MODULE_PATH
 
     missing = [str(p) for p in (MODULE_PATH, ENV_TO_MODULE_PATH) if not (Path(path) / p).is_dir()]
     if missing:
@@ -387,7 +387,7 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         raise FileExistsError(f"--output {output} is a file; give a folder for the run")
     if resume and not output.is_dir():
         read_experiment_file(output)  # raises, naming the folder: there is no run to continue (the lock creates it)
-    with run_folder_lock(output):  # one writer, from before Ray starts to the report (train/run_lock.py)
+    with run_folder_lock(output):  # one writer, from before Ray starts to the report (train/folders/run_lock.py)
         return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage)
 
 

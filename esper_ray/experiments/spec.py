@@ -45,12 +45,13 @@ from esper_ray.contracts.fields import check_int, check_keys
 from esper_ray.contracts.slots import check_slots
 from esper_ray.contracts.train_config import MAX_COUNT, MAX_ROUNDS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
+from esper_ray.experiments.folder_names import check_folder_name
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.morpho.hosts import default_slots, host_slot_ids, topology_of
 from esper_ray.policy.heuristic import TEMPO as HEURISTIC_TEMPO
-from esper_ray.train.checkpoints import LATEST_FILE
-from esper_ray.train.rounds import MODULE_PATH
+from esper_ray.train.folders.checkpoints import LATEST_FILE
+from esper_ray.train.rllib.rounds import MODULE_PATH
 
 # Comparison metrics, all common to every arm (never an arm's own reward). "per_param" is per 1,000 parameters
 # of the final grown model.
@@ -64,7 +65,6 @@ seed (once for all seeds), shown in the report's cost table; `checkpoint`: the c
 GPU_SETTINGS = ("gpus_per_env", "learner_gpus", "mps")
 """Training settings that put a trial on GPUs; on_cpus() takes them out."""
 DEFAULT_LAST_ROUNDS = 3
-FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -494,14 +494,6 @@ def _host_default_slots(settings: Mapping[str, Any]) -> list[str] | None:
 def _on_cuda(env: Mapping[str, Any]) -> bool:
     """Whether env settings name a CUDA device (cuda, cuda:N)."""
     return str(env.get("device", "")).startswith("cuda")
-
-
-def check_folder_name(key: str, value: Any, what: str = "name") -> None:
-    """An experiment or arm name becomes a folder (esper_runs/NAME, networks/ARM, Tune's trial folders): only a
-    plain folder name, never a path ('..', 'a/b') or a name a shell or another system reads differently."""
-    if not isinstance(value, str) or not FOLDER_NAME.fullmatch(value):
-        raise ValueError(f"{key}={value!r}: the {what} must be a plain folder name of at most 100 letters, digits, "
-                         "'_', '-' or '.', starting with a letter, digit or '_'")
 
 
 def draw_order_seed() -> int:

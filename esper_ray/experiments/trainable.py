@@ -12,7 +12,7 @@ With held-out hosts (held_out.py) the evaluation runs on each of them in turn, a
 plan a host cannot take (its slot or blueprint missing) is not applicable there: said in one line, recorded as
 `eval/not_applicable/<host>`, and left out of the means.
 With `esper-ray ab --save` every evaluation episode's grown network is written into the trial's folder,
-`networks/episode<i>/` (train/grow.py; runner.py gathers them under the run's `networks/`).
+`networks/episode<i>/` (train/commands/grow.py; runner.py gathers them under the run's `networks/`).
 
 Tune reserves a ppo trial's resources as RLlib would for PPO itself (a placement group of the driver, env
 runner and learner bundles, PACK or SPREAD), and the algorithm's actors are placed inside it. A baseline trial
@@ -48,19 +48,19 @@ from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, 
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.fixed import FixedPlanController
-from esper_ray.train.episodes import Controller, EpisodeSummary, run_episode
-from esper_ray.train.evaluate import (EVAL_SEED_STRIDE, GreedyPolicyController, baseline_controller, evaluate_on_env_runners,
+from esper_ray.train.commands.episodes import Controller, EpisodeSummary, run_episode
+from esper_ray.train.commands.evaluate import (EVAL_SEED_STRIDE, GreedyPolicyController, baseline_controller, evaluate_on_env_runners,
                                       evaluation_episodes, load_policy, run_evaluation_episodes)
-from esper_ray.train.env_runner import runner_start_seconds
-from esper_ray.train.gpu_spread import spread_gpu
-from esper_ray.train.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
-from esper_ray.train.manifest import MANIFEST_FILE, write_manifest
-from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.round_summary import summarize_round
-from esper_ray.train.rounds import restore, train_round
-from esper_ray.train.step_failures import append_tracebacks, round_failures
-from esper_ray.train.tensorboard_log import tensorboard_scalars
-from esper_ray.train.threads import threads_of_cpus, use_threads
+from esper_ray.train.rllib.env_runner import runner_start_seconds
+from esper_ray.train.process.gpu_spread import spread_gpu
+from esper_ray.train.commands.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
+from esper_ray.train.folders.manifest import MANIFEST_FILE, write_manifest
+from esper_ray.train.rllib.ppo_config import build_ppo_config
+from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib.rounds import restore, train_round
+from esper_ray.train.rllib.step_failures import append_tracebacks, round_failures
+from esper_ray.train.output.tensorboard_log import tensorboard_scalars
+from esper_ray.train.process.threads import threads_of_cpus, use_threads
 
 BASELINE_STATE_FILE = "baseline_trial.json"
 NETWORKS_DIR = "networks"

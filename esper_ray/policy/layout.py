@@ -4,7 +4,7 @@ blueprint head's name-to-index table.
 The spaces do not depend on the host (observation.py, masks.py), but they do depend on this code: a checkpoint
 saved by code with another MAX_SLOTS, another feature layout or other blueprint indices would run and read its
 inputs wrong, or stop on a shape error deep in torch. So the module's model_config carries `policy_layout` (set by
-train/ppo_config.py), and a checkpoint whose layout differs is refused in one line naming what differs.
+train/rllib/ppo_config.py), and a checkpoint whose layout differs is refused in one line naming what differs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """summary.md and accuracy.png of a saved grown network, both drawn from its architecture description alone.
 
-The description is what architecture.json holds (train/grow.py builds it), so the summary can never say
+The description is what architecture.json holds (train/commands/grow.py builds it), so the summary can never say
 something the file does not.
 """
 

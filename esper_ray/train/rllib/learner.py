@@ -34,8 +34,8 @@ from ray.train._internal.worker_group import RayTrainWorker
 
 from esper_ray.contracts import metrics as m
 from esper_ray.policy.distribution import CausalFactoredDistribution
-from esper_ray.train.gpu_spread import single_visible_gpu
-from esper_ray.train.reward_normalizer import RewardStdNormalizer
+from esper_ray.train.process.gpu_spread import single_visible_gpu
+from esper_ray.train.rllib.reward_normalizer import RewardStdNormalizer
 
 ENTROPY_PREFIX = "entropy_"
 BLUEPRINT_ENTROPY_KEY = "blueprint_entropy_coeff"

@@ -18,8 +18,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.ppo_config import build_ppo_config
-from esper_ray.train.rounds import restore, train_round
+from esper_ray.train.rllib.ppo_config import build_ppo_config
+from esper_ray.train.rllib.rounds import restore, train_round
 
 NODE_PIN = 0.001  # a sliver of this node's "node:<ip>" resource pins a bundle to it
 

@@ -20,38 +20,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from esper_ray.train.threads import threads_line
+from esper_ray.formatting import clock_stamp, counted, duration, time_left
+from esper_ray.train.process.threads import threads_line
 
 EPOCH_LINE_SECONDS = 5.0
 """At most one epoch line per this many seconds; an episode's end always has its line."""
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: 42s, 3m05s, 1h02m."""
-    whole = max(0, int(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """`1 trial`, `2 trials`: a count and its noun, singular or plural as the count wants."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
-def clock_stamp(seconds: float) -> str:
-    """The time since a command started, as its progress lines begin: `[  3m05s]`."""
-    whole = max(0, int(seconds))
-    return f"[{whole // 60:3d}m{whole % 60:02d}s]"
-
-
-def time_left(elapsed: float, done: float, total: float) -> str:
-    """`about 3m05s left` at the mean rate so far; empty before anything is done or once everything is."""
-    if done <= 0 or done >= total:
-        return ""
-    return f"about {duration(elapsed / done * (total - done))} left"
 
 
 class EpisodeProgress:
@@ -60,7 +33,7 @@ class EpisodeProgress:
 
     def __init__(self, label: str, episodes: int, max_epochs: int, *, out: TextIO | None = None,
                  clock: Callable[[], float] = time.monotonic, threads: int | None = None) -> None:
-        """`threads`: torch's threads in this process, said once in the first line (train/threads.py)."""
+        """`threads`: torch's threads in this process, said once in the first line (train/process/threads.py)."""
         self.label, self.episodes, self.max_epochs = label, episodes, max_epochs
         self.out, self.clock = out, clock
         self.start = self.last_line = clock()

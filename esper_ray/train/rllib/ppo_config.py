@@ -5,9 +5,9 @@ Choices and where they differ from the original's PPO defaults (DOMAIN.md sectio
   is whole episodes and every round reports finished episodes.
 - LSTM sequences are whole episodes: `max_seq_len = max_epochs + 1`, because RLlib's learner appends one
   bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
-- `ppo_epochs` (default 16) full-batch passes (see train/learner.py). The original did 1 pass; with
+- `ppo_epochs` (default 16) full-batch passes (see train/rllib/learner.py). The original did 1 pass; with
   RLlib's stored-state sequences several passes are safe, and they learn faster from expensive episodes.
-- `overlap`: the learner trains on one round while the env runners sample the next (train/overlap.py).
+- `overlap`: the learner trains on one round while the env runners sample the next (train/rllib/overlap.py).
 - No KL penalty (`use_kl_loss=False`), as in the original; an approximate KL is still logged.
 - No value-loss clipping (`vf_clip_param=inf`): RLlib clips the squared error at 10 by default, which
   silently zeroes the value gradient for returns of this scale.
@@ -29,13 +29,13 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.layout import LAYOUT_KEY, policy_layout
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
-from esper_ray.train.callbacks import MorphoMetrics
-from esper_ray.train.clawback import clawback_connector
-from esper_ray.train.env_factory import ShardedMorphogeneticEnv
-from esper_ray.train.env_runner import CpuPolicyEnvRunner
-from esper_ray.train.learner import BLUEPRINT_ENTROPY_KEY, MorphoPPOLearner
-from esper_ray.train.overlap import OverlappedPPO
-from esper_ray.train.progress import PROGRESS_ACTOR_KEY
+from esper_ray.train.rllib.callbacks import MorphoMetrics
+from esper_ray.train.rllib.clawback import clawback_connector
+from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
+from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+from esper_ray.train.rllib.learner import BLUEPRINT_ENTROPY_KEY, MorphoPPOLearner
+from esper_ray.train.rllib.overlap import OverlappedPPO
+from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY
 
 
 def observation_filter(env: object, spaces: object, device: object) -> FeatureMeanStdFilter:
@@ -44,7 +44,7 @@ def observation_filter(env: object, spaces: object, device: object) -> FeatureMe
 
 
 def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPOConfig:
-    """`progress_actor`: name of a StepCounter the env runners report their steps to (train/progress.py)."""
+    """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.longest_episode + 1, prune_logit=cfg.prune_logit,

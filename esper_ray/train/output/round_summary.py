@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from esper_ray.contracts import metrics as m
-from esper_ray.train.progress_lines import counted
-from esper_ray.train.step_failures import failures_text, round_failures
+from esper_ray.formatting import counted, largest_share
+from esper_ray.train.rllib.step_failures import failures_text, round_failures
 
 
 @dataclass(frozen=True)
@@ -93,16 +93,6 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         by_member={key.removeprefix(m.FAMILY_PREFIX): float(value) for key, value in sorted(runners.items())
                    if key.startswith(m.FAMILY_PREFIX) and math.isfinite(float(value))},
     )
-
-
-def largest_share(values: dict[str, float]) -> tuple[str, float] | None:
-    """The key with the largest value and its share of the finite total; None where the total is not positive."""
-    finite = {k: v for k, v in values.items() if math.isfinite(v)}
-    total = sum(finite.values())
-    if not total > 0:
-        return None
-    key = max(finite, key=lambda k: finite[k])
-    return key, finite[key] / total
 
 
 def planted_most(s: RoundSummary) -> tuple[str, float] | None:

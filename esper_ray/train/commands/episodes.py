@@ -12,7 +12,7 @@ import torch
 
 from esper_ray.contracts.stages import LIVE_STAGES, Stage
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
-from esper_ray.train.progress_lines import EpisodeProgress, warn_short_run
+from esper_ray.train.output.progress_lines import EpisodeProgress, warn_short_run
 
 
 class Controller(Protocol):
@@ -62,7 +62,7 @@ class EpisodeSummary:
     family_member: str | None = None
     """The family member the episode ran on (EnvConfig.family; None without one)."""
     torch_threads: int = 0
-    """torch's intra-op threads in the process that ran the episode, read at its end (train/threads.py)."""
+    """torch's intra-op threads in the process that ran the episode, read at its end (train/process/threads.py)."""
 
     @property
     def total_params(self) -> int:

@@ -24,22 +24,22 @@ import ray
 from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.algorithm_host import AlgorithmHandle
-from esper_ray.train.checkpoints import (checkpoint_dir, holds_a_run, latest_round, partial_checkpoint_dir, record_checkpoint,
+from esper_ray.train.rllib.algorithm_host import AlgorithmHandle
+from esper_ray.train.folders.checkpoints import (checkpoint_dir, holds_a_run, latest_round, partial_checkpoint_dir, record_checkpoint,
                                          run_folder_of)
-from esper_ray.train.manifest import write_atomically
-from esper_ray.train.mps import mps_daemons, mps_environment, new_run_id
-from esper_ray.train.preflight import check_env_config
-from esper_ray.train.progress import RoundBar, start_step_counter
-from esper_ray.train.progress_lines import counted, time_left
-from esper_ray.train.resources import check_fits, connect_ray
-from esper_ray.train.run_lock import run_folder_lock
-from esper_ray.train.round_summary import RoundSummary, planted_most, progress_line, summarize_round
-from esper_ray.train.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
-from esper_ray.train.tensorboard_log import log_config, log_round
-from esper_ray.train.termination import received as sigterm_received
-from esper_ray.train.termination import sigterm_raises_terminated
-from esper_ray.train.viewer_hints import tensorboard_command
+from esper_ray.train.folders.manifest import write_atomically
+from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
+from esper_ray.train.process.preflight import check_env_config
+from esper_ray.train.output.progress import RoundBar, start_step_counter
+from esper_ray.formatting import counted, time_left
+from esper_ray.train.process.resources import check_fits, connect_ray
+from esper_ray.train.folders.run_lock import run_folder_lock
+from esper_ray.train.output.round_summary import RoundSummary, planted_most, progress_line, summarize_round
+from esper_ray.train.rllib.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
+from esper_ray.train.output.tensorboard_log import log_config, log_round
+from esper_ray.train.process.termination import received as sigterm_received
+from esper_ray.train.process.termination import sigterm_raises_terminated
+from esper_ray.train.output.viewer_hints import tensorboard_command
 
 
 @dataclass(frozen=True)

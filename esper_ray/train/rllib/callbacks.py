@@ -14,7 +14,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from esper_ray.contracts import metrics as m
 from esper_ray.contracts.actions import Op
-from esper_ray.train.progress import StepReporter
+from esper_ray.train.output.progress import StepReporter
 
 
 class MorphoMetrics(RLlibCallback):

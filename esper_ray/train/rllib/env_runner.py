@@ -48,9 +48,9 @@ from ray.rllib.utils.annotations import override
 
 from esper_ray.contracts import metrics as m
 from esper_ray.policy.feature_filter import feature_filter_of
-from esper_ray.train.background import InBackground, WorkerThread
-from esper_ray.train.gpu_spread import single_visible_gpu, spread_gpu
-from esper_ray.train.step_failures import StepFailureRecorder, record_step_failure
+from esper_ray.train.process.background import InBackground, WorkerThread
+from esper_ray.train.process.gpu_spread import single_visible_gpu, spread_gpu
+from esper_ray.train.rllib.step_failures import StepFailureRecorder, record_step_failure
 
 RLLIB_ENV_ID = "rllib-single-agent-env-v0"
 """The gymnasium name SingleAgentEnvRunner.make_env registers each runner's env under."""
@@ -133,7 +133,7 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         return episodes, metrics
 
     def start_round(self, round_: int) -> None:
-        """Start the envs on training round `round_` (train/rounds.py); a no-op for the round already sampled ahead."""
+        """Start the envs on training round `round_` (train/rllib/rounds.py); a no-op for the round already sampled ahead."""
         if self._lead is not None:
             if round_ != self._lead_round:
                 raise RuntimeError(f"asked to start round {round_} while sampling round {self._lead_round} ahead")

@@ -20,12 +20,13 @@ from typing import Any
 
 import esper_ray
 from esper_ray.data.datasets import TaskData
-from esper_ray.env.morphogenetic_env import MorphogeneticEnv, resolve_amp
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.env.precision import resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, plugins_needed, save_grown_network
-from esper_ray.train.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
-from esper_ray.train.grow_summary import CURVE_FILE, SUMMARY_FILE, no_seed_note, plot_accuracy, summary_markdown
-from esper_ray.train.run_lock import writable_folder
+from esper_ray.train.commands.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
+from esper_ray.train.commands.grow_summary import CURVE_FILE, SUMMARY_FILE, no_seed_note, plot_accuracy, summary_markdown
+from esper_ray.train.folders.run_lock import writable_folder
 
 
 def check_save_folder(path: str | Path, episodes: int) -> Path:

@@ -37,12 +37,12 @@ from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feat
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
 from esper_ray.policy.layout import check_layout, saved_layout
-from esper_ray.train.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
-from esper_ray.train.grow import NetworkFiles, network_keeper
-from esper_ray.train.checkpoints import load_checkpoint_config
-from esper_ray.train.overlap import learn_pending
-from esper_ray.train.rounds import MODULE_PATH
-from esper_ray.train.threads import COMMAND_THREADS, use_threads
+from esper_ray.train.commands.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.commands.grow import NetworkFiles, network_keeper
+from esper_ray.train.folders.checkpoints import load_checkpoint_config
+from esper_ray.train.rllib.overlap import learn_pending
+from esper_ray.train.rllib.rounds import MODULE_PATH
+from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
 EVAL_SEED_STRIDE = 1_000_000  # reset seeds of evaluation episodes start here; training resets use small seeds
@@ -218,7 +218,7 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
                    progress: bool = True, on_episode_end: EpisodeEnd | None = None,
                    threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
     """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden), with
-    `threads` torch threads (train/threads.py; the policy's forward passes too)."""
+    `threads` torch threads (train/process/threads.py; the policy's forward passes too)."""
     use_threads(threads)
     cfg = load_checkpoint_config(checkpoint)
     env_config = {**cfg.env_config(shard=0, num_shards=1), **(env_overrides or {})}

@@ -7,8 +7,8 @@ from typing import Any
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
-from esper_ray.train.episodes import EpisodeEnd, EpisodeSummary, run_episodes
-from esper_ray.train.threads import COMMAND_THREADS, use_threads
+from esper_ray.train.commands.episodes import EpisodeEnd, EpisodeSummary, run_episodes
+from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 CONTROLLER_NAME = "the heuristic controller (`esper-ray heuristic`)"
 

@@ -3,7 +3,7 @@
 No RL: the checkpoint's policy is frozen and makes every decision of ONE host training run (greedy, or sampled
 with `--sample`), in this process, without Ray. The host is a registered name or a `package.module:HostClass`
 import string; the run takes the checkpoint's env settings (lifecycle, epochs, reward) with the host, its task
-and its slots put in, then `--env` on top. The network is written as `eval --save` writes one (train/grow.py).
+and its slots put in, then `--env` on top. The network is written as `eval --save` writes one (train/commands/grow.py).
 
 Everything a run could be refused for is checked before the host trains: the host and task names, the policy's
 fit to the host (evaluate.check_policy_fits) and the folder the network goes to.
@@ -26,13 +26,14 @@ from esper_ray.contracts import registry
 from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.morpho.hosts import build_host
-from esper_ray.train.checkpoints import in_a_run, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
-from esper_ray.train.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
-from esper_ray.train.evaluate import GreedyPolicyController, check_policy_fits, load_policy
-from esper_ray.train.grow import check_save_folder, save_grown_run, saved_line
-from esper_ray.train.progress_lines import clock_stamp, time_left, warn_short_run
-from esper_ray.train.run_lock import writable_folder
-from esper_ray.train.threads import COMMAND_THREADS, use_threads
+from esper_ray.train.folders.checkpoints import in_a_run, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
+from esper_ray.train.commands.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
+from esper_ray.train.commands.evaluate import GreedyPolicyController, check_policy_fits, load_policy
+from esper_ray.train.commands.grow import check_save_folder, save_grown_run, saved_line
+from esper_ray.formatting import clock_stamp, time_left
+from esper_ray.train.output.progress_lines import warn_short_run
+from esper_ray.train.folders.run_lock import writable_folder
+from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 TASK_BOUND_ENV_KEYS = ("batch_size", "host_lr", "augment", "val_batch_size", "data_dir", "text_max_bytes")
 """Checkpoint env settings that belong to its task's data: dropped when the run grows on another task (the new

@@ -28,8 +28,8 @@ import shutil
 from pathlib import Path
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.manifest import MANIFEST_FILE, damage_of, write_atomically, write_manifest
-from esper_ray.train.run_lock import is_locked
+from esper_ray.train.folders.manifest import MANIFEST_FILE, damage_of, write_atomically, write_manifest
+from esper_ray.train.folders.run_lock import is_locked
 
 TRAIN_CONFIG_FILE = "train_config.json"
 LATEST_FILE = "latest.json"
@@ -78,7 +78,7 @@ def check_complete(checkpoint: Path) -> None:
     fallback = _fallback(checkpoint.parent, _round_number(checkpoint))
     if damage.startswith(MANIFEST_FILE + ": missing"):
         raise ValueError(f"checkpoint {checkpoint} cannot be checked: {damage} (checkpoints saved before manifests existed "
-                         "have none; if you trust where it came from, write one with python -m esper_ray.train.manifest "
+                         "have none; if you trust where it came from, write one with python -m esper_ray.train.folders.manifest "
                          f"FOLDER); {fallback}")
     raise ValueError(f"checkpoint {checkpoint} is damaged: {damage}; {fallback}")
 

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from esper_ray.contracts import metrics as m
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.learner import APPROX_KL_KEY, ENTROPY_PREFIX, EXPLAINED_VARIANCE_KEY, REWARD_STD_KEY
-from esper_ray.train.round_summary import flatten_numbers
+from esper_ray.train.rllib.learner import APPROX_KL_KEY, ENTROPY_PREFIX, EXPLAINED_VARIANCE_KEY, REWARD_STD_KEY
+from esper_ray.train.output.round_summary import flatten_numbers
 
 DETAIL_GROUP = "z_rllib"
 CONFIG_TAG = "config"

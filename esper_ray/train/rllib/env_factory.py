@@ -9,7 +9,7 @@ from typing import Any
 from ray.rllib.env.env_context import EnvContext
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
-from esper_ray.train.threads import ray_cpu_share, use_threads
+from esper_ray.train.process.threads import ray_cpu_share, use_threads
 
 
 def shard_of(context: EnvContext) -> tuple[int, int]:

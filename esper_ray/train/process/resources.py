@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import ray
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.gpu_spread import NODE_GPUS_ENV
-from esper_ray.train.reaper import end_ray_processes_with_this_one
+from esper_ray.train.process.gpu_spread import NODE_GPUS_ENV
+from esper_ray.train.process.reaper import end_ray_processes_with_this_one
 
 GB = 1024**3
 ACTOR_MEMORY_GB = 0.7

@@ -17,7 +17,7 @@ It pays where the learner has a GPU share or cores of its own (H100, 4 envs: 0.9
 speed); on 2 CPU cores the update only moves from between the rounds into them (0.580 -> 0.584).
 
 With a lead plan (TrainConfig.lead, `plan_leads`) each env runner also starts round k+1 as soon as it is done
-with round k (train/env_runner.py, `sample_round`), with the state sent after round k-1: the rounds then act two
+with round k (train/rllib/env_runner.py, `sample_round`), with the state sent after round k-1: the rounds then act two
 updates behind. No runner leads into the round after a save or past the last round, so a resume from a save
 samples what the uninterrupted run sampled.
 """
@@ -45,7 +45,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from esper_ray.contracts import metrics as m
-from esper_ray.train.background import InBackground
+from esper_ray.train.process.background import InBackground
 
 UPDATE_HIDDEN_TIMER = "learner_update_hidden_timer"
 """Seconds of this round's learner update that ran while the env runners sampled (0 when nothing was pending)."""
