@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from esper_ray.contracts.actions import Tempo
@@ -123,7 +124,7 @@ class TrainConfig:
     device, data_dir, ...; see `esper-ray heuristic --help`), given as a mapping under `env`. Runs set up from these
     settings (train, eval, every arm of ab) get TRAINING_ENV_DEFAULTS unless `env` says otherwise."""
 
-    def __init__(self, env: EnvConfig | Mapping[str, Any] | None = None, **settings: Any) -> None:
+    def __init__(self, env: EnvConfig | Mapping[str, Any] = MappingProxyType({}), **settings: Any) -> None:
         """`env`: a mapping of env settings (TRAINING_ENV_DEFAULTS under it, RUN_ENV_KEYS refused there) or a built
         EnvConfig; `settings`: TrainConfig's fields and RUN_ENV_KEYS, which go into the env (over a built one's)."""
         check_keys(TrainConfig, settings, "training setting", also=RUN_ENV_KEYS)
@@ -137,11 +138,11 @@ class TrainConfig:
                              f"32-bit, and RLlib seeds env runner k with seed + k)")
         if isinstance(env, EnvConfig):
             env = dataclasses.replace(env, **run) if run else env
-        elif env is None or isinstance(env, Mapping):
-            owned = sorted(TRAIN_OWNED_ENV_KEYS & set(env or {}))
+        elif isinstance(env, Mapping):
+            owned = sorted(TRAIN_OWNED_ENV_KEYS & set(env))
             if owned:
                 raise ValueError(f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env")
-            env = EnvConfig.from_mapping({**TRAINING_ENV_DEFAULTS, **run, **(env or {})})
+            env = EnvConfig.from_mapping({**TRAINING_ENV_DEFAULTS, **run, **env})
         else:
             raise ValueError(f"env={env!r}: must be a mapping of env settings")
         object.__setattr__(self, "env", env)
