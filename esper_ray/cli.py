@@ -20,7 +20,7 @@ from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
-from esper_ray.contracts.train_config import MAX_COUNT, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
+from esper_ray.contracts.train_config import MAX_COUNT, RUN_ENV_KEYS, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.process.termination import EXIT_CODE as TERMINATED_EXIT_CODE
@@ -136,9 +136,9 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
         given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
         if env:
             given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
-        stored_settings = stored.to_dict()
-        changed = sorted(k for k, v in given_settings.items() if k not in ("rounds", "output", "address")
-                         and (k not in stored_settings or _plain(v) != _plain(stored_settings[k])))
+        asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
+        changed = sorted(k for k in given_settings if k not in ("rounds", "output", "address")
+                         and _plain(getattr(asked, k)) != _plain(getattr(stored, k)))
         if changed:
             raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may "
                              f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})")
@@ -433,7 +433,8 @@ def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "
                        "of its checkpoint folders); --rounds is the total, so give more than the run has done")
     train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below")
-    train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
+    train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, EnvConfig, only=RUN_ENV_KEYS)
+                       + add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
 
 
 def _add_eval(sub: Any, verbose_after: argparse.ArgumentParser) -> None:

@@ -52,14 +52,15 @@ class LinesHelpFormatter(argparse.HelpFormatter):
 
 def add_dataclass_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, exclude: Iterable[str] = (),
-    defaults: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None, only: Iterable[str] | None = None,
 ) -> list[str]:
-    """Add one flag per field (default None = "not given"); return the field names added. `defaults`: the defaults
-    the command applies itself where no flag is given, shown in the help instead of the field's."""
+    """Add one flag per field (default None = "not given"), or per field in `only`; return the field names added.
+    `defaults`: the defaults the command applies itself where no flag is given, shown in the help instead of the
+    field's."""
     hints = typing.get_type_hints(cls)
     names = []
     for f in dataclasses.fields(cls):
-        if f.name in exclude:
+        if f.name in exclude or (only is not None and f.name not in only):
             continue
         hint, _ = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")

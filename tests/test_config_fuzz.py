@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from esper_ray.contracts.env_config import EnvConfig
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import RUN_ENV_KEYS, TrainConfig
 from esper_ray.experiments.spec import ExperimentSpec
 
 ODD_VALUES = st.one_of(
@@ -86,6 +86,13 @@ def hints_of(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def train_hints() -> dict[str, Any]:
+    """The keys a training settings mapping takes: TrainConfig's fields (`env` a mapping) and the run-level env
+    settings at the top level (RUN_ENV_KEYS, declared once, in EnvConfig)."""
+    env = hints_of(EnvConfig)
+    return {**hints_of(TrainConfig), "env": Mapping, **{k: env[k] for k in RUN_ENV_KEYS}}
+
+
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -96,9 +103,9 @@ def test_env_config_rejects_bad_mappings_with_a_value_error_naming_the_key(mappi
 
 
 @FUZZ
-@given(mappings(TrainConfig))
+@given(mappings(TrainConfig, list(RUN_ENV_KEYS)))
 def test_train_config_rejects_bad_mappings_with_a_value_error_naming_the_key(mapping):
-    assert_clean(TrainConfig.from_mapping, mapping, hints_of(TrainConfig))
+    assert_clean(TrainConfig.from_mapping, mapping, train_hints())
 
 
 @FUZZ
@@ -120,4 +127,4 @@ def test_experiment_mappings_reject_bad_values_with_a_value_error_naming_the_key
 @given(st.dictionaries(st.sampled_from(["controller", "reward_mode", "lr", "envs", "env", "seed", "bogus"]), ODD_VALUES, max_size=3))
 def test_arm_settings_are_checked_before_anything_runs(arm):
     assert_clean(lambda m: ExperimentSpec.from_mapping({**BASE, "arms": {"a": {}, "b": m}}), arm,
-                 {**hints_of(TrainConfig), "controller": str})
+                 {**train_hints(), "controller": str})

@@ -224,7 +224,9 @@ def test_ppo_learns_the_one_rewarded_action_of_a_constructed_env_on_every_seed(r
     """A learning test with a known answer rather than one seed's trajectory on one CPU. With the default PPO
     settings (200 transitions and 16 passes a round) the rewarded action's share of steps grows about as fast as
     PPO's clip (0.2) lets a probability grow, ~1.2x a round: seeds 0-2 gave 0.08-0.13 in round 1 and 0.49-0.61
-    in round 8 (2 cores). The bounds leave room for any CPU's arithmetic. Whether PPO learns to grow real hosts
+    in round 8 (2 cores). So no sampled share of one machine's run is asserted: the untrained policy's share is
+    bounded by the construction's odds (about 1 in 10, 200 draws), and the trained policy's greedy choice (each
+    head's most probable entry, no draw) is the rewarded action on most steps. Whether PPO learns to grow real hosts
     is an A/B claim (docs/results/studies/committed_reward): one seed's 16-round prune rate on digits-impaired fell to
     0.12-0.88 of its start over 12 seeds, too spread for a unit test."""
     cfg = TrainConfig(seed=seed, rounds=8, cpus_per_env=0.5, output=str(tmp_path / "known"), checkpoint_every=0,
@@ -233,10 +235,12 @@ def test_ppo_learns_the_one_rewarded_action_of_a_constructed_env_on_every_seed(r
     algo = config.build_algo()
     try:
         shares = [algo.train()[m.ENV_RUNNERS][m.EPISODE_RETURN] / cfg.max_epochs for _ in range(cfg.rounds)]
+        greedy = [e.get_return() / len(e) for episodes in algo.env_runner_group.foreach_env_runner(
+            lambda runner: runner.sample(num_episodes=1, explore=False), local_env_runner=False) for e in episodes]
     finally:
         algo.stop()
     assert shares[0] < 0.3, shares  # the untrained policy rarely finds it
-    assert shares[-1] > 0.35, shares  # the learned one takes it several times as often
+    assert min(greedy) > 0.5, (greedy, shares)  # the learned one takes it on most steps
 
 
 def test_episodes_store_exactly_the_normalised_observations_the_policy_acted_on(ray_local, tmp_path):

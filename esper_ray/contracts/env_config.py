@@ -44,29 +44,32 @@ HOST_PRESET_CHOICES = {name: registry.task(name).hosts for name in TASKS if len(
 @dataclass(frozen=True)
 class EnvConfig:
     task: str = DEFAULT_TASK
-    """One of digits (embedded), digits-impaired (embedded, a starved host; default), cifar10 (needs data_dir),
-    synthetic, text (byte-level language modelling: Python's embedded help texts, or the .txt files of data_dir), or a
-    task a plug-in registers (plugins)."""
+    """Task: digits-impaired (embedded, a starved host that seeds can rescue; default), digits (embedded; the host
+    alone reaches ~98 %), cifar10 (needs data_dir), synthetic (generated CIFAR-shaped data), text (byte-level language
+    modelling: Python's embedded help texts, or the .txt files of data_dir), or a task a plug-in registers."""
     plugins: tuple[str, ...] = ()
-    """Modules that register tasks, hosts or blueprints ('package.module' or 'package.module:function'), imported
-    before any name is looked up, in every process that builds this env (docs/plugins.md)."""
+    """Modules that register your own tasks, hosts or blueprints ('package.module' or 'package.module:function'),
+    imported before any name is looked up, in every process of the run, Ray's workers included, and recorded in its
+    checkpoints (docs/plugins.md)."""
     family: str | None = None
     """A registered family of hosts and tasks (digits-family, digits-family-3slot, digits-held-out or a plug-in's):
-    each episode draws one member and applies its settings over these (docs/families.md). None: every episode
-    uses these settings as they are."""
+    each episode draws one member and applies its settings over these (docs/families.md). None: one host, these
+    settings."""
     train_samples: int | None = None
     """A data budget: train on the training split's first this many samples only (split among the shards; None:
     all of them)."""
     slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    """Enabled injection slots: `r{row}c{col}` on the built-in hosts, the names a plug-in host declares on its own."""
+    """Enabled seed slots: `r{row}c{col}` on the built-in hosts, the names a plug-in host declares on its own; where
+    none are given and the host lacks these (a plug-in's host), `train` and `ab` take every slot the host declares, up
+    to the policy's MAX_SLOTS."""
     max_epochs: int = DEFAULT_MAX_EPOCHS
-    """Episode length: host epochs per episode (the run, and the episode, end after this many steps)."""
+    """Episode length in host epochs, one RL step each (the original used 150; the CPU default is short)."""
     reward_mode: str = "committed"
     """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
     reward_family: str = "contribution"
     """contribution (counterfactual accuracy) or loss (validation loss; shaped only)."""
     gamma: float = 0.995
-    """Discount for reward shaping; the trainer sets it to PPO's gamma."""
+    """Discount of PPO and of the reward's potential-based shaping."""
     param_cost_pp: float = 1.0
     """committed reward: accuracy points charged per doubling of the network by its seeds."""
     committed_stage_weight: float = 1.0
@@ -113,7 +116,8 @@ class EnvConfig:
     device: str = "auto"
     """auto (CUDA when visible, else CPU), cpu, cuda or cuda:N."""
     seed: int = 0
-    """Base seed: with the shard it fixes host initialization and data order, the same in every A/B arm."""
+    """Seed of a training run's policy and env runners; with the shard it fixes each env's host initialization and
+    data order, the same in every A/B arm."""
     shard: int = 0
     """This env's data shard (RLlib: env-runner index - 1)."""
     num_shards: int = 1

@@ -10,7 +10,7 @@ import math
 import textwrap
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -50,9 +50,10 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def check_keys(cls: type, mapping: Mapping[str, Any], what: str) -> None:
-    """Raise ValueError naming unknown keys and listing the valid ones (configs are strict)."""
-    valid = {f.name for f in dataclasses.fields(cls)}
+def check_keys(cls: type, mapping: Mapping[str, Any], what: str, also: Iterable[str] = ()) -> None:
+    """Raise ValueError naming unknown keys and listing the valid ones (configs are strict); `also`: keys valid
+    besides the fields."""
+    valid = {f.name for f in dataclasses.fields(cls)} | set(also)
     unknown = sorted(set(mapping) - valid)
     if unknown:
         raise ValueError(f"unknown {what}(s) {unknown}; valid keys: {sorted(valid)}")
@@ -90,6 +91,8 @@ def _matches(value: Any, hint: Any) -> bool:
         return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
     if origin is Mapping or hint is Mapping:
         return isinstance(value, Mapping)
+    if dataclasses.is_dataclass(hint):  # a config inside a config (TrainConfig.env): built, and checked, already
+        return isinstance(value, hint)
     raise TypeError(f"check_types does not know the annotation {hint!r}")
 
 

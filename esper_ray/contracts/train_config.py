@@ -6,10 +6,11 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from esper_ray.contracts.actions import Tempo
-from esper_ray.contracts.env_config import DEFAULT_MAX_EPOCHS, DEFAULT_TASK, MAX_EPOCHS, EnvConfig
+from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
@@ -20,38 +21,25 @@ MAX_ROUNDS = 100_000
 MAX_COUNT = 100_000
 """Envs, episodes per env, learners and PPO epochs at most: a count past it is a typo, not a run."""
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
-# Env settings that TrainConfig sets itself; `env` may not override them.
 # Env settings of every run a command sets up (`train`, `eval`, every arm of `ab`, so the arms of an A/B share one env,
 # and `heuristic`, so it runs the lifecycle the A/B's heuristic arm runs) unless `env` or a flag gives others; a bare
 # EnvConfig (the env built directly, `host`) keeps its own defaults. commit_horizon masks a germination whose seed could no longer be
 # fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds (docs/results/studies/
 # horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46 (studies/commit_horizon/).
 TRAINING_ENV_DEFAULTS: dict[str, Any] = {"commit_horizon": True}
-TRAIN_OWNED_ENV_KEYS = frozenset({"task", "family", "plugins", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed", "shard", "num_shards"})
+RUN_ENV_KEYS = ("task", "plugins", "family", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed")
+"""EnvConfig's settings that a run gives at the top level (`--task`, `max_epochs:`), not under `env`: the same for
+every env of the run, and what its records (train_config.json, experiment.json) have always held there."""
+TRAIN_OWNED_ENV_KEYS = frozenset({*RUN_ENV_KEYS, "shard", "num_shards"})
+"""EnvConfig's settings that `env` may not give: the run's (RUN_ENV_KEYS) and each env runner's shard."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TrainConfig:
-    task: str = DEFAULT_TASK
-    """Task: digits-impaired (embedded, a starved host that seeds can rescue; default), digits (embedded; the host
-    alone reaches ~98 %), cifar10 (needs env.data_dir), synthetic (generated CIFAR-shaped data), text (byte-level
-    language modelling: Python's embedded help texts, or the .txt files of env.data_dir), or a task a plug-in
-    registers."""
-    family: str | None = None
-    """A registered family of hosts and tasks to train on (digits-family-3slot, digits-family, or a plug-in's): each
-    episode draws one member, whose settings override these (docs/families.md). None: one host, these settings."""
-    plugins: tuple[str, ...] = ()
-    """Modules that register your own tasks, hosts or blueprints ('package.module' or 'package.module:function'),
-    imported in every process of the run, Ray's workers included, and recorded in its checkpoints (docs/plugins.md)."""
-    slots: tuple[str, ...] = ("r0c0", "r0c1", "r0c2")
-    """Enabled seed slots; where none are given and the host lacks these (a plug-in's host), `train` and `ab` take
-    every slot the host declares, up to the policy's MAX_SLOTS."""
-    max_epochs: int = DEFAULT_MAX_EPOCHS
-    """Episode length in host epochs (the original used 150; the CPU default is short)."""
-    reward_mode: str = "committed"
-    """shaped, committed, simplified, sparse, basic, basic_plus, escrow or minimal (rewards/)."""
-    reward_family: str = "contribution"
-    """contribution or loss (loss only with shaped)."""
+    """The run's settings and the EnvConfig every env of the run starts from (`env`). The run-level env settings
+    (RUN_ENV_KEYS: task, max_epochs, slots, seed, ...) are given at the top level, as flags and files name them, and
+    read there too (`cfg.task` is `cfg.env.task`)."""
+
     envs: int = 2
     """Env-runner actors, one environment each; env k trains on data shard k."""
     episodes_per_env: int = 4
@@ -90,13 +78,9 @@ class TrainConfig:
     changes what is learned (with the envs on GPUs it gains most on several cards: docs/performance.md)."""
     placement: str = "PACK"
     """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
-    seed: int = 0
-    """Seed for the policy, env runners and envs (host init and data order)."""
     lr: float = 3e-4
     """Adam learning rate of the policy. 3e-4 since issue 68 (1e-3 before): the steadiest training measured, and with
     commit_horizon it committed the best plan on 15 of 16 seeds (docs/results/studies/horizon_lr/, default_lr/)."""
-    gamma: float = 0.995
-    """Discount (also used by the reward's potential-based shaping)."""
     gae_lambda: float = 0.95
     """GAE lambda."""
     clip_param: float = 0.2
@@ -135,22 +119,41 @@ class TrainConfig:
     address: str | None = None
     """Ray cluster to join: auto or HOST:PORT; None starts a local Ray, even where another runs (ray start,
     RAY_ADDRESS): joining one takes this setting."""
-    env: Mapping[str, Any] = field(default_factory=dict)
-    """Further env settings (batch_size, host_lr, amp, device, data_dir, ...; see `esper-ray heuristic --help`). Runs
-    set up from these settings (train, eval, every arm of ab) get TRAINING_ENV_DEFAULTS unless these say otherwise."""
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(**TRAINING_ENV_DEFAULTS))
+    """The env settings of the run: its RUN_ENV_KEYS, given at the top level, and any other (batch_size, host_lr, amp,
+    device, data_dir, ...; see `esper-ray heuristic --help`), given as a mapping under `env`. Runs set up from these
+    settings (train, eval, every arm of ab) get TRAINING_ENV_DEFAULTS unless `env` says otherwise."""
+
+    def __init__(self, env: EnvConfig | Mapping[str, Any] = MappingProxyType({}), **settings: Any) -> None:
+        """`env`: a mapping of env settings (TRAINING_ENV_DEFAULTS under it, RUN_ENV_KEYS refused there) or a built
+        EnvConfig; `settings`: TrainConfig's fields and RUN_ENV_KEYS, which go into the env (over a built one's)."""
+        check_keys(TrainConfig, settings, "training setting", also=RUN_ENV_KEYS)
+        for f in dataclasses.fields(self):
+            if f.name != "env":
+                object.__setattr__(self, f.name, settings.get(f.name, f.default))
+        run = {k: settings[k] for k in RUN_ENV_KEYS if k in settings}
+        seed = run.get("seed", env.seed if isinstance(env, EnvConfig) else 0)
+        if all(type(n) is int for n in (seed, self.envs)) and seed + self.envs >= SEED_LIMIT:  # before the env's own check
+            raise ValueError(f"seed={seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds are "
+                             f"32-bit, and RLlib seeds env runner k with seed + k)")
+        if isinstance(env, EnvConfig):
+            env = dataclasses.replace(env, **run) if run else env
+        elif isinstance(env, Mapping):
+            owned = sorted(TRAIN_OWNED_ENV_KEYS & set(env))
+            if owned:
+                raise ValueError(f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env")
+            env = EnvConfig.from_mapping({**TRAINING_ENV_DEFAULTS, **run, **env})
+        else:
+            raise ValueError(f"env={env!r}: must be a mapping of env settings")
+        object.__setattr__(self, "env", env)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_types(self)
-        object.__setattr__(self, "slots", tuple(self.slots))
-        object.__setattr__(self, "plugins", tuple(self.plugins))
-        object.__setattr__(self, "env", dict(self.env))
         for name, minimum, maximum in (("envs", 1, MAX_COUNT), ("episodes_per_env", 1, MAX_COUNT), ("rounds", 1, MAX_ROUNDS),
                                        ("learners", 0, MAX_COUNT), ("ppo_epochs", 1, MAX_COUNT),
-                                       ("checkpoint_every", 0, MAX_ROUNDS), ("seed", 0, SEED_LIMIT), ("max_epochs", 1, MAX_EPOCHS)):
+                                       ("checkpoint_every", 0, MAX_ROUNDS)):
             check_int(name, getattr(self, name), minimum, maximum)
-        if self.seed + self.envs >= SEED_LIMIT:  # RLlib seeds env runner k with seed + k, and numpy takes < 2**32
-            raise ValueError(f"seed={self.seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds "
-                             f"are 32-bit, and env runner k is seeded with seed + k)")
         for name in ("gpus_per_env", "learner_gpus", "learner_cpus", "entropy_coeff", "blueprint_entropy_coeff"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
@@ -164,8 +167,8 @@ class TrainConfig:
                 f"learner_gpus={self.learner_gpus} with learners={self.learners}: DDP learners need a whole GPU each "
                 f"(NCCL cannot run two ranks on one GPU); use learner_gpus=1, or learners=1 with a GPU fraction"
             )
-        if not 0 < self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ValueError(f"gamma={self.gamma}, gae_lambda={self.gae_lambda}: gamma in (0, 1], gae_lambda in [0, 1]")
+        if not 0 <= self.gae_lambda <= 1:  # gamma: the env's, checked there
+            raise ValueError(f"gae_lambda={self.gae_lambda}: must be in [0, 1]")
         if self.mps and self.gpus_per_env == 0:
             raise ValueError("mps=True shares a GPU between env processes, but gpus_per_env=0 gives them none; "
                              "set --gpus-per-env (0.25 puts four envs on a GPU) or leave --mps out")
@@ -176,43 +179,57 @@ class TrainConfig:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:
             raise ValueError(f"model={self.model!r}: choose one of {list(MODEL_PRESET_NAMES)}")
-        owned = sorted(TRAIN_OWNED_ENV_KEYS & set(self.env))
-        if owned:
-            raise ValueError(f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env")
-        EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1))  # fail now, not inside an actor
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> TrainConfig:
-        """Strict: unknown keys are errors that list the valid ones."""
-        check_keys(cls, mapping, "training setting")
+        """Strict: unknown keys are errors that list the valid ones. Reads every train_config.json and experiment
+        record written so far: the run-level env settings at the top level, the others under `env`."""
         return cls(**dict(mapping))
+
+    @staticmethod
+    def default(name: str) -> Any:
+        """A training setting's default where none is given (a run-level env setting's: EnvConfig's), for readers of
+        settings files that build no TrainConfig (building one imports the plug-ins the settings name)."""
+        owner = EnvConfig if name in RUN_ENV_KEYS else TrainConfig
+        return owner.__dataclass_fields__[name].default  # type: ignore[attr-defined]
 
     def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:
         """The env_config every env runner receives (shard and num_shards are filled in per runner)."""
-        config: dict[str, Any] = {
-            **TRAINING_ENV_DEFAULTS, "task": self.task, **({"family": self.family} if self.family is not None else {}),
-            "plugins": list(self.plugins), "slots": list(self.slots), "max_epochs": self.max_epochs, "reward_mode": self.reward_mode,
-            "reward_family": self.reward_family, "gamma": self.gamma, "seed": self.seed, **self.env,
-        }
+        config = {f.name: getattr(self.env, f.name) for f in dataclasses.fields(EnvConfig) if f.name not in ("shard", "num_shards")}
+        config.update(plugins=list(self.plugins), slots=list(self.slots))  # plain lists: RLlib's config is JSON-like
         if shard is not None:
             config.update(shard=shard, num_shards=num_shards)
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["slots"] = list(self.slots)
-        out["plugins"] = list(self.plugins)
-        out["env"] = dict(self.env)
-        return out
+        """The format of every record so far: the run-level env settings at the top level, and under `env` the
+        others that differ from a run's defaults (EnvConfig's with TRAINING_ENV_DEFAULTS)."""
+        run = {k: list(v) if isinstance(v := getattr(self.env, k), tuple) else v for k in RUN_ENV_KEYS}
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
+        default = TrainConfig().env
+        env = {f.name: getattr(self.env, f.name) for f in dataclasses.fields(EnvConfig)
+               if f.name not in TRAIN_OWNED_ENV_KEYS and getattr(self.env, f.name) != getattr(default, f.name)}
+        return {**run, **own, "env": env}
 
     def short_run_warning(self, tempo: Tempo | None = None) -> str | None:
         """EnvConfig.short_run_warning of this run's env: one line when no seed (at `tempo`) can be kept in it."""
-        return EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).short_run_warning(tempo)
+        return self.env.short_run_warning(tempo)
 
     @property
     def host_name(self) -> str:
         """The registered name of the host this run grows (host_preset under env, or the task's own)."""
-        return EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).effective_host_preset
+        return self.env.effective_host_preset
+
+    # The run-level env settings, read where the run's settings are read (`cfg.task`): the env's own.
+    task = property(lambda self: self.env.task)
+    plugins = property(lambda self: self.env.plugins)
+    family = property(lambda self: self.env.family)
+    slots = property(lambda self: self.env.slots)
+    max_epochs = property(lambda self: self.env.max_epochs)
+    reward_mode = property(lambda self: self.env.reward_mode)
+    reward_family = property(lambda self: self.env.reward_family)
+    gamma = property(lambda self: self.env.gamma)
+    seed = property(lambda self: self.env.seed)
 
     @property
     def effective_learner_cpus(self) -> float:
@@ -221,7 +238,7 @@ class TrainConfig:
     @property
     def episode_lengths(self) -> tuple[int, ...]:
         """Epochs of an episode: max_epochs, or each family member's."""
-        members = EnvConfig.from_mapping(self.env_config(shard=0, num_shards=1)).members()
+        members = self.env.members()
         return tuple(cfg.max_epochs for _, cfg in members) or (self.max_epochs,)
 
     @property

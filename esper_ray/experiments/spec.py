@@ -313,7 +313,7 @@ class ExperimentSpec:
     def arm_setting(self, arm: str, name: str) -> Any:
         """A training setting of `arm`'s trials as the file states it, or TrainConfig's default: read, no TrainConfig
         built (building one imports the plug-ins the settings name; a report imports none)."""
-        return self._arm_settings(arm).get(name, TrainConfig.__dataclass_fields__[name].default)
+        return self._arm_settings(arm).get(name, TrainConfig.default(name))
 
     def check_checkpoints(self) -> None:
         """Every `checkpoint` arm's folder, for every seed, is a checkpoint folder: one ValueError naming the arm, the
@@ -479,12 +479,12 @@ def _host_default_slots(settings: Mapping[str, Any]) -> list[str] | None:
     """The slots of an arm that names none, where TrainConfig's default does not fit its host (a plug-in's host):
     every slot the host declares (morpho/hosts.py default_slots). None: the default fits, or the settings are bad
     (TrainConfig's own check then names the setting)."""
-    default = TrainConfig.__dataclass_fields__["slots"].default
+    default = TrainConfig.default("slots")
     try:
         plugins = settings.get("plugins", ())
         registry.load_plugins(plugins if isinstance(plugins, (list, tuple)) else ())
         env = settings.get("env", {})
-        host = env.get("host_preset") or registry.task(settings.get("task", TrainConfig.task)).hosts[0]
+        host = env.get("host_preset") or registry.task(settings.get("task", TrainConfig.default("task"))).hosts[0]
         slots = default_slots(host, default)
     except (ValueError, TypeError, IndexError, AttributeError):
         return None

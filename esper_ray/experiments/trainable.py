@@ -36,7 +36,6 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.result import DONE
 
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
-from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.experiments.held_out import host_key
@@ -196,7 +195,7 @@ def search_host(cfg: TrainConfig, settings: SearchSettings, metric: str,
     """The search over fixed plans on one host: every candidate on the same search episode (shard 0, a reset seed
     no evaluation or training episode uses), ranked by validation."""
     candidates = candidate_plans(topology_of(cfg.task, cfg.host_name), cfg.slots)
-    lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
+    lifecycle = cfg.env.lifecycle
     reset_seed = EVAL_SEED_STRIDE * (cfg.seed + 1) + SEARCH_EPISODE_OFFSET
 
     def score(plan: Any) -> float:
@@ -321,7 +320,7 @@ class MorphoTrial(tune.Trainable):
                 search = search_host(cfg, self.search, self.metric)
                 print(f"{self.label}: search{where}: {search.best.label} best by validation ({search.best_score:.4f}) of "
                       f"{search.runs} plans tried", flush=True)
-                lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
+                lifecycle = cfg.env.lifecycle
                 controller = FixedPlanController(cfg.slots, cfg.max_epochs, search.best, lifecycle.min_training_epochs)
             else:
                 fixed = self.fixed if self.fixed is None or host is None else plan_on_host(self.fixed, cfg)
