@@ -59,8 +59,8 @@ def test_train_help_gives_each_run_level_flag_the_env_setting_s_own_words(capsys
 
 def _stored_run(tmp_path: Path, env: dict) -> Path:
     """A run folder whose checkpoint's train_config.json is in the format written so far (`env` as it was given)."""
-    from esper_ray.train.checkpoints import record_checkpoint
-    from esper_ray.train.manifest import write_manifest
+    from esper_ray.train.folders.checkpoints import record_checkpoint
+    from esper_ray.train.folders.manifest import write_manifest
 
     run = tmp_path / "run"
     partial = run / "checkpoints" / "round_00001.partial"
