@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import gpu_ids, log, machine  # noqa: E402  (a sibling script, not a package)
-
 import yaml  # noqa: E402
+from throughput import gpu_ids, log, machine  # noqa: E402  (a sibling script, not a package)
 
 from esper_ray.experiments.results import FINISHED  # noqa: E402
 from esper_ray.train.process.termination import EXIT_CODE as TERMINATED  # noqa: E402
@@ -133,9 +132,11 @@ def ppo_timeline(log_file: Path) -> dict[str, Any] | None:
     ppo = [t for t in started if 1 in rounds.get(t, {})]
     if not ppo:
         return None
-    timeline = {"ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
-                "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
-                "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo)}
+    timeline = {
+        "ppo_trials_started_s": [min(started[t] for t in ppo), max(started[t] for t in ppo)],
+        "ppo_first_round_s": sorted(rounds[t][1] - started[t] for t in ppo),
+        "ppo_later_rounds_s": sorted(rounds[t][max(rounds[t])] - rounds[t][1] for t in ppo),
+    }
     for i, key in enumerate(("ppo_setup_s", "ppo_env_runners_up_s", "ppo_env_runner_init_s")):
         values = sorted(setups[t][i] for t in ppo if t in setups and setups[t][i] is not None)
         if values:  # runs from before these were printed have none
@@ -187,8 +188,15 @@ class TuneClock:
         return {"before_tune_s": self.tune_started_s, "after_last_event_s": round(wall - self.last_event_s, 1)}
 
 
-def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | None, resume: bool,
-           log_file: Path, python: str = sys.executable) -> tuple[float, int, float | None, dict[str, float] | None]:
+def run_ab(
+    experiment: Path,
+    output: Path,
+    visible: str,
+    stop_after: float | None,
+    resume: bool,
+    log_file: Path,
+    python: str = sys.executable,
+) -> tuple[float, int, float | None, dict[str, float] | None]:
     """One `esper-ray ab` call: its wall seconds, exit code, the share of the machine's CPU time busy meanwhile
     (is the CPU what a run on more cards waits for?) and the wall before and after Tune's run (TuneClock).
     Stopped with SIGTERM after `stop_after` seconds."""
@@ -198,8 +206,9 @@ def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | Non
     clock = TuneClock()
     start = time.monotonic()
     with log_file.open("a") as out:
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   errors="replace")
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
 
         def copy_lines() -> None:  # into the log as they come, each seen with the time it arrived
             try:
@@ -226,34 +235,59 @@ def run_ab(experiment: Path, output: Path, visible: str, stop_after: float | Non
     return wall, code, busy_share(cpu_before, cpu_times()), clock.outside(wall)
 
 
-def measure(experiment: Path, gpus: int, output: Path, stop_after: float | None,
-            python: str = sys.executable) -> dict[str, Any]:
+def measure(
+    experiment: Path, gpus: int, output: Path, stop_after: float | None, python: str = sys.executable
+) -> dict[str, Any]:
     """Run (or resume) the experiment on the first `gpus` cards into `output`; the figures of all its calls."""
     output.mkdir(parents=True, exist_ok=True)
     state_file = output / STATE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"walls": [], "codes": []}
     visible = ",".join(gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)) if gpus else ""
     if not state["codes"] or state["codes"][-1] in INTERRUPTED:
-        log(f"gpus {gpus} ({visible or 'CPU only'}): {'resuming' if state['walls'] else 'starting'} "
-            f"{experiment} into {output} (its progress: {output / 'ab.log'})")
-        wall, code, cpu_busy, outside = run_ab(experiment, output / "run", visible, stop_after,
-                                               resume=bool(state["walls"]), log_file=output / "ab.log", python=python)
+        log(
+            f"gpus {gpus} ({visible or 'CPU only'}): {'resuming' if state['walls'] else 'starting'} "
+            f"{experiment} into {output} (its progress: {output / 'ab.log'})"
+        )
+        wall, code, cpu_busy, outside = run_ab(
+            experiment,
+            output / "run",
+            visible,
+            stop_after,
+            resume=bool(state["walls"]),
+            log_file=output / "ab.log",
+            python=python,
+        )
         state["walls"].append(round(wall, 1))
         state["codes"].append(code)
         state.setdefault("cpu_busy", []).append(cpu_busy)
         state.setdefault("outside_tune", []).append(outside)
         state_file.write_text(json.dumps(state))
     done, total = trials_done(output / "run")
-    return {"gpus": gpus, "visible": visible, "wall_s": round(sum(state["walls"]), 1), "walls_s": state["walls"],
-            "calls": len(state["walls"]), "exit_codes": state["codes"], "cpu_busy": state.get("cpu_busy"),
-            "outside_tune": state.get("outside_tune"),
-            "trials_done": done, "trials": total,
-            "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
-            "concurrency": concurrency_line(output / "ab.log"), "last_call": ppo_timeline(output / "ab.log")}
+    return {
+        "gpus": gpus,
+        "visible": visible,
+        "wall_s": round(sum(state["walls"]), 1),
+        "walls_s": state["walls"],
+        "calls": len(state["walls"]),
+        "exit_codes": state["codes"],
+        "cpu_busy": state.get("cpu_busy"),
+        "outside_tune": state.get("outside_tune"),
+        "trials_done": done,
+        "trials": total,
+        "report": state["codes"][-1] == 0 and (output / "run" / "report.md").is_file(),
+        "concurrency": concurrency_line(output / "ab.log"),
+        "last_call": ppo_timeline(output / "ab.log"),
+    }
 
 
-def warm_up(source: Path, output: Path, gpus: int, gpus_per_env: float | None, stop_after: float | None,
-            python: str = sys.executable) -> dict[str, Any]:
+def warm_up(
+    source: Path,
+    output: Path,
+    gpus: int,
+    gpus_per_env: float | None,
+    stop_after: float | None,
+    python: str = sys.executable,
+) -> dict[str, Any]:
     """Run the experiment once with 1 round on `gpus` cards into `output` (not counted): the runs measured after it
     find the machine as one that ran the task before does (Inductor's and Triton's compile caches, Ray's files in
     the page cache). A fresh machine's first A/B paid about 15 s more in each PPO trial's first round and a slower
@@ -264,18 +298,27 @@ def warm_up(source: Path, output: Path, gpus: int, gpus_per_env: float | None, s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("experiment", type=Path, help="experiment file, e.g. tune_configs/text.yaml")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1], help="GPU counts to run in turn (0: CPU only)")
     parser.add_argument("--rounds", type=int, help="replace the file's rounds (a copy of it in OUTPUT)")
-    parser.add_argument("--gpus-per-env", type=float,
-                        help="put every trial's envs on this share of a GPU (MPS on), in a copy of the file")
+    parser.add_argument(
+        "--gpus-per-env",
+        type=float,
+        help="put every trial's envs on this share of a GPU (MPS on), in a copy of the file",
+    )
     parser.add_argument("--stop-after", type=float, help="stop each run after this many seconds; run again to resume")
-    parser.add_argument("--output", type=Path, default=Path("/tmp/ab_wall"), help="results folder (default %(default)s)")
-    parser.add_argument("--warmup", action="store_true",
-                        help="first run the experiment with 1 round on the most GPUs asked, into OUTPUT/warmup and not "
-                             "counted, so every measured run finds the compile caches warm (once per OUTPUT)")
+    parser.add_argument(
+        "--output", type=Path, default=Path("/tmp/ab_wall"), help="results folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="first run the experiment with 1 round on the most GPUs asked, into OUTPUT/warmup and not "
+        "counted, so every measured run finds the compile caches warm (once per OUTPUT)",
+    )
     args = parser.parse_args()
     if not args.experiment.is_file():
         parser.error(f"experiment file {args.experiment}: not found")
@@ -291,15 +334,23 @@ def main() -> None:
     if args.rounds is not None or args.gpus_per_env is not None:
         experiment = experiment_copy(args.experiment, args.output, args.rounds, args.gpus_per_env)
     command = "python benchmarks/ab_wall.py " + " ".join(sys.argv[1:])
-    warmup = (warm_up(args.experiment, args.output / "warmup", max(args.gpus), args.gpus_per_env, args.stop_after)
-              if args.warmup else None)
+    warmup = (
+        warm_up(args.experiment, args.output / "warmup", max(args.gpus), args.gpus_per_env, args.stop_after)
+        if args.warmup
+        else None
+    )
     if warmup is not None and not warmup["report"]:
         log(f"the warm-up has not ended yet ({warmup['wall_s']} s so far): run the same command again")
         return
     for gpus in args.gpus:
         figures = measure(experiment, gpus, args.output / f"g{gpus}", args.stop_after)
-        setup = {"experiment": str(args.experiment), "rounds": args.rounds, "gpus_per_env": args.gpus_per_env,
-                 "warmup": warmup, "command": command}
+        setup = {
+            "experiment": str(args.experiment),
+            "rounds": args.rounds,
+            "gpus_per_env": args.gpus_per_env,
+            "warmup": warmup,
+            "command": command,
+        }
         print(json.dumps({"machine": machine(), "setup": setup, **figures}), flush=True)
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from throughput import commit  # benchmarks/ is on sys.path when this runs as a script
 
-import esper_ray.env.epoch as epoch_module
 import esper_ray.env.train_step as train_step_module
 import esper_ray.morpho.slot as slot_module
 from esper_ray.contracts.env_config import AMP_MODES
@@ -49,7 +49,6 @@ from esper_ray.morpho import cpu_step
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.policy.heuristic import HeuristicController
-from throughput import commit  # benchmarks/ is on sys.path when this runs as a script
 
 # The train phase's parts: what each times. "seeds" (their modules, gradient isolation and blend) is part of
 # "forward", "blend" part of "seeds"; "rest" is the train phase less the top-level parts (clearing gradients,
@@ -61,7 +60,10 @@ TRAIN_PARTS: dict[str, tuple[tuple[Any, str], ...]] = {
     "blend": ((slot_module, "blend"),),
     "loss": ((torch.nn.functional, "cross_entropy"),),
     "backward": ((torch.Tensor, "backward"),),
-    "clip": ((train_step_module, "clip_grad_norms"), (torch.nn.utils, "clip_grad_norm_")),  # the CPU path's, the plain one's
+    "clip": (
+        (train_step_module, "clip_grad_norms"),
+        (torch.nn.utils, "clip_grad_norm_"),
+    ),  # the CPU path's, the plain one's
     "optimizer": ((torch.optim.SGD, "step"), (train_step_module, "sgd_step")),
 }
 WITHIN = {"seeds": "forward", "blend": "seeds"}
@@ -69,14 +71,19 @@ WITHIN = {"seeds": "forward", "blend": "seeds"}
 
 def machine() -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {gpu}, "
-            f"commit {commit()}")
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {gpu}, "
+        f"commit {commit()}"
+    )
 
 
 def cpu_model() -> str:
     try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
     except OSError:
         names = []
     return names[0] if names else platform.processor() or "unknown CPU"
@@ -86,22 +93,40 @@ def side_by_side(args: argparse.Namespace, forwarded: list[str]) -> None:
     """This tree's env_step.py and `args.against`'s, alternately, each `--json` in a process of its own."""
     trees = {"old": Path(args.against).resolve(), "new": Path(__file__).resolve().parents[1]}
     labels = {"old": args.label_against, "new": commit() or "this tree"}
-    common = {"cpu": cpu_model(), "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-              "card": "no GPU" if args.device == "cpu" else args.device, "command": " ".join(sys.argv)}
+    common = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "card": "no GPU" if args.device == "cpu" else args.device,
+        "command": " ".join(sys.argv),
+    }
     seconds: dict[str, list[float]] = {"old": [], "new": []}
     for pair in range(1, args.pairs + 1):
         for code in ("old", "new") if pair % 2 else ("new", "old"):
             tree = trees[code]
-            run = subprocess.run([sys.executable, str(tree / "benchmarks" / "env_step.py"), *forwarded, "--json"],
-                                 env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True, check=True)
+            run = subprocess.run(
+                [sys.executable, str(tree / "benchmarks" / "env_step.py"), *forwarded, "--json"],
+                env={**os.environ, "PYTHONPATH": str(tree)},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             record = json.loads(run.stdout.strip().splitlines()[-1])
             seconds[code].append(record["step_s"])
             print(json.dumps({**record, **common, "pair": pair, "code": labels[code], "tree": code}), flush=True)
     ratios = [old / new for old, new in zip(seconds["old"], seconds["new"])]
-    print(json.dumps({**common, "code": f"{labels['old']} (old) against {labels['new']} (new)",
-                      "old_over_new_per_pair": [round(r, 3) for r in ratios], "old_over_new_median": statistics.median(ratios),
-                      "old_step_s_median": statistics.median(seconds["old"]),
-                      "new_step_s_median": statistics.median(seconds["new"])}))
+    print(
+        json.dumps(
+            {
+                **common,
+                "code": f"{labels['old']} (old) against {labels['new']} (new)",
+                "old_over_new_per_pair": [round(r, 3) for r in ratios],
+                "old_over_new_median": statistics.median(ratios),
+                "old_step_s_median": statistics.median(seconds["old"]),
+                "new_step_s_median": statistics.median(seconds["new"]),
+            }
+        )
+    )
 
 
 def time_train_parts(seconds: dict[str, float]) -> None:
@@ -137,15 +162,33 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5, help="with --against: runs of each")
     args = parser.parse_args()
     if args.against:
-        forwarded = ["--task", args.task, "--steps", str(args.steps), "--device", args.device, "--num-shards",
-                     str(args.num_shards), "--amp", args.amp] + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
+        forwarded = [
+            "--task",
+            args.task,
+            "--steps",
+            str(args.steps),
+            "--device",
+            args.device,
+            "--num-shards",
+            str(args.num_shards),
+            "--amp",
+            args.amp,
+        ] + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
         side_by_side(args, forwarded)
         return
     cpu_step.ENABLED = not args.plain
     parts: dict[str, float] = {}
     time_train_parts(parts)
-    env = MorphogeneticEnv({"task": args.task, "max_epochs": args.steps, "device": args.device,
-                            "num_shards": args.num_shards, "batch_size": args.batch_size, "amp": args.amp})
+    env = MorphogeneticEnv(
+        {
+            "task": args.task,
+            "max_epochs": args.steps,
+            "device": args.device,
+            "num_shards": args.num_shards,
+            "batch_size": args.batch_size,
+            "amp": args.amp,
+        }
+    )
     controller = HeuristicController(env.slot_ids, args.steps)
     obs, _ = env.reset(seed=0)
     parts.clear()  # the reset's own validation is no step's
@@ -166,12 +209,25 @@ def main() -> None:
     train_parts["rest"] = means["train"] - sum(v for k, v in train_parts.items() if k not in WITHIN)
     samples = len(env.shard)
     if args.json:
-        print(json.dumps({"machine": machine(), "task": args.task, "plain": args.plain, "step_s": wall, "phases_s": means,
-                          "train_parts_s": train_parts, "shard_samples": samples}))
+        print(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "task": args.task,
+                    "plain": args.plain,
+                    "step_s": wall,
+                    "phases_s": means,
+                    "train_parts_s": train_parts,
+                    "shard_samples": samples,
+                }
+            )
+        )
         return
     print(f"machine: {machine()}")
-    print(f"task {args.task}, shard of {samples} training samples, batch {env.cfg.effective_batch_size}, "
-          f"amp {args.amp}, {args.steps} steps on {env.device}{', plain CPU step' if args.plain else ''}")
+    print(
+        f"task {args.task}, shard of {samples} training samples, batch {env.cfg.effective_batch_size}, "
+        f"amp {args.amp}, {args.steps} steps on {env.device}{', plain CPU step' if args.plain else ''}"
+    )
     print(f"seconds per env step: {wall:.4f}  ({samples / means['train']:,.0f} training samples/s in the train phase)")
     for name, value in means.items():
         print(f"  {name:<12}{value:.4f} s  ({100 * value / wall:.1f} %)")
@@ -182,7 +238,9 @@ def main() -> None:
             while outer in WITHIN:
                 depth, outer = depth + 1, WITHIN[outer]
             name = "  " * depth + label
-            print(f"  {name:<14}{train_parts[label]:.4f} s  ({100 * train_parts[label] / means['train']:.1f} % of train)")
+            print(
+                f"  {name:<14}{train_parts[label]:.4f} s  ({100 * train_parts[label] / means['train']:.1f} % of train)"
+            )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import os
 import time
 
 import ray
-
 from throughput import machine  # benchmarks/ is on sys.path when this runs as a script
 
 
@@ -32,7 +31,11 @@ class EnvProcess:
         import torch
 
         torch.ones(1 << 20, device="cuda").sum().item()  # CUDA starts here, on whatever is visible now
-        return {"ray": [str(g) for g in ray.get_gpu_ids()], "chosen": chosen, "gpu": str(torch.cuda.get_device_properties(0).uuid)}
+        return {
+            "ray": [str(g) for g in ray.get_gpu_ids()],
+            "chosen": chosen,
+            "gpu": str(torch.cuda.get_device_properties(0).uuid),
+        }
 
 
 def place(envs: int, spread: bool) -> dict[str, int]:
@@ -55,8 +58,13 @@ def main() -> None:
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus < 2:
         raise SystemExit(f"placement_check: this machine has {gpus} GPU(s); spreading needs 2 or more")
-    result = {"machine": machine(), "envs": args.envs, "gpus": gpus,
-              "ray_alone": place(args.envs, spread=False), "spread": place(args.envs, spread=True)}
+    result = {
+        "machine": machine(),
+        "envs": args.envs,
+        "gpus": gpus,
+        "ray_alone": place(args.envs, spread=False),
+        "spread": place(args.envs, spread=True),
+    }
     ray.shutdown()
     print(json.dumps(result))
 

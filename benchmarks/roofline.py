@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from throughput import machine  # benchmarks/ is on sys.path when this runs as a script
 from torch import nn
 
 from esper_ray.contracts.env_config import TASK_DEFAULTS
 from esper_ray.morpho.flops import TRAIN_FACTOR, host_flops
 from esper_ray.morpho.host import HOST_PRESETS
 from esper_ray.morpho.hosts import build_host
-from throughput import machine  # benchmarks/ is on sys.path when this runs as a script
 
 COUNTED = (nn.Conv2d, nn.Linear)
 """The layers flops.py counts in a CNN host."""
@@ -118,16 +118,26 @@ def per_sample(preset: str, *, train: int, val: int, configs: int, batch: int) -
     elements, parameters = layer_elements(preset)
     val_share = val * configs / train  # validation samples per training sample
     figures: dict[str, Any] = {
-        "forward_flops": forward, "train_flops": TRAIN_FACTOR * forward, "val_flops": forward,
-        "val_per_train_sample": val_share, "step_flops": TRAIN_FACTOR * forward + val_share * forward,
-        "activation_elements": elements, "parameters": parameters, "precisions": {}}
+        "forward_flops": forward,
+        "train_flops": TRAIN_FACTOR * forward,
+        "val_flops": forward,
+        "val_per_train_sample": val_share,
+        "step_flops": TRAIN_FACTOR * forward + val_share * forward,
+        "activation_elements": elements,
+        "parameters": parameters,
+        "precisions": {},
+    }
     for name, size in ELEMENT_BYTES.items():
         train_bytes = TRAIN_FACTOR * elements * size + WEIGHT_PASSES_TRAIN * parameters * 4 / batch
         val_bytes = elements * size + WEIGHT_PASSES_VAL * parameters * 4 / VAL_CHUNK
         step_bytes = train_bytes + val_share * val_bytes
         figures["precisions"][name] = {
-            "forward_activation_bytes": elements * size, "train_bytes": train_bytes, "val_bytes": val_bytes,
-            "step_bytes": step_bytes, "intensity": figures["step_flops"] / step_bytes}
+            "forward_activation_bytes": elements * size,
+            "train_bytes": train_bytes,
+            "val_bytes": val_bytes,
+            "step_bytes": step_bytes,
+            "intensity": figures["step_flops"] / step_bytes,
+        }
     return figures
 
 
@@ -159,17 +169,27 @@ def measure_limits() -> Limits:
     return Limits(**rates, bandwidth=2 * x.numel() * x.element_size() / seconds(lambda: y.copy_(x)))
 
 
-def roofline(precision: str, intensity: float, limits: Limits, rate: float | None, step_flops: float,
-             step_bytes: float) -> dict[str, Any]:
+def roofline(
+    precision: str, intensity: float, limits: Limits, rate: float | None, step_flops: float, step_bytes: float
+) -> dict[str, Any]:
     """The roof at this intensity and, given training samples/s, the FLOP/s and bytes/s reached and their fractions."""
     peak = getattr(limits, PEAK_OF[precision])
     roof = min(peak, intensity * limits.bandwidth)
-    out: dict[str, Any] = {"peak": peak, "ridge": peak / limits.bandwidth, "roof": roof,
-                           "bound": "compute" if roof == peak else "bandwidth"}
+    out: dict[str, Any] = {
+        "peak": peak,
+        "ridge": peak / limits.bandwidth,
+        "roof": roof,
+        "bound": "compute" if roof == peak else "bandwidth",
+    }
     if rate is not None:
         flops, traffic = rate * step_flops, rate * step_bytes
-        out.update(flop_per_s=flops, bytes_per_s=traffic, fraction_of_roof=flops / roof, fraction_of_peak=flops / peak,
-                   fraction_of_bandwidth=traffic / limits.bandwidth)
+        out.update(
+            flop_per_s=flops,
+            bytes_per_s=traffic,
+            fraction_of_roof=flops / roof,
+            fraction_of_peak=flops / peak,
+            fraction_of_bandwidth=traffic / limits.bandwidth,
+        )
         if precision == "fp32":
             out["fraction_of_fp32_cuda_cores"] = flops / limits.fp32
     return out
@@ -177,16 +197,20 @@ def roofline(precision: str, intensity: float, limits: Limits, rate: float | Non
 
 def describe(precision: str, p: dict[str, Any], card: str, rate: float | None) -> str:
     """One human line of a precision's figures."""
-    line = (f"{precision}: {p['step_bytes'] / 1e3:.1f} kB per training sample (forward activations "
-            f"{p['forward_activation_bytes'] / 1e3:.1f} kB/sample), intensity {p['intensity']:.1f} FLOP/B")
+    line = (
+        f"{precision}: {p['step_bytes'] / 1e3:.1f} kB per training sample (forward activations "
+        f"{p['forward_activation_bytes'] / 1e3:.1f} kB/sample), intensity {p['intensity']:.1f} FLOP/B"
+    )
     if "roof" not in p:
         return line
     line += f"; {card} roof {p['roof'] / 1e12:.1f} TFLOP/s ({p['bound']}-bound, ridge {p['ridge']:.0f} FLOP/B)"
     if rate is None:
         return line
-    line += (f"; at {rate:,.0f} samples/s {p['flop_per_s'] / 1e12:.2f} TFLOP/s and {p['bytes_per_s'] / 1e9:.0f} GB/s: "
-             f"{100 * p['fraction_of_roof']:.1f} % of the roof, {100 * p['fraction_of_peak']:.2f} % of "
-             f"{PEAK_OF[precision].upper()}'s {p['peak'] / 1e12:.1f} TFLOP/s")
+    line += (
+        f"; at {rate:,.0f} samples/s {p['flop_per_s'] / 1e12:.2f} TFLOP/s and {p['bytes_per_s'] / 1e9:.0f} GB/s: "
+        f"{100 * p['fraction_of_roof']:.1f} % of the roof, {100 * p['fraction_of_peak']:.2f} % of "
+        f"{PEAK_OF[precision].upper()}'s {p['peak'] / 1e12:.1f} TFLOP/s"
+    )
     if "fraction_of_fp32_cuda_cores" in p:
         line += f" ({100 * p['fraction_of_fp32_cuda_cores']:.1f} % of FP32's without tensor cores)"
     return line + f", {100 * p['fraction_of_bandwidth']:.1f} % of the bandwidth"
@@ -203,71 +227,116 @@ def read_result(path: Path, line: int | None) -> dict[str, Any]:
     record = lines[-1 if line is None else line - 1]
     runs = [record[k] for k in ("with_mps", "without_mps") if record.get(k, {}).get("train_samples_per_s")]
     if not runs:
-        raise SystemExit(f"{path} line {line or len(lines)} holds no train_samples_per_s (keys: {sorted(record)}); "
-                         f"pick a line of `esper-ray train` figures with --line (1 to {len(lines)})")
+        raise SystemExit(
+            f"{path} line {line or len(lines)} holds no train_samples_per_s (keys: {sorted(record)}); "
+            f"pick a line of `esper-ray train` figures with --line (1 to {len(lines)})"
+        )
     setup = record["setup"]
-    amp = dict(map(tuple, setup.get("extra_env", []))).get("amp", "off")  # files from before amp=auto: fp32 unless named
-    return {"samples_per_s": runs[0]["train_samples_per_s"] / setup["gpus"], "card": record["machine"]["card"],
-            "precision": setup.get("precision") or ("bf16" if amp == "bf16" else "fp32"), "train": setup["train_size"] // setup["envs"],
-            "val": setup.get("val_size") or setup["train_size"] // 5,  # synthetic_held_out's default then
-            "half": "with_mps" if runs[0] is record.get("with_mps") else "without_mps"}
+    amp = dict(map(tuple, setup.get("extra_env", []))).get(
+        "amp", "off"
+    )  # files from before amp=auto: fp32 unless named
+    return {
+        "samples_per_s": runs[0]["train_samples_per_s"] / setup["gpus"],
+        "card": record["machine"]["card"],
+        "precision": setup.get("precision") or ("bf16" if amp == "bf16" else "fp32"),
+        "train": setup["train_size"] // setup["envs"],
+        "val": setup.get("val_size") or setup["train_size"] // 5,  # synthetic_held_out's default then
+        "half": "with_mps" if runs[0] is record.get("with_mps") else "without_mps",
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host", default="cifar10", choices=sorted(HOST_PRESETS),
-                        help="CNN host preset (default cifar10)")
-    parser.add_argument("--train-size", type=int, default=12_500, help="training samples of one env's step, T "
-                        "(--from's file sets it)")
-    parser.add_argument("--val-size", type=int, default=10_000, help="validation samples of one env's step, V "
-                        "(--from's file sets it)")
-    parser.add_argument("--configs", type=int, default=1, help="fused validation configurations, K (1 with no seed; "
-                        "each counted as a whole forward)")
-    parser.add_argument("--batch-size", type=int, default=512,
-                        help="training batch, over which weight traffic is shared")
+    parser.add_argument(
+        "--host", default="cifar10", choices=sorted(HOST_PRESETS), help="CNN host preset (default cifar10)"
+    )
+    parser.add_argument(
+        "--train-size", type=int, default=12_500, help="training samples of one env's step, T (--from's file sets it)"
+    )
+    parser.add_argument(
+        "--val-size", type=int, default=10_000, help="validation samples of one env's step, V (--from's file sets it)"
+    )
+    parser.add_argument(
+        "--configs",
+        type=int,
+        default=1,
+        help="fused validation configurations, K (1 with no seed; each counted as a whole forward)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=512, help="training batch, over which weight traffic is shared"
+    )
     parser.add_argument("--precision", choices=("fp32", "bf16", "all"), default="all", help="precision(s) to print")
     parser.add_argument("--samples-per-s", type=float, help="measured training samples/s of one card (needs a card)")
-    parser.add_argument("--from", dest="from_file", type=Path, help="a benchmarks/results throughput file: takes its "
-                        "train samples/s per GPU (with MPS when both), card, precision and step sizes")
+    parser.add_argument(
+        "--from",
+        dest="from_file",
+        type=Path,
+        help="a benchmarks/results throughput file: takes its "
+        "train samples/s per GPU (with MPS when both), card, precision and step sizes",
+    )
     parser.add_argument("--line", type=int, help="which line of --from's file, from 1 (default: the last)")
-    parser.add_argument("--card", choices=sorted(CARDS), help="published peaks to use (default: the file's card, or "
-                        "this machine's)")
+    parser.add_argument(
+        "--card", choices=sorted(CARDS), help="published peaks to use (default: the file's card, or this machine's)"
+    )
     parser.add_argument("--measure", action="store_true", help="also measure this CUDA card's limits and use them")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
 
     source = read_result(args.from_file, args.line) if args.from_file else {}
     rate = args.samples_per_s if args.samples_per_s is not None else source.get("samples_per_s")
-    precisions = [source["precision"]] if source and args.precision == "all" else (
-        list(ELEMENT_BYTES) if args.precision == "all" else [args.precision])
+    precisions = (
+        [source["precision"]]
+        if source and args.precision == "all"
+        else (list(ELEMENT_BYTES) if args.precision == "all" else [args.precision])
+    )
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     card = args.card or card_key(source.get("card") or device)
     if rate is not None and card is None and not args.measure:
-        raise SystemExit(f"samples/s given, but no card with published peaks ({source.get('card') or device}): pass "
-                         f"--card ({' or '.join(CARDS)}), or --measure on the card")
+        raise SystemExit(
+            f"samples/s given, but no card with published peaks ({source.get('card') or device}): pass "
+            f"--card ({' or '.join(CARDS)}), or --measure on the card"
+        )
     limits = measure_limits() if args.measure else CARDS[card] if card else None
     train, val = source.get("train", args.train_size), source.get("val", args.val_size)
     figures = per_sample(args.host, train=train, val=val, configs=args.configs, batch=args.batch_size)
 
     here = machine()
-    print(f"machine: {here['host']}, {here['cpus']} CPUs, torch {here['torch']}, {here['card']}, "
-          f"commit {here['commit']}")
+    print(
+        f"machine: {here['host']}, {here['cpus']} CPUs, torch {here['torch']}, {here['card']}, commit {here['commit']}"
+    )
     if source:
-        print(f"from {args.from_file}: {source['card']}, {source['precision']}, {source['half']}, "
-              f"{rate:,.0f} training samples/s per GPU, T {train:,}, V {val:,}")
-    print(f"{args.host} host, no seed: forward {figures['forward_flops'] / 1e6:.3f} MFLOP/sample, training "
-          f"{figures['train_flops'] / 1e6:.3f} (x{TRAIN_FACTOR}), validation {figures['val_per_train_sample']:.2f} "
-          f"samples per training sample (V {val:,} x K {args.configs} / T {train:,}): "
-          f"{figures['step_flops'] / 1e6:.3f} MFLOP per training sample")
-    report: dict[str, Any] = {"machine": here, "host": args.host, "seed": None, "train_size": train, "val_size": val,
-                              "configs": args.configs, "batch_size": args.batch_size, **figures,
-                              "card": card, "limits": asdict(limits) if limits else None,
-                              "limits_source": "measured" if args.measure else "published" if card else None,
-                              "samples_per_s": rate}
+        print(
+            f"from {args.from_file}: {source['card']}, {source['precision']}, {source['half']}, "
+            f"{rate:,.0f} training samples/s per GPU, T {train:,}, V {val:,}"
+        )
+    print(
+        f"{args.host} host, no seed: forward {figures['forward_flops'] / 1e6:.3f} MFLOP/sample, training "
+        f"{figures['train_flops'] / 1e6:.3f} (x{TRAIN_FACTOR}), validation {figures['val_per_train_sample']:.2f} "
+        f"samples per training sample (V {val:,} x K {args.configs} / T {train:,}): "
+        f"{figures['step_flops'] / 1e6:.3f} MFLOP per training sample"
+    )
+    report: dict[str, Any] = {
+        "machine": here,
+        "host": args.host,
+        "seed": None,
+        "train_size": train,
+        "val_size": val,
+        "configs": args.configs,
+        "batch_size": args.batch_size,
+        **figures,
+        "card": card,
+        "limits": asdict(limits) if limits else None,
+        "limits_source": "measured" if args.measure else "published" if card else None,
+        "samples_per_s": rate,
+    }
     if args.measure:
-        print("measured: " + ", ".join(f"{k} {v / 1e12:.1f} T{'B' if k == 'bandwidth' else 'FLOP'}/s"
-                                       for k, v in asdict(limits).items())
-              + f" (convolutions in fp32 on TF32: torch.backends.cudnn.allow_tf32={torch.backends.cudnn.allow_tf32})")
+        print(
+            "measured: "
+            + ", ".join(
+                f"{k} {v / 1e12:.1f} T{'B' if k == 'bandwidth' else 'FLOP'}/s" for k, v in asdict(limits).items()
+            )
+            + f" (convolutions in fp32 on TF32: torch.backends.cudnn.allow_tf32={torch.backends.cudnn.allow_tf32})"
+        )
     for name in precisions:
         p = figures["precisions"][name]
         if limits:

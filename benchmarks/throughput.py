@@ -83,9 +83,15 @@ class Setup:
         return int(1000 * (1.0 - self.learner_gpus) / (self.envs // self.gpus)) / 1000
 
     def env_config(self, shard: int) -> dict[str, Any]:
-        config: dict[str, Any] = {"task": self.task, "slots": list(self.slots), "max_epochs": self.max_epochs,
-                                  "batch_size": self.batch_size, "shard": shard, "num_shards": self.envs,
-                                  "cuda_graphs": self.cuda_graphs}
+        config: dict[str, Any] = {
+            "task": self.task,
+            "slots": list(self.slots),
+            "max_epochs": self.max_epochs,
+            "batch_size": self.batch_size,
+            "shard": shard,
+            "num_shards": self.envs,
+            "cuda_graphs": self.cuda_graphs,
+        }
         if self.task == "synthetic":
             config["synthetic_size"] = self.train_size
             config["synthetic_held_out"] = self.val_size
@@ -100,8 +106,14 @@ def log(message: str) -> None:
 
 def machine() -> dict[str, Any]:
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return {"card": card, "gpus_present": torch.cuda.device_count(), "cpus": os.cpu_count(),
-            "host": platform.node(), "torch": torch.__version__, "commit": commit()}
+    return {
+        "card": card,
+        "gpus_present": torch.cuda.device_count(),
+        "cpus": os.cpu_count(),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "commit": commit(),
+    }
 
 
 def commit() -> str | None:
@@ -110,14 +122,22 @@ def commit() -> str | None:
 
     folder = Path(__file__).resolve().parent
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
         if Path(top).resolve() != folder.parent:
             return None  # a copy of the tree inside another checkout (`git archive REV | tar -x -C copy`) is not it
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None  # no git here (the device machine's copy, say)
     return head + ("+" if dirty else "")
@@ -138,8 +158,11 @@ def warmed_up_env(setup: Setup, shard: int) -> tuple[Any, Any, Any]:
     from esper_ray.policy.baselines import NoGrowthController, RandomController
 
     env = MorphogeneticEnv(setup.env_config(shard))
-    controller = (NoGrowthController(env.slot_ids) if setup.bare_controller == "none"
-                  else RandomController(env.slot_ids, seed=shard))
+    controller = (
+        NoGrowthController(env.slot_ids)
+        if setup.bare_controller == "none"
+        else RandomController(env.slot_ids, seed=shard)
+    )
     obs, _ = env.reset(seed=shard)
     steps = 0
     while True:
@@ -165,7 +188,10 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     start, cpu_start, steps, samples = time.perf_counter(), time.process_time(), 0, 0
     # Where the wall goes besides plain steps: resets, and steps that captured a new train or validation graph.
     episodes, reset_s, capture_s, captures = 0, 0.0, 0.0, 0
-    seed_epochs, in_env_s = 0, 0.0  # what the steps asked of the GPU besides the host, and their seconds in the env's phases
+    seed_epochs, in_env_s = (
+        0,
+        0.0,
+    )  # what the steps asked of the GPU besides the host, and their seconds in the env's phases
     while time.perf_counter() - start < setup.bare_seconds:
         before, t0 = graph_captures(env), time.perf_counter()
         obs, _, terminated, _, info = env.step(controller.act(obs))
@@ -180,11 +206,24 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
             obs, _ = env.reset()
             episodes, reset_s = episodes + 1, reset_s + time.perf_counter() - t0
     wall = time.perf_counter() - start
-    results.put((shard, steps, samples, wall, (time.process_time() - cpu_start) / wall,
-                 {"reset_share": reset_s / wall, "capturing_steps_share": capture_s / wall,
-                  "captures_per_episode": captures / max(episodes, 1), "ms_per_reset": 1e3 * reset_s / max(episodes, 1),
-                  "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
-                  "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1), "threads_per_env": torch.get_num_threads()}))
+    results.put(
+        (
+            shard,
+            steps,
+            samples,
+            wall,
+            (time.process_time() - cpu_start) / wall,
+            {
+                "reset_share": reset_s / wall,
+                "capturing_steps_share": capture_s / wall,
+                "captures_per_episode": captures / max(episodes, 1),
+                "ms_per_reset": 1e3 * reset_s / max(episodes, 1),
+                "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
+                "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1),
+                "threads_per_env": torch.get_num_threads(),
+            },
+        )
+    )
 
 
 def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
@@ -215,13 +254,17 @@ def bare(setup: Setup) -> dict[str, float]:
     threads = setup.bare_threads or max(1, (os.cpu_count() or 1) // setup.envs)
     outcomes = run_processes(_bare_worker, setup.envs, lambda k: (setup, k, threads))
     seconds = max(o[3] for o in outcomes)
-    figures = {"env_steps_per_s": sum(o[1] for o in outcomes) / seconds, "samples_per_s": sum(o[2] for o in outcomes) / seconds,
-               # CPU seconds per second of each env process (its threads together; a CUDA sync spins, so it counts)
-               "cpu_busy_per_env": sum(o[4] for o in outcomes) / len(outcomes),
-               **{k: sum(o[5][k] for o in outcomes) / len(outcomes) for k in outcomes[0][5]}}  # per env, averaged
+    figures = {
+        "env_steps_per_s": sum(o[1] for o in outcomes) / seconds,
+        "samples_per_s": sum(o[2] for o in outcomes) / seconds,
+        # CPU seconds per second of each env process (its threads together; a CUDA sync spins, so it counts)
+        "cpu_busy_per_env": sum(o[4] for o in outcomes) / len(outcomes),
+        **{k: sum(o[5][k] for o in outcomes) / len(outcomes) for k in outcomes[0][5]},
+    }  # per env, averaged
     if setup.gpus > 1:  # does one GPU lag the others?
-        figures["samples_per_s_by_gpu"] = [sum(o[2] for o in outcomes if o[0] % setup.gpus == g) / seconds
-                                           for g in range(setup.gpus)]
+        figures["samples_per_s_by_gpu"] = [
+            sum(o[2] for o in outcomes if o[0] % setup.gpus == g) / seconds for g in range(setup.gpus)
+        ]
     return figures
 
 
@@ -230,13 +273,30 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     from esper_ray.contracts.train_config import TrainConfig
     from esper_ray.train.commands.runner import run_training
 
-    env = {k: v for k, v in setup.env_config(0).items() if k not in ("task", "slots", "max_epochs", "shard", "num_shards", "device")}
-    cfg = TrainConfig(task=setup.task, slots=setup.slots, max_epochs=setup.max_epochs, envs=setup.envs,
-                      episodes_per_env=setup.episodes_per_env, rounds=setup.rounds, gpus_per_env=setup.gpus_per_env,
-                      cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
-                      learners=1, learner_gpus=setup.learner_gpus, learner_cpus=setup.learner_cpus, model=setup.model,
-                      mps=mps, overlap=setup.overlap,
-                      lead=setup.lead, checkpoint_every=0, env=env)
+    env = {
+        k: v
+        for k, v in setup.env_config(0).items()
+        if k not in ("task", "slots", "max_epochs", "shard", "num_shards", "device")
+    }
+    cfg = TrainConfig(
+        task=setup.task,
+        slots=setup.slots,
+        max_epochs=setup.max_epochs,
+        envs=setup.envs,
+        episodes_per_env=setup.episodes_per_env,
+        rounds=setup.rounds,
+        gpus_per_env=setup.gpus_per_env,
+        cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
+        learners=1,
+        learner_gpus=setup.learner_gpus,
+        learner_cpus=setup.learner_cpus,
+        model=setup.model,
+        mps=mps,
+        overlap=setup.overlap,
+        lead=setup.lead,
+        checkpoint_every=0,
+        env=env,
+    )
     results: list[dict] = []
     ended: list[float] = []  # when each round's result reached the driver's loop
 
@@ -250,29 +310,43 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
     from esper_ray.train.output.round_summary import flatten_numbers
 
     last = flatten_numbers(results[-1])
-    timers = {k: round(v, 4) for k, v in last.items() if ("timer" in k or "esper/time_" in k or "time_between" in k)
-              and "lifetime" not in k and "throughput" not in k}
+    timers = {
+        k: round(v, 4)
+        for k, v in last.items()
+        if ("timer" in k or "esper/time_" in k or "time_between" in k) and "lifetime" not in k and "throughput" not in k
+    }
     log("timers of the last round: " + json.dumps(timers))
     steady = outcome.rounds[1:] or outcome.rounds
     seconds = sum(r.seconds for r in steady)
     steps = sum(r.env_steps for r in steady)
     samples_per_step = setup.train_size / setup.envs
-    figures = {"env_steps_per_s": steps / seconds, "samples_per_s": steps * samples_per_step / seconds,
-               "seconds_per_round": seconds / len(steady), **runner_waits(results[-len(steady):], seconds),
-               **episode_work(results[-len(steady):], setup), **cards(results[-len(steady):])}
+    figures = {
+        "env_steps_per_s": steps / seconds,
+        "samples_per_s": steps * samples_per_step / seconds,
+        "seconds_per_round": seconds / len(steady),
+        **runner_waits(results[-len(steady) :], seconds),
+        **episode_work(results[-len(steady) :], setup),
+        **cards(results[-len(steady) :]),
+    }
     if len(ended) > 1:  # the same rounds by the driver's clock: also the work between two algo.train() calls
         wall = ended[-1] - ended[0]
-        figures.update(wall_env_steps_per_s=steps / wall, wall_samples_per_s=steps * samples_per_step / wall,
-                       between_rounds_share=(wall - seconds) / wall)
+        figures.update(
+            wall_env_steps_per_s=steps / wall,
+            wall_samples_per_s=steps * samples_per_step / wall,
+            between_rounds_share=(wall - seconds) / wall,
+        )
     if setup.lead and len(ended) > 1:
         # the steady rounds' sampling began when the first round's episodes reached the driver (its runners then
         # started the second), before that round's train() call ended: counted from there, not from that end
         first = flatten_numbers(results[0])
         began = ended[0] - outcome.rounds[0].seconds + first[m.DRIVER_SAMPLING_SECONDS]
         wall = ended[-1] - began
-        figures.update(env_steps_per_s=steps / wall, samples_per_s=steps * samples_per_step / wall,
-                       round_led_share=sum(flatten_numbers(r)[f"{m.ENV_RUNNERS}/{m.RUNNER_ROUND_LED}"]
-                                           for r in results[1:]) / len(results[1:]))
+        figures.update(
+            env_steps_per_s=steps / wall,
+            samples_per_s=steps * samples_per_step / wall,
+            round_led_share=sum(flatten_numbers(r)[f"{m.ENV_RUNNERS}/{m.RUNNER_ROUND_LED}"] for r in results[1:])
+            / len(results[1:]),
+        )
     return {**figures, **sampling_split(figures, setup)}
 
 
@@ -302,8 +376,12 @@ def episode_work(results: list[dict], setup: Setup) -> dict[str, float]:
 
     in_env = sum(mean(key) for key in rows[0] if key.startswith(m.PHASE_TIME_PREFIX)) / setup.max_epochs
     per_step = mean(m.RUNNER_SAMPLE_SECONDS) / (setup.episodes_per_env * setup.max_epochs)
-    return {"captures_per_episode": mean(m.GRAPH_CAPTURES), "seed_epochs_per_episode": mean(m.SEED_EPOCHS),
-            "ms_per_step_in_env": 1e3 * in_env, "ms_per_step_outside_env": 1e3 * (per_step - in_env)}
+    return {
+        "captures_per_episode": mean(m.GRAPH_CAPTURES),
+        "seed_epochs_per_episode": mean(m.SEED_EPOCHS),
+        "ms_per_step_in_env": 1e3 * in_env,
+        "ms_per_step_outside_env": 1e3 * (per_step - in_env),
+    }
 
 
 def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
@@ -315,13 +393,18 @@ def runner_waits(results: list[dict], seconds: float) -> dict[str, float]:
     rows = [flatten_numbers(r) for r in results]
     mean = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS}"] for row in rows]
     slowest = [row[f"{m.ENV_RUNNERS}/{m.RUNNER_SAMPLE_SECONDS_MAX}"] for row in rows]
-    waits = {"runner_sample_seconds_mean": sum(mean) / len(rows), "runner_sample_seconds_max": sum(slowest) / len(rows),
-             "waiting_for_the_slowest_share": (sum(slowest) - sum(mean)) / seconds}
+    waits = {
+        "runner_sample_seconds_mean": sum(mean) / len(rows),
+        "runner_sample_seconds_max": sum(slowest) / len(rows),
+        "waiting_for_the_slowest_share": (sum(slowest) - sum(mean)) / seconds,
+    }
     if all(m.DRIVER_SAMPLING_SECONDS in row for row in rows):  # timed by the overlapped PPO only
         sampling = sum(row[m.DRIVER_SAMPLING_SECONDS] for row in rows)
-        waits.update(collecting_episodes_share=(sampling - sum(slowest)) / seconds,
-                     after_sampling_share=(seconds - sampling) / seconds,
-                     weight_send_share=sum(row[m.DRIVER_WEIGHT_SYNC_SECONDS] for row in rows) / seconds)
+        waits.update(
+            collecting_episodes_share=(sampling - sum(slowest)) / seconds,
+            after_sampling_share=(seconds - sampling) / seconds,
+            weight_send_share=sum(row[m.DRIVER_WEIGHT_SYNC_SECONDS] for row in rows) / seconds,
+        )
     return waits
 
 
@@ -339,7 +422,8 @@ def cards(results: list[dict]) -> dict[str, Any]:
     if keys:
         out["runner_sample_seconds_by_gpu"] = {
             key.removeprefix(prefix): sum(row[key] for row in rows if key in row) / sum(key in row for row in rows)
-            for key in keys}
+            for key in keys
+        }
     learner_key = f"{m.LEARNERS}/{m.DEFAULT_MODULE}/{m.LEARNER_GPU}"  # logged per module (learner.py)
     learner = [row[learner_key] for row in rows if learner_key in row]
     if learner:
@@ -365,9 +449,9 @@ def local_ray(mps: bool, gpus: int, profiles: Path | None = None):  # type: igno
     its env runners profile their sample calls into that folder); the bare half needs none."""
     import ray
 
-    from esper_ray.train.rllib.env_runner import PROFILE_ENV
     from esper_ray.train.process.gpu_spread import NODE_GPUS_ENV
     from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
+    from esper_ray.train.rllib.env_runner import PROFILE_ENV
 
     env = mps_environment(new_run_id()) if mps else {}
     if profiles is not None:
@@ -377,8 +461,13 @@ def local_ray(mps: bool, gpus: int, profiles: Path | None = None):  # type: igno
         ids = ",".join(gpu_ids(before, gpus))
         os.environ["CUDA_VISIBLE_DEVICES"] = ids  # Ray counts and hands out only these
         env = {**env, NODE_GPUS_ENV: ids}
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env} if env else None)
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env} if env else None,
+    )
     try:
         with mps_daemons(env) if mps else contextlib.nullcontext():
             yield
@@ -435,7 +524,9 @@ def profile_summary(folder: Path, first_call: int = 2, lines: int = 40, dump: Pa
 
     runners = len({p.stem.split("_call_")[0] for p in files})
     out = io.StringIO()
-    out.write(f"{counted(len(files), 'sample call')} of {counted(runners, 'env runner')} (calls {first_call} on), merged\n")
+    out.write(
+        f"{counted(len(files), 'sample call')} of {counted(runners, 'env runner')} (calls {first_call} on), merged\n"
+    )
     stats.stream = out  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(lines)
     stats.sort_stats("tottime").print_stats(lines)
@@ -449,20 +540,24 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
 
     figures: dict[str, Any] = {}
     if "bare" in halves:
-        log(f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}")
+        log(
+            f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}"
+        )
         with bare_mps(mps):
             bare_rate = bare(setup)
         log(f"bare: {bare_rate}")
-        figures.update(bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
-                       bare_samples_per_s=round(bare_rate["samples_per_s"]),
-                       bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2),
-                       bare_threads_per_env=bare_rate["threads_per_env"],
-                       bare_reset_share=round(bare_rate["reset_share"], 3),
-                       bare_capturing_steps_share=round(bare_rate["capturing_steps_share"], 3),
-                       bare_captures_per_episode=round(bare_rate["captures_per_episode"], 2),
-                       bare_ms_per_reset=round(bare_rate["ms_per_reset"], 1),
-                       bare_seed_epochs_per_episode=round(bare_rate["seed_epochs_per_episode"], 2),
-                       bare_ms_per_step_in_env=round(bare_rate["ms_per_step_in_env"], 2))
+        figures.update(
+            bare_env_steps_per_s=round(bare_rate["env_steps_per_s"], 2),
+            bare_samples_per_s=round(bare_rate["samples_per_s"]),
+            bare_cpu_busy_per_env=round(bare_rate["cpu_busy_per_env"], 2),
+            bare_threads_per_env=bare_rate["threads_per_env"],
+            bare_reset_share=round(bare_rate["reset_share"], 3),
+            bare_capturing_steps_share=round(bare_rate["capturing_steps_share"], 3),
+            bare_captures_per_episode=round(bare_rate["captures_per_episode"], 2),
+            bare_ms_per_reset=round(bare_rate["ms_per_reset"], 1),
+            bare_seed_epochs_per_episode=round(bare_rate["seed_epochs_per_episode"], 2),
+            bare_ms_per_step_in_env=round(bare_rate["ms_per_step_in_env"], 2),
+        )
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
@@ -473,15 +568,23 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         if profiles is not None:
             (profiles / "steady.txt").write_text(profile_summary(profiles, dump=profiles / "steady.prof"))
             log(f"train: the runners' profiles of the steady rounds in {profiles / 'steady.txt'} (merged: steady.prof)")
-        figures.update(train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
-                       train_samples_per_s=round(train_rate["samples_per_s"]),
-                       train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
-                       train_seconds_per_round=round(train_rate["seconds_per_round"], 2),
-                       train_runner_sample_seconds_mean=round(train_rate["runner_sample_seconds_mean"], 3),
-                       train_runner_sample_seconds_max=round(train_rate["runner_sample_seconds_max"], 3),
-                       train_waiting_for_the_slowest_share=round(train_rate["waiting_for_the_slowest_share"], 3))
-        for key in ("collecting_episodes_share", "after_sampling_share", "weight_send_share", "between_rounds_share",
-                    "wall_samples_per_s", "round_led_share"):
+        figures.update(
+            train_env_steps_per_s=round(train_rate["env_steps_per_s"], 2),
+            train_samples_per_s=round(train_rate["samples_per_s"]),
+            train_samples_per_s_per_gpu=round(train_rate["samples_per_s"] / max(setup.gpus, 1)),
+            train_seconds_per_round=round(train_rate["seconds_per_round"], 2),
+            train_runner_sample_seconds_mean=round(train_rate["runner_sample_seconds_mean"], 3),
+            train_runner_sample_seconds_max=round(train_rate["runner_sample_seconds_max"], 3),
+            train_waiting_for_the_slowest_share=round(train_rate["waiting_for_the_slowest_share"], 3),
+        )
+        for key in (
+            "collecting_episodes_share",
+            "after_sampling_share",
+            "weight_send_share",
+            "between_rounds_share",
+            "wall_samples_per_s",
+            "round_led_share",
+        ):
             if key in train_rate:
                 figures[f"train_{key}"] = round(train_rate[key], 3 if key.endswith("share") else None)
         for key in ("captures_per_episode", "seed_epochs_per_episode", "ms_per_step_in_env", "ms_per_step_outside_env"):
@@ -489,50 +592,86 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         figures["train_outside_sampling_share"] = round(train_rate["outside_sampling_share"], 3)
         if "runner_sample_seconds_by_gpu" in train_rate:
             figures["train_runner_sample_seconds_by_gpu"] = {
-                gpu: round(seconds, 3) for gpu, seconds in train_rate["runner_sample_seconds_by_gpu"].items()}
+                gpu: round(seconds, 3) for gpu, seconds in train_rate["runner_sample_seconds_by_gpu"].items()
+            }
         if "learner_gpu" in train_rate:
             figures["train_learner_gpu"] = train_rate["learner_gpu"]
     if "bare" in halves and "train" in halves:
         figures["train_over_bare"] = round(train_rate["env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
-        figures["train_sampling_over_bare"] = round(train_rate["sampling_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
+        figures["train_sampling_over_bare"] = round(
+            train_rate["sampling_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3
+        )
         if "wall_env_steps_per_s" in train_rate:
-            figures["train_wall_over_bare"] = round(train_rate["wall_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3)
+            figures["train_wall_over_bare"] = round(
+                train_rate["wall_env_steps_per_s"] / bare_rate["env_steps_per_s"], 3
+            )
     return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="GPU sizes (default: CPU, the default train settings)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)")
+    parser.add_argument(
+        "--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)"
+    )
     parser.add_argument("--envs-per-gpu", type=int, default=4)
-    parser.add_argument("--learner-gpus", type=float, default=None,
-                        help="GPU share of the learner with --gpu (default 0.2 on one GPU; 0.1 on several, so that the "
-                             "envs' share, (1 - this) / envs per GPU, leaves no room for one more env per GPU)")
-    parser.add_argument("--learner-cpus", type=float, default=None,
-                        help="CPUs of the learner with --gpu, its torch threads (default none reserved: one thread); "
-                             "with --learner-gpus 0 the learner updates on these")
+    parser.add_argument(
+        "--learner-gpus",
+        type=float,
+        default=None,
+        help="GPU share of the learner with --gpu (default 0.2 on one GPU; 0.1 on several, so that the "
+        "envs' share, (1 - this) / envs per GPU, leaves no room for one more env per GPU)",
+    )
+    parser.add_argument(
+        "--learner-cpus",
+        type=float,
+        default=None,
+        help="CPUs of the learner with --gpu, its torch threads (default none reserved: one thread); "
+        "with --learner-gpus 0 the learner updates on these",
+    )
     parser.add_argument("--mps", action="store_true", help="also measure under a private MPS daemon")
     parser.add_argument("--mps-only", action="store_true", help="measure only under a private MPS daemon")
     parser.add_argument("--overlap", action="store_true", help="the train half overlaps learner updates with sampling")
-    parser.add_argument("--lead", action="store_true",
-                        help="the train half's env runners start each next round once done with theirs (implies --overlap)")
-    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting for both halves (repeatable)")
+    parser.add_argument(
+        "--lead",
+        action="store_true",
+        help="the train half's env runners start each next round once done with theirs (implies --overlap)",
+    )
+    parser.add_argument(
+        "--env", action="append", metavar="KEY=VALUE", help="an env setting for both halves (repeatable)"
+    )
     parser.add_argument("--no-graphs", action="store_true", help="eager train steps (no CUDA graphs)")
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--max-epochs", type=int, default=None,
-                        help="host epochs an episode (default: 20 with --gpu, else a plain `esper-ray train`'s)")
+    parser.add_argument(
+        "--max-epochs",
+        type=int,
+        default=None,
+        help="host epochs an episode (default: 20 with --gpu, else a plain `esper-ray train`'s)",
+    )
     parser.add_argument("--cpus-per-env", type=float, default=None, help="CPUs of each env runner in the train half")
     parser.add_argument("--only", choices=("bare", "train"), help="measure one half only (no ratio)")
     parser.add_argument("--bare-seconds", type=float, default=None)
-    parser.add_argument("--profile-runners", type=Path, metavar="DIR",
-                        help="the train half's env runners profile their sample calls (cProfile, one file a call) into "
-                             "DIR/with_mps or DIR/without_mps; the steady rounds' merged summary goes to steady.txt there")
-    parser.add_argument("--bare-threads", type=int, default=None,
-                        help="torch threads of each bare env process (default: the cores over the envs; a train runner "
-                             "has one a CPU it was given, 1 by default)")
-    parser.add_argument("--bare-controller", choices=("random", "none"), default="random",
-                        help="the bare envs' controller (default random; none: the host alone, so no step after the "
-                             "warm-up captures a graph: what the envs make without capture costs)")
+    parser.add_argument(
+        "--profile-runners",
+        type=Path,
+        metavar="DIR",
+        help="the train half's env runners profile their sample calls (cProfile, one file a call) into "
+        "DIR/with_mps or DIR/without_mps; the steady rounds' merged summary goes to steady.txt there",
+    )
+    parser.add_argument(
+        "--bare-threads",
+        type=int,
+        default=None,
+        help="torch threads of each bare env process (default: the cores over the envs; a train runner "
+        "has one a CPU it was given, 1 by default)",
+    )
+    parser.add_argument(
+        "--bare-controller",
+        choices=("random", "none"),
+        default="random",
+        help="the bare envs' controller (default random; none: the host alone, so no step after the "
+        "warm-up captures a graph: what the envs make without capture costs)",
+    )
     args = parser.parse_args()
     halves = (args.only,) if args.only else HALVES
     from esper_ray.cli import parse_env_overrides
@@ -542,13 +681,29 @@ def main() -> None:
     if args.gpu:
         envs = args.gpus * args.envs_per_gpu
         learner_gpus = args.learner_gpus if args.learner_gpus is not None else (0.2 if args.gpus == 1 else 0.1)
-        setup = Setup(envs=envs, gpus=args.gpus, task="synthetic", train_size=12_500 * envs, val_size=10_000,
-                      batch_size=512, max_epochs=args.max_epochs or 20,
-                      episodes_per_env=4, rounds=args.rounds or 4, bare_seconds=args.bare_seconds or 30.0, slots=("r0c1",),
-                      model="gpu", cuda_graphs=not args.no_graphs, learner_gpus=learner_gpus,
-                      learner_cpus=args.learner_cpus, cpus_per_env=args.cpus_per_env,
-                      overlap=args.overlap or args.lead, lead=args.lead, extra_env=extra_env,
-                      bare_controller=args.bare_controller, bare_threads=args.bare_threads)
+        setup = Setup(
+            envs=envs,
+            gpus=args.gpus,
+            task="synthetic",
+            train_size=12_500 * envs,
+            val_size=10_000,
+            batch_size=512,
+            max_epochs=args.max_epochs or 20,
+            episodes_per_env=4,
+            rounds=args.rounds or 4,
+            bare_seconds=args.bare_seconds or 30.0,
+            slots=("r0c1",),
+            model="gpu",
+            cuda_graphs=not args.no_graphs,
+            learner_gpus=learner_gpus,
+            learner_cpus=args.learner_cpus,
+            cpus_per_env=args.cpus_per_env,
+            overlap=args.overlap or args.lead,
+            lead=args.lead,
+            extra_env=extra_env,
+            bare_controller=args.bare_controller,
+            bare_threads=args.bare_threads,
+        )
     else:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
         from esper_ray.contracts.env_config import TASK_DEFAULTS
@@ -556,26 +711,43 @@ def main() -> None:
         from esper_ray.data.task_loading import load_task_data
 
         default = TrainConfig()
-        setup = Setup(envs=default.envs, gpus=0, task=default.task, train_size=len(load_task_data(default.task).train_y),
-                      val_size=None,
-                      batch_size=TASK_DEFAULTS[default.task]["batch_size"], max_epochs=args.max_epochs or default.max_epochs,
-                      episodes_per_env=default.episodes_per_env, rounds=args.rounds or 4,
-                      bare_seconds=args.bare_seconds or 10.0, slots=default.slots, model="cpu",
-                      cpus_per_env=args.cpus_per_env or default.cpus_per_env, overlap=args.overlap or args.lead, lead=args.lead,
-                      extra_env=extra_env, bare_controller=args.bare_controller, bare_threads=args.bare_threads)
+        setup = Setup(
+            envs=default.envs,
+            gpus=0,
+            task=default.task,
+            train_size=len(load_task_data(default.task).train_y),
+            val_size=None,
+            batch_size=TASK_DEFAULTS[default.task]["batch_size"],
+            max_epochs=args.max_epochs or default.max_epochs,
+            episodes_per_env=default.episodes_per_env,
+            rounds=args.rounds or 4,
+            bare_seconds=args.bare_seconds or 10.0,
+            slots=default.slots,
+            model="cpu",
+            cpus_per_env=args.cpus_per_env or default.cpus_per_env,
+            overlap=args.overlap or args.lead,
+            lead=args.lead,
+            extra_env=extra_env,
+            bare_controller=args.bare_controller,
+            bare_threads=args.bare_threads,
+        )
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.precision import resolve_amp
 
     amp = EnvConfig(**dict(extra_env)).amp  # as an env reads it (YAML's `off` arrives as False)
     precision = resolve_amp(amp, torch.device("cuda" if setup.gpus else "cpu"))  # what the envs train in
-    report: dict[str, Any] = {"machine": machine(), "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env,
-                                                              "precision": precision}}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "setup": {**setup.__dict__, "gpus_per_env": setup.gpus_per_env, "precision": precision},
+    }
     if not args.mps_only:
-        report["without_mps"] = measure(setup, mps=False, halves=halves,
-                                        profiles=args.profile_runners and args.profile_runners / "without_mps")
+        report["without_mps"] = measure(
+            setup, mps=False, halves=halves, profiles=args.profile_runners and args.profile_runners / "without_mps"
+        )
     if args.mps or args.mps_only:
-        report["with_mps"] = measure(setup, mps=True, halves=halves,
-                                     profiles=args.profile_runners and args.profile_runners / "with_mps")
+        report["with_mps"] = measure(
+            setup, mps=True, halves=halves, profiles=args.profile_runners and args.profile_runners / "with_mps"
+        )
     print(json.dumps(report))
 
 

@@ -7,7 +7,7 @@ a host subclasses `HostModule` and declares its slots as `SlotSpec`s; `load_grow
 from __future__ import annotations
 
 TYPE_CHECKING = False  # typing's own flag without importing typing: the `esper-ray` script imports this first,
-if TYPE_CHECKING:      # and each module it loads before cli.main's handler is a moment a Ctrl-C is a traceback
+if TYPE_CHECKING:  # and each module it loads before cli.main's handler is a moment a Ctrl-C is a traceback
     from typing import Any
 
 from esper_ray.contracts.host import SlotSpec

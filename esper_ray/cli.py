@@ -13,27 +13,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
-from esper_ray.contracts.train_config import MAX_COUNT, RUN_ENV_KEYS, TRAIN_OWNED_ENV_KEYS, TRAINING_ENV_DEFAULTS, TrainConfig
+from esper_ray.contracts.train_config import (
+    MAX_COUNT,
+    RUN_ENV_KEYS,
+    TRAIN_OWNED_ENV_KEYS,
+    TRAINING_ENV_DEFAULTS,
+    TrainConfig,
+)
 from esper_ray.contracts.yaml_file import load_mapping
 from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.process.termination import EXIT_CODE as TERMINATED_EXIT_CODE
-from esper_ray.train.process.threads import COMMAND_THREADS, threads_line, threads_of_cpus
 from esper_ray.train.process.termination import received as sigterm_received
+from esper_ray.train.process.threads import COMMAND_THREADS, threads_line, threads_of_cpus
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
     from esper_ray.morpho.blueprints import count_params
     from esper_ray.morpho.hosts import build_host
 
-    preset = EnvConfig(task=args.task, host_preset=args.host_preset,
-                       plugins=tuple(args.plugins)).effective_host_preset  # the env's own rule
+    preset = EnvConfig(
+        task=args.task, host_preset=args.host_preset, plugins=tuple(args.plugins)
+    ).effective_host_preset  # the env's own rule
     host = build_host(preset)
     blueprints = topology_blueprints(host.topology.value)
     print(f"host {preset} ({host.topology.value}): {count_params(host):,} parameters, slots {', '.join(host.slot_ids)}")
@@ -59,17 +64,23 @@ VERBOSE_HELP = "show Ray's own log lines and the workers' output"
 ENV_FLAGS_HELP = "environment (one env per episode; same names as env_config keys)"
 EVAL_EPISODES = 3
 JSON_HELP = "print the summaries as one JSON document on stdout (the progress lines go to stderr, as always)"
-THREADS_HELP = (f"torch threads of this process (default: {COMMAND_THREADS}; the tiny CNN hosts gain nothing from more, and "
-                "processes side by side fight over the cores)")
-SAVE_HELP = ("keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
-             "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only")
+THREADS_HELP = (
+    f"torch threads of this process (default: {COMMAND_THREADS}; the tiny CNN hosts gain nothing from more, and "
+    "processes side by side fight over the cores)"
+)
+SAVE_HELP = (
+    "keep the host run's grown network in this new folder: weights.pt, architecture.json, summary.md and "
+    "accuracy.png; load it with esper_ray.load_grown(DIR). One episode only"
+)
 
 
 EVAL_SEED_HELP = "env seed (default: the training seed)"
 EVAL_ENV_HELP = "override an env setting, e.g. --env device=cpu"
 GROW_SEED_HELP = "env seed: the host's initialisation and data order (default: the checkpoint's training seed)"
-GROW_ENV_HELP = ("an env setting on top of the checkpoint's (repeatable), e.g. --env max_epochs=40 "
-                 "--env 'slots=[h0, h1, h2]' --env device=cpu")
+GROW_ENV_HELP = (
+    "an env setting on top of the checkpoint's (repeatable), e.g. --env max_epochs=40 "
+    "--env 'slots=[h0, h1, h2]' --env device=cpu"
+)
 
 
 def _cmd_heuristic(args: argparse.Namespace) -> int:
@@ -81,8 +92,13 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
     # the env settings of every command's runs (TRAINING_ENV_DEFAULTS) under the flags: the A/B heuristic arm's lifecycle
-    summaries = run_heuristic({**TRAINING_ENV_DEFAULTS, **given(args, args.env_fields)}, args.episodes, measure_test=True,
-                              on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None, threads=args.threads)
+    summaries = run_heuristic(
+        {**TRAINING_ENV_DEFAULTS, **given(args, args.env_fields)},
+        args.episodes,
+        measure_test=True,
+        on_episode_end=saver(folder, CONTROLLER_NAME) if folder else None,
+        threads=args.threads,
+    )
     _print_summaries(summaries, args.json)
     _print_saved(folder, args.json)
     return 0
@@ -121,37 +137,54 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
     explicit --output that holds a run is refused.
     """
-    from esper_ray.train.folders.checkpoints import (fresh_run_folder, left_without_checkpoint, load_checkpoint_config,
-                                             resolve_checkpoint, round_of, run_folder_of)
+    from esper_ray.train.folders.checkpoints import (
+        fresh_run_folder,
+        left_without_checkpoint,
+        load_checkpoint_config,
+        resolve_checkpoint,
+        round_of,
+        run_folder_of,
+    )
 
     flags = given(args, args.train_fields)
     env = parse_env_overrides(args.env)
     if args.resume is not None:
         if left_without_checkpoint(Path(args.resume).expanduser()):  # a run killed before its first checkpoint
-            raise ValueError(f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
-                             f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
-                             "(without --resume): a new run takes that folder")
+            raise ValueError(
+                f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
+                f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
+                "(without --resume): a new run takes that folder"
+            )
         checkpoint = resolve_checkpoint(args.resume)
         stored = load_checkpoint_config(checkpoint)
         given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
         if env:
             given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
         asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
-        changed = sorted(k for k in given_settings if k not in ("rounds", "output", "address")
-                         and _plain(getattr(asked, k)) != _plain(getattr(stored, k)))
+        changed = sorted(
+            k
+            for k in given_settings
+            if k not in ("rounds", "output", "address") and _plain(getattr(asked, k)) != _plain(getattr(stored, k))
+        )
         if changed:
-            raise ValueError(f"--resume continues a run with its own settings; only --rounds, --output and --address may "
-                             f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})")
+            raise ValueError(
+                f"--resume continues a run with its own settings; only --rounds, --output and --address may "
+                f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})"
+            )
         done = round_of(checkpoint)
         rounds = flags.get("rounds", stored.rounds)
         if rounds <= done:
-            raise ValueError(f"--rounds {rounds}: --rounds is the total number of rounds, and {checkpoint} has done {done} "
-                             f"already; give --rounds {done + stored.rounds} to train {stored.rounds} more")
+            raise ValueError(
+                f"--rounds {rounds}: --rounds is the total number of rounds, and {checkpoint} has done {done} "
+                f"already; give --rounds {done + stored.rounds} to train {stored.rounds} more"
+            )
         run_dir = run_folder_of(checkpoint).resolve()
         output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
         if output != run_dir:
             output = fresh_run_folder(output, numbered=False)
-        return TrainConfig.from_mapping({**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}), checkpoint
+        return TrainConfig.from_mapping(
+            {**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}
+        ), checkpoint
     mapping = load_mapping(args.config, "config file") if args.config else {}
     if not isinstance(mapping.get("env", {}), dict):
         raise ValueError(f"{args.config}: env must be a mapping of env settings")
@@ -167,10 +200,10 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from esper_ray.train.process.preflight import check_env_config
     from esper_ray.formatting import counted
-    from esper_ray.train.output.progress_lines import warn_short_run
     from esper_ray.train.folders.run_lock import check_can_write
+    from esper_ray.train.output.progress_lines import warn_short_run
+    from esper_ray.train.process.preflight import check_env_config
 
     # Every argument is checked before Ray is imported: importing it takes 30-165 s on a busy machine
     cfg, resume = train_config_from_args(args)
@@ -180,9 +213,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
-    print(f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
-          f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
-          f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)", flush=True)
+    print(
+        f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
+        f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
+        f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
+        flush=True,
+    )
     warn_short_run("train", cfg.short_run_warning())
     outcome = run_training(cfg, Path(cfg.output), resume=resume, env_checked=True)
     print(format_outcome(outcome))
@@ -192,8 +228,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from esper_ray.train.folders.checkpoints import resolve_checkpoint, round_of
     from esper_ray.train.commands.grow import check_save_folder, saver
+    from esper_ray.train.folders.checkpoints import resolve_checkpoint, round_of
 
     episodes = args.episodes if args.episodes is not None else (1 if args.save else EVAL_EPISODES)
     check_int("--episodes", episodes, 1, MAX_COUNT)
@@ -206,12 +242,23 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     quiet_ray_logs()  # eval starts no Ray, but loads RLlib's modules, which log their own deprecation notices
     # A training folder stands for its newest checkpoint: say which one is evaluated (stderr under --json)
-    print(f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
-          file=sys.stderr if args.json else sys.stdout, flush=True)
-    summaries = run_evaluation(checkpoint, episodes, seed=args.seed, env_overrides=env_overrides,
-                               on_episode_end=saver(folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}",
-                                                    shared_name(checkpoint))
-                               if folder else None, threads=args.threads)
+    print(
+        f"esper-ray eval: checkpoint {checkpoint} (round {round_of(checkpoint)})",
+        file=sys.stderr if args.json else sys.stdout,
+        flush=True,
+    )
+    summaries = run_evaluation(
+        checkpoint,
+        episodes,
+        seed=args.seed,
+        env_overrides=env_overrides,
+        on_episode_end=saver(
+            folder, f"the greedy PPO policy of checkpoint {shared_name(checkpoint)}", shared_name(checkpoint)
+        )
+        if folder
+        else None,
+        threads=args.threads,
+    )
     _print_summaries(summaries, args.json)
     print(mean_line(summaries), file=sys.stderr if args.json else sys.stdout)  # stdout stays one JSON document
     _print_saved(folder, args.json)
@@ -228,8 +275,10 @@ def _check_grow_args(args: argparse.Namespace) -> None:
     registry.load_plugins([*cfg.plugins, *args.plugins])
     registry.host(args.host, field="--host")  # an unknown name lists the registered ones
     if args.task is None and not any(args.host in registry.task(t).hosts for t in registry.task_names()):
-        raise ValueError(f"--host {args.host}: no registered task lists it as its own host, so the data it grows on "
-                         f"must be named: add --task NAME, NAME one of {registry.task_names()} (or a package.module:loader)")
+        raise ValueError(
+            f"--host {args.host}: no registered task lists it as its own host, so the data it grows on "
+            f"must be named: add --task NAME, NAME one of {registry.task_names()} (or a package.module:loader)"
+        )
     parse_env_overrides(args.env)
     save = Path(args.save).expanduser() if args.save else None
     if save is not None and save.exists() and (not save.is_dir() or any(save.iterdir())):
@@ -243,8 +292,19 @@ def _cmd_grow(args: argparse.Namespace) -> int:
         from esper_ray.train.process.resources import quiet_ray_logs
 
     quiet_ray_logs()  # no Ray is started, but RLlib's modules log their own deprecation notices
-    run_grow(GrowRequest(args.checkpoint, args.host, args.task, tuple(args.plugins), tuple(args.env or ()), args.seed,
-                         args.save, args.sample, args.threads))
+    run_grow(
+        GrowRequest(
+            args.checkpoint,
+            args.host,
+            args.task,
+            tuple(args.plugins),
+            tuple(args.env or ()),
+            args.seed,
+            args.save,
+            args.sample,
+            args.threads,
+        )
+    )
     return 0
 
 
@@ -268,12 +328,15 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
     episodes = counted(spec.eval_episodes, 'evaluation episode')
     trains = any(spec.controller(a) is ControllerKind.PPO for a in spec.arms)
-    work = (f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if trains
-            else f"{episodes} each, no training")  # announce only what the arms do
-    print(f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
-          f"({work}), "
-          f"{at_once} at once; output {output}",
-          flush=True)
+    work = (
+        f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if trains else f"{episodes} each, no training"
+    )  # announce only what the arms do
+    print(
+        f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
+        f"({work}), "
+        f"{at_once} at once; output {output}",
+        flush=True,
+    )
     for line in spec.short_run_warnings():
         warn_short_run("ab", line)
     if args.salvage and not args.resume:
@@ -283,22 +346,36 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
     resume_hint = f"resume with: {ab_resume_command(args.experiment, output)}"
     try:
-        outcome = run_experiment(spec, output, resume=args.resume, address=args.address,
-                                 source=experiment_source(Path(args.experiment)), save_networks=args.save,
-                                 salvage=args.salvage)
+        outcome = run_experiment(
+            spec,
+            output,
+            resume=args.resume,
+            address=args.address,
+            source=experiment_source(Path(args.experiment)),
+            save_networks=args.save,
+            salvage=args.salvage,
+        )
     except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
         if (output / "experiment.json").is_file():
             print(f"esper-ray ab: stopped before any trial ran; {resume_hint}", file=sys.stderr, flush=True)
         raise
     if outcome.interrupted:
         what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
-        print(f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; the report so far is in "
-              f"{outcome.output / 'report.md'}; {resume_hint}", file=sys.stderr, flush=True)
+        print(
+            f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; the report so far is in "
+            f"{outcome.output / 'report.md'}; {resume_hint}",
+            file=sys.stderr,
+            flush=True,
+        )
         return TERMINATED_EXIT_CODE if outcome.terminated else 130
     _print_report(outcome.output)
     if outcome.failed:
-        print(f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed and are left out of the statistics: "
-              + "; ".join(outcome.failed), file=sys.stderr, flush=True)
+        print(
+            f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed and are left out of the statistics: "
+            + "; ".join(outcome.failed),
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 
@@ -324,8 +401,11 @@ def _print_report(run_dir: Path) -> None:
     from esper_ray.train.output.viewer_hints import tensorboard_command
 
     print((run_dir / "report.md").read_text())
-    print(f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
-          + ", ".join(str(run_dir / f) for f in FIGURES) + f"; TensorBoard: {tensorboard_command(run_dir / 'tune')}")
+    print(
+        f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
+        + ", ".join(str(run_dir / f) for f in FIGURES)
+        + f"; TensorBoard: {tensorboard_command(run_dir / 'tune')}"
+    )
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -336,8 +416,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     record = collect_trials(run_dir)
     if not any(t.status == FINISHED for t in record.trials):  # a report of n=0 and "n/a" throughout tells nothing
         source = shlex.quote(record.source) if record.source else "FILE"
-        raise ValueError(f"{run_dir}: no trial has finished yet ({len(record.trials)} planned): nothing to report; "
-                         f"continue the run with: esper-ray ab {source} --resume --output {shlex.quote(str(run_dir))}")
+        raise ValueError(
+            f"{run_dir}: no trial has finished yet ({len(record.trials)} planned): nothing to report; "
+            f"continue the run with: esper-ray ab {source} --resume --output {shlex.quote(str(run_dir))}"
+        )
     write_report(run_dir, record)
     _print_report(run_dir)
     return 0
@@ -369,7 +451,8 @@ def _checkpoint_run_flags(seed_help: str, env_help: str) -> argparse.ArgumentPar
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="esper-ray", allow_abbrev=False,
+        prog="esper-ray",
+        allow_abbrev=False,
         description="Grow neural networks while they train, with a PPO controller deciding when and what to grow.",
     )
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
@@ -385,26 +468,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_host(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray host`: a task's host network, its slots and seed sizes."""
-    host = sub.add_parser("host", allow_abbrev=False, parents=[verbose_after],
-                          help="show a task's host network: its slots and each blueprint's parameter count",
-                          description="Print a task's host network (the network a run grows from): its parameter "
-                          "count, its injection slots (where seeds are planted: the names --slots takes) with the shape "
-                          "of the features at each, and the parameters a seed of each blueprint adds there. Starts no Ray.")
+    host = sub.add_parser(
+        "host",
+        allow_abbrev=False,
+        parents=[verbose_after],
+        help="show a task's host network: its slots and each blueprint's parameter count",
+        description="Print a task's host network (the network a run grows from): its parameter "
+        "count, its injection slots (where seeds are planted: the names --slots takes) with the shape "
+        "of the features at each, and the parameters a seed of each blueprint adds there. Starts no Ray.",
+    )
     # The same names and defaults as `train` and `heuristic` (EnvConfig's task and host_preset)
-    host.add_argument("--task", default=DEFAULT_TASK,
-                      help=f"the task whose host to show: {', '.join(TASKS)} or a plug-in's (default: {DEFAULT_TASK})")
-    host.add_argument("--host-preset", default=None,
-                      help="another host the task may use: text-gpu or text-starved for task text, or a plug-in's "
-                           "(default: the task's own)")
-    host.add_argument("--plugins", nargs="+", default=[], metavar="PLUGINS",
-                      help="modules that register your own tasks, hosts or blueprints (docs/plugins.md)")
+    host.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        help=f"the task whose host to show: {', '.join(TASKS)} or a plug-in's (default: {DEFAULT_TASK})",
+    )
+    host.add_argument(
+        "--host-preset",
+        default=None,
+        help="another host the task may use: text-gpu or text-starved for task text, or a plug-in's "
+        "(default: the task's own)",
+    )
+    host.add_argument(
+        "--plugins",
+        nargs="+",
+        default=[],
+        metavar="PLUGINS",
+        help="modules that register your own tasks, hosts or blueprints (docs/plugins.md)",
+    )
     host.set_defaults(func=_cmd_host)
 
 
 def _add_heuristic(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray heuristic`: the rule-based controller's episodes."""
     heuristic = sub.add_parser(
-        "heuristic", allow_abbrev=False, parents=[verbose_after, _episode_results_flags(), _threads_flag()],
+        "heuristic",
+        allow_abbrev=False,
+        parents=[verbose_after, _episode_results_flags(), _threads_flag()],
         help="run the heuristic controller and print each episode's outcome",
         description="Run the rule-based controller (germinate on plateau, fossilize seeds that contribute, prune "
         "those that hurt) for some episodes and print, per episode: final and test accuracy, parameters added "
@@ -412,50 +512,91 @@ def _add_heuristic(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     )
     heuristic.add_argument("--episodes", type=int, default=1, help="episodes to run (default: 1)")
     env_group = heuristic.add_argument_group(ENV_FLAGS_HELP)
-    heuristic.set_defaults(func=_cmd_heuristic, env_fields=add_dataclass_arguments(env_group, EnvConfig, exclude=("shard", "num_shards", "gamma"),
-                                                                                         defaults=TRAINING_ENV_DEFAULTS))
+    heuristic.set_defaults(
+        func=_cmd_heuristic,
+        env_fields=add_dataclass_arguments(
+            env_group, EnvConfig, exclude=("shard", "num_shards", "gamma"), defaults=TRAINING_ENV_DEFAULTS
+        ),
+    )
 
 
 def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray train`: PPO on Ray; TrainConfig's fields are its flags, EnvConfig's its --env keys."""
     train = sub.add_parser(
-        "train", allow_abbrev=False, parents=[verbose_after],
+        "train",
+        allow_abbrev=False,
+        parents=[verbose_after],
         help="train the controller with PPO on Ray (defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
         formatter_class=LinesHelpFormatter,
-        epilog=keys_help("env settings, each given as --env KEY=VALUE (or under env: in --config; "
-                         f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
-                         EnvConfig, exclude=TRAIN_OWNED_ENV_KEYS, defaults=TRAINING_ENV_DEFAULTS),
+        epilog=keys_help(
+            "env settings, each given as --env KEY=VALUE (or under env: in --config; "
+            f"{', '.join(sorted(TRAIN_OWNED_ENV_KEYS - {'shard', 'num_shards'}))} are train's own settings):",
+            EnvConfig,
+            exclude=TRAIN_OWNED_ENV_KEYS,
+            defaults=TRAINING_ENV_DEFAULTS,
+        ),
     )
-    train.add_argument("--config", metavar="FILE.yaml", help="YAML file of training settings (same names as the flags; unknown keys are errors)")
-    train.add_argument("--resume", metavar="DIR", help="continue a run in its own folder (a training output folder, or one "
-                       "of its checkpoint folders); --rounds is the total, so give more than the run has done")
-    train.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below")
-    train.set_defaults(func=_cmd_train, train_fields=add_dataclass_arguments(train, EnvConfig, only=RUN_ENV_KEYS)
-                       + add_dataclass_arguments(train, TrainConfig, exclude=("env",)))
+    train.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file of training settings (same names as the flags; unknown keys are errors)",
+    )
+    train.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue a run in its own folder (a training output folder, or one "
+        "of its checkpoint folders); --rounds is the total, so give more than the run has done",
+    )
+    train.add_argument(
+        "--env",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an env setting (repeatable), e.g. --env batch_size=128 --env device=cuda; the keys are listed below",
+    )
+    train.set_defaults(
+        func=_cmd_train,
+        train_fields=add_dataclass_arguments(train, EnvConfig, only=RUN_ENV_KEYS)
+        + add_dataclass_arguments(train, TrainConfig, exclude=("env",)),
+    )
 
 
 def _add_eval(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray eval`: a checkpoint's greedy policy on fresh episodes."""
     evaluate = sub.add_parser(
-        "eval", allow_abbrev=False,
-        parents=[verbose_after, _checkpoint_run_flags(EVAL_SEED_HELP, EVAL_ENV_HELP), _episode_results_flags(), _threads_flag()],
+        "eval",
+        allow_abbrev=False,
+        parents=[
+            verbose_after,
+            _checkpoint_run_flags(EVAL_SEED_HELP, EVAL_ENV_HELP),
+            _episode_results_flags(),
+            _threads_flag(),
+        ],
         help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
         "and test accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
         "With --save DIR, one episode, whose grown network is kept in DIR (a PyTorch module: esper_ray.load_grown(DIR)).",
     )
-    evaluate.add_argument("--checkpoint", required=True, metavar="DIR", help="a checkpoint folder or a training output folder (its newest checkpoint)")
-    evaluate.add_argument("--episodes", type=int, default=None, help=f"episodes to run (default: {EVAL_EPISODES}, or 1 with --save)")
+    evaluate.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a checkpoint folder or a training output folder (its newest checkpoint)",
+    )
+    evaluate.add_argument(
+        "--episodes", type=int, default=None, help=f"episodes to run (default: {EVAL_EPISODES}, or 1 with --save)"
+    )
     evaluate.set_defaults(func=_cmd_eval)
 
 
 def _add_grow(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray grow`: a checkpoint's policy grows one host, and the network is kept."""
     grow = sub.add_parser(
-        "grow", allow_abbrev=False, parents=[verbose_after, _checkpoint_run_flags(GROW_SEED_HELP, GROW_ENV_HELP), _threads_flag()],
+        "grow",
+        allow_abbrev=False,
+        parents=[verbose_after, _checkpoint_run_flags(GROW_SEED_HELP, GROW_ENV_HELP), _threads_flag()],
         help="a trained controller grows your host (built in or a plug-in's) once, and the network is kept; no RL training",
         description="Grow a host network with a trained controller: the checkpoint's policy, frozen, makes every "
         "decision of ONE host training run on --host (a registered host, or a package.module:HostClass import string) "
@@ -469,28 +610,54 @@ def _add_grow(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "policy layout), a --save folder that is in use. "
         "Runs in this process, without Ray.",
     )
-    grow.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or a training output folder (its newest checkpoint)")
-    grow.add_argument("--host", required=True, metavar="NAME_OR_IMPORT_STRING",
-                      help="the host to grow: a registered name (digits, cifar10, text, ... or a plug-in's) or "
-                           "package.module:HostClass (built with no arguments)")
-    grow.add_argument("--task", default=None, metavar="NAME",
-                      help="the data it grows on (default: the checkpoint's task if the host is one of its own, else "
-                           "the task the host is registered for; a host no task lists needs --task)")
-    grow.add_argument("--plugins", nargs="+", default=[], metavar="MOD",
-                      help="modules that register your own tasks, hosts or blueprints (docs/plugins.md), imported "
-                           "with those the checkpoint names")
-    grow.add_argument("--sample", action="store_true",
-                      help="sample each decision from the policy instead of taking its most likely one (draws fixed by --seed)")
-    grow.add_argument("--save", metavar="DIR", help="a new folder for the network (default: a new one under the run "
-                      "folder's grown/, or ./grown/ where that cannot be written, named HOST-seedS and numbered past "
-                      "any that exists; printed)")
+    grow.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a checkpoint folder or a training output folder (its newest checkpoint)",
+    )
+    grow.add_argument(
+        "--host",
+        required=True,
+        metavar="NAME_OR_IMPORT_STRING",
+        help="the host to grow: a registered name (digits, cifar10, text, ... or a plug-in's) or "
+        "package.module:HostClass (built with no arguments)",
+    )
+    grow.add_argument(
+        "--task",
+        default=None,
+        metavar="NAME",
+        help="the data it grows on (default: the checkpoint's task if the host is one of its own, else "
+        "the task the host is registered for; a host no task lists needs --task)",
+    )
+    grow.add_argument(
+        "--plugins",
+        nargs="+",
+        default=[],
+        metavar="MOD",
+        help="modules that register your own tasks, hosts or blueprints (docs/plugins.md), imported "
+        "with those the checkpoint names",
+    )
+    grow.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample each decision from the policy instead of taking its most likely one (draws fixed by --seed)",
+    )
+    grow.add_argument(
+        "--save",
+        metavar="DIR",
+        help="a new folder for the network (default: a new one under the run "
+        "folder's grown/, or ./grown/ where that cannot be written, named HOST-seedS and numbered past "
+        "any that exists; printed)",
+    )
     grow.set_defaults(func=_cmd_grow)
 
 
 def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray ab`: an experiment file's trials on Ray Tune, compared seed by seed."""
     ab = sub.add_parser(
-        "ab", allow_abbrev=False, parents=[verbose_after],
+        "ab",
+        allow_abbrev=False,
+        parents=[verbose_after],
         help="A/B experiment between controllers or reward modes on Ray Tune, with exact statistics and a report",
         description="Run every (arm, seed) trial of an experiment file in one Ray Tune run, concurrently as resources "
         "allow, started in a recorded random order, PPO trials first (they take longest). Each PPO arm trains, "
@@ -502,30 +669,54 @@ def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     )
     ab.add_argument("experiment", metavar="EXPERIMENT.yaml", help="experiment file, e.g. tune_configs/smoke.yaml")
     ab.add_argument("--output", metavar="DIR", help="results folder (default: esper_runs/<experiment name>)")
-    ab.add_argument("--resume", action="store_true", help="continue an interrupted run in --output without re-running finished trials")
-    ab.add_argument("--salvage", action="store_true",
-                    help="with --resume, for a run that was killed (kill -9, a lost machine) rather than stopped: its "
-                    "tune/ no longer matches tune_files.json, so Tune's pickles there are not loaded. Keep its finished "
-                    "trials (their JSON results), set the folder aside as tune_salvaged_N/ and run the other trials "
-                    "again, a PPO trial from its newest checkpoint that matches its own manifest. A run that "
-                    "stopped cleanly resumes as with --resume alone")
-    ab.add_argument("--address", metavar="auto|HOST:PORT",
-                    help="join a running Ray cluster instead of starting a local one (without it, a local one starts "
-                         "even where `ray start` or RAY_ADDRESS names another)")
-    ab.add_argument("--max-concurrent-trials", type=int, metavar="N",
-                    help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
-                    "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed")
-    ab.add_argument("--save", action="store_true",
-                    help="keep every evaluation episode's grown network, of every arm (PPO and baselines), in "
-                    "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))")
+    ab.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run in --output without re-running finished trials",
+    )
+    ab.add_argument(
+        "--salvage",
+        action="store_true",
+        help="with --resume, for a run that was killed (kill -9, a lost machine) rather than stopped: its "
+        "tune/ no longer matches tune_files.json, so Tune's pickles there are not loaded. Keep its finished "
+        "trials (their JSON results), set the folder aside as tune_salvaged_N/ and run the other trials "
+        "again, a PPO trial from its newest checkpoint that matches its own manifest. A run that "
+        "stopped cleanly resumes as with --resume alone",
+    )
+    ab.add_argument(
+        "--address",
+        metavar="auto|HOST:PORT",
+        help="join a running Ray cluster instead of starting a local one (without it, a local one starts "
+        "even where `ray start` or RAY_ADDRESS names another)",
+    )
+    ab.add_argument(
+        "--max-concurrent-trials",
+        type=int,
+        metavar="N",
+        help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
+        "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed",
+    )
+    ab.add_argument(
+        "--save",
+        action="store_true",
+        help="keep every evaluation episode's grown network, of every arm (PPO and baselines), in "
+        "OUTPUT/networks/ARM/seedS/episodeI/ (as `eval --save` writes one: esper_ray.load_grown(folder))",
+    )
     ab.set_defaults(func=_cmd_ab)
 
 
 def _add_report(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
     """`esper-ray report`: an A/B run's report, rebuilt."""
-    report = sub.add_parser("report", allow_abbrev=False, parents=[verbose_after], help="rebuild an A/B report from a finished or partial run",
-                            description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.")
-    report.add_argument("run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)")
+    report = sub.add_parser(
+        "report",
+        allow_abbrev=False,
+        parents=[verbose_after],
+        help="rebuild an A/B report from a finished or partial run",
+        description="Read a run folder of `esper-ray ab` and (re)write results.json, report.md and the plots.",
+    )
+    report.add_argument(
+        "run_dir", metavar="RUN_DIR", help="the folder `esper-ray ab` wrote (holds experiment.json and tune/)"
+    )
     report.set_defaults(func=_cmd_report)
 
 
@@ -564,9 +755,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ctrl_c_deferred():  # every command needs torch, whose import a Ctrl-C must not cut (deferred_interrupt.py)
             import torch  # noqa: F401
         return int(args.func(args))
-    except (ValueError, FileNotFoundError, FileExistsError) as err:  # bad settings or missing data: one clear line, no traceback
+    except (
+        ValueError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as err:  # bad settings or missing data: one clear line, no traceback
         parser.exit(2, f"esper-ray {args.command}: error: {err}\n")
-    except KeyboardInterrupt:  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/process/termination.py)
+    except (
+        KeyboardInterrupt
+    ):  # or SIGTERM outside the rounds, e.g. while the algorithm is built (train/process/termination.py)
         if sigterm_received():
             parser.exit(TERMINATED_EXIT_CODE, f"esper-ray {args.command}: terminated (SIGTERM)\n")
         parser.exit(130, f"esper-ray {args.command}: interrupted\n")
@@ -574,8 +771,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ray_exceptions = sys.modules.get("ray.exceptions")  # a Ray error needs Ray imported; `host` never imports it
         if ray_exceptions is None or not isinstance(err, ray_exceptions.RayError):
             raise
-        parser.exit(1, f"esper-ray {args.command}: error in a Ray worker: {remote_error_line(err)}\n"
-                       "(run with --verbose to see the workers' logs)\n")
+        parser.exit(
+            1,
+            f"esper-ray {args.command}: error in a Ray worker: {remote_error_line(err)}\n"
+            "(run with --verbose to see the workers' logs)\n",
+        )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,10 @@ def field_help(cls: type, field: dataclasses.Field, defaults: Mapping[str, Any] 
 def keys_help(title: str, cls: type, exclude: Iterable[str] = (), defaults: Mapping[str, Any] | None = None) -> str:
     """The fields of `cls` given as KEY=VALUE (`train --env`), one line each under `title`, with the same help as
     their flags (add_dataclass_arguments): for a parser's epilog, with formatter_class=LinesHelpFormatter."""
-    return "\n".join([title] + [f"  {f.name}: {field_help(cls, f, defaults)}" for f in dataclasses.fields(cls) if f.name not in exclude])
+    return "\n".join(
+        [title]
+        + [f"  {f.name}: {field_help(cls, f, defaults)}" for f in dataclasses.fields(cls) if f.name not in exclude]
+    )
 
 
 class LinesHelpFormatter(argparse.HelpFormatter):
@@ -45,14 +48,23 @@ class LinesHelpFormatter(argparse.HelpFormatter):
         lines = []
         for line in text.splitlines():
             item = " " * (len(line) - len(line.lstrip()))  # an indented line is a list item: its wrap hangs
-            lines.append(textwrap.fill(" ".join(line.split()), width, initial_indent=indent + item,
-                                       subsequent_indent=indent + item + ("    " if item else "")))
+            lines.append(
+                textwrap.fill(
+                    " ".join(line.split()),
+                    width,
+                    initial_indent=indent + item,
+                    subsequent_indent=indent + item + ("    " if item else ""),
+                )
+            )
         return "\n".join(lines)
 
 
 def add_dataclass_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, exclude: Iterable[str] = (),
-    defaults: Mapping[str, Any] | None = None, only: Iterable[str] | None = None,
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    exclude: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    only: Iterable[str] | None = None,
 ) -> list[str]:
     """Add one flag per field (default None = "not given"), or per field in `only`; return the field names added.
     `defaults`: the defaults the command applies itself where no flag is given, shown in the help instead of the

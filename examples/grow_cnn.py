@@ -15,6 +15,11 @@ from pathlib import Path
 from grow import grow
 
 if __name__ == "__main__":
-    sys.exit(grow(Path(__file__).parent, plugin="my_cnn",
-                  settings=["--task", "digits", "--env", "host_preset=my-cnn", "--slots", "stage1", "stage2"],
-                  input_shape=(2, 1, 8, 8)))
+    sys.exit(
+        grow(
+            Path(__file__).parent,
+            plugin="my_cnn",
+            settings=["--task", "digits", "--env", "host_preset=my-cnn", "--slots", "stage1", "stage2"],
+            input_shape=(2, 1, 8, 8),
+        )
+    )

@@ -15,5 +15,11 @@ from pathlib import Path
 from grow import grow
 
 if __name__ == "__main__":
-    sys.exit(grow(Path(__file__).parent, plugin="my_mlp", settings=["--task", "spirals", "--slots", "b0", "b1", "b2"],
-                  input_shape=(2, 20)))
+    sys.exit(
+        grow(
+            Path(__file__).parent,
+            plugin="my_mlp",
+            settings=["--task", "spirals", "--slots", "b0", "b1", "b2"],
+            input_shape=(2, 20),
+        )
+    )

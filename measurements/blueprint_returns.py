@@ -95,8 +95,14 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
     controllers: list[FixedSeedController] = []  # in order: the first that does not wait acts
     if plan.first is not None:
         blueprint, slot = plan.first.split("@")
-        controllers.append(FixedSeedController(slots, env_config["max_epochs"], FixedSeed(parse_blueprint(blueprint, blueprints, topology), slot),
-                                               min_training_epochs=10))
+        controllers.append(
+            FixedSeedController(
+                slots,
+                env_config["max_epochs"],
+                FixedSeed(parse_blueprint(blueprint, blueprints, topology), slot),
+                min_training_epochs=10,
+            )
+        )
     if plan.blueprint is not None:
         seed = FixedSeed(parse_blueprint(plan.blueprint, blueprints, topology), plan.slot)
         controllers.append(PlanController(plan, slots, env_config["max_epochs"], seed))
@@ -115,15 +121,28 @@ def run_plan(job: tuple[Plan, list[int], dict]) -> list[dict]:  # type: ignore[t
             t += 1
             done = terminated or truncated
         test = env.measure_test()
-        rows.append({"plan": plan.label, "episode": episode, "shard": env_config.get("shard", 0), "return": ret, "val": info["committed_accuracy"],
-                     "test": test.accuracy, "test_with_probation": test.accuracy_with_probation,
-                     "params": info["committed_seed_params"], "fossilized": info["count/fossilized"], "germinated": info["count/germinated"],
-                     "refused": info["count/refused"], "curve": curve})
+        rows.append(
+            {
+                "plan": plan.label,
+                "episode": episode,
+                "shard": env_config.get("shard", 0),
+                "return": ret,
+                "val": info["committed_accuracy"],
+                "test": test.accuracy,
+                "test_with_probation": test.accuracy_with_probation,
+                "params": info["committed_seed_params"],
+                "fossilized": info["count/fossilized"],
+                "germinated": info["count/germinated"],
+                "refused": info["count/refused"],
+                "curve": curve,
+            }
+        )
     return rows
 
 
-def plans(blueprints: list[str], best: str, slots: list[str], epochs: list[int], slot: str = "r0c0",
-          first: str | None = None) -> list[Plan]:
+def plans(
+    blueprints: list[str], best: str, slots: list[str], epochs: list[int], slot: str = "r0c0", first: str | None = None
+) -> list[Plan]:
     """The bare host, then (with `first`) that seed alone, then every plan, each after `first` where it is given."""
     out = [Plan(b, slot=slot, first=first) for b in blueprints]
     taken = first.split("@")[1] if first else None  # the first seed's slot holds no second one
@@ -137,7 +156,11 @@ def headroom(by_plan: dict[str, dict[int, dict]], episodes: list[int]) -> tuple[
     """The headroom of a controller that adapts to the episode: the best plan for all episodes (what a fixed arm can
     be) and its mean test accuracy, the mean of each episode's best plan (an oracle), and on how many episodes
     another plan beats the best one."""
-    means = {label: np.mean([per[e]["test"] for e in episodes]) for label, per in by_plan.items() if len(per) == len(episodes)}
+    means = {
+        label: np.mean([per[e]["test"] for e in episodes])
+        for label, per in by_plan.items()
+        if len(per) == len(episodes)
+    }
     best = max(means, key=means.__getitem__)
     oracle = {e: max(per[e]["test"] for per in by_plan.values() if e in per) for e in episodes}
     beaten = sum(oracle[e] > by_plan[best][e]["test"] for e in episodes)
@@ -153,20 +176,38 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--best", default="attention", help="the blueprint tried in other slots, later, on probation")
     parser.add_argument("--epochs", type=int, nargs="+", default=[0, 3, 6, 9])
-    parser.add_argument("--slot", default="r0c0", choices=["r0c0", "r0c1", "r0c2"],
-                        help="the slot every blueprint is planted in (--best is also tried in the others)")
-    parser.add_argument("--first", help="a seed planted first in every plan, as BLUEPRINT@SLOT (conv_heavy@r0c1): "
-                        "the plans are then second seeds, and the table also has this seed alone")
-    parser.add_argument("--num-shards", type=int, default=1, help="train each host on one shard of this many, as an "
-                        "env of a run with this many envs does (episode i on shard i mod num-shards)")
+    parser.add_argument(
+        "--slot",
+        default="r0c0",
+        choices=["r0c0", "r0c1", "r0c2"],
+        help="the slot every blueprint is planted in (--best is also tried in the others)",
+    )
+    parser.add_argument(
+        "--first",
+        help="a seed planted first in every plan, as BLUEPRINT@SLOT (conv_heavy@r0c1): "
+        "the plans are then second seeds, and the table also has this seed alone",
+    )
+    parser.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        help="train each host on one shard of this many, as an "
+        "env of a run with this many envs does (episode i on shard i mod num-shards)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write every episode's figures here")
     args = parser.parse_args()
     if args.first is not None and (args.first.count("@") != 1 or args.first.split("@")[1] == args.slot):
         parser.error(f"--first {args.first}: must be BLUEPRINT@SLOT in a slot other than --slot {args.slot}")
-    env_config = {"task": args.task, "max_epochs": args.max_epochs, "seed": 0, "reward_mode": "committed",
-                  "device": args.device, "num_shards": args.num_shards}
+    env_config = {
+        "task": args.task,
+        "max_epochs": args.max_epochs,
+        "seed": 0,
+        "reward_mode": "committed",
+        "device": args.device,
+        "num_shards": args.num_shards,
+    }
     topology = topology_of(args.task)
     if topology == "transformer":
         env_config.update(host_preset=args.host_preset, text_max_bytes=args.text_max_bytes)
@@ -188,12 +229,20 @@ def main() -> None:
     card = "cpu"
     if args.device == "cuda":
         card = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
-    commit = os.environ.get("COMMIT") or subprocess.run(  # COMMIT: a copy of the code outside its repository
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    commit = (
+        os.environ.get("COMMIT")
+        or subprocess.run(  # COMMIT: a copy of the code outside its repository
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
     host = f"{args.host_preset}, " if topology == "transformer" else ""
-    print(f"# {args.task} ({host}shards of {args.num_shards}), {args.episodes} paired episodes "
-          f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
-          f"commit {commit}", flush=True)
+    print(
+        f"# {args.task} ({host}shards of {args.num_shards}), {args.episodes} paired episodes "
+        f"of {args.max_epochs} epochs, {len(jobs)} jobs on {args.workers} workers; {card or platform.machine()}; "
+        f"commit {commit}",
+        flush=True,
+    )
     started = time.time()
     with mp.get_context("spawn").Pool(args.workers) as pool:
         rows = [r for part in pool.imap_unordered(run_plan, jobs) for r in part]
@@ -203,28 +252,39 @@ def main() -> None:
     none = by_plan["none"]
     print(f"wall {time.time() - started:.0f} s\n")
     spread = np.std([none[e]["test"] for e in episodes], ddof=1)
-    print(f"bare host over episodes: test {np.mean([none[e]['test'] for e in episodes]):.4f} +- {spread:.4f} (sd), "
-          f"committed return {np.mean([none[e]['return'] for e in episodes]):.2f} "
-          f"+- {np.std([none[e]['return'] for e in episodes], ddof=1):.2f}\n")
-    print("| plan | test gain (pts) | sd of paired gain | gain > 0 | return gain | sd of paired return gain "
-          "| sd of return | params kept | germinated | fossilized | refused |")
+    print(
+        f"bare host over episodes: test {np.mean([none[e]['test'] for e in episodes]):.4f} +- {spread:.4f} (sd), "
+        f"committed return {np.mean([none[e]['return'] for e in episodes]):.2f} "
+        f"+- {np.std([none[e]['return'] for e in episodes], ddof=1):.2f}\n"
+    )
+    print(
+        "| plan | test gain (pts) | sd of paired gain | gain > 0 | return gain | sd of paired return gain "
+        "| sd of return | params kept | germinated | fossilized | refused |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, per in by_plan.items():
         common = [e for e in episodes if e in per]
         gain = np.array([100 * (per[e]["test"] - none[e]["test"]) for e in common])
         rgain = np.array([per[e]["return"] - none[e]["return"] for e in common])
-        print(f"| {label} | {gain.mean():+.2f} | {gain.std(ddof=1):.2f} | {np.mean(gain > 0):.2f} | {rgain.mean():+.2f} "
-              f"| {rgain.std(ddof=1):.2f} | {np.std([per[e]['return'] for e in common], ddof=1):.2f} "
-              f"| {np.mean([per[e]['params'] for e in common]):,.0f} "
-              f"| {np.mean([per[e]['germinated'] for e in common]):.2f} "
-              f"| {np.mean([per[e]['fossilized'] for e in common]):.2f} "
-              f"| {np.mean([per[e]['refused'] for e in common]):.1f} |")
+        print(
+            f"| {label} | {gain.mean():+.2f} | {gain.std(ddof=1):.2f} | {np.mean(gain > 0):.2f} | {rgain.mean():+.2f} "
+            f"| {rgain.std(ddof=1):.2f} | {np.std([per[e]['return'] for e in common], ddof=1):.2f} "
+            f"| {np.mean([per[e]['params'] for e in common]):,.0f} "
+            f"| {np.mean([per[e]['germinated'] for e in common]):.2f} "
+            f"| {np.mean([per[e]['fossilized'] for e in common]):.2f} "
+            f"| {np.mean([per[e]['refused'] for e in common]):.1f} |"
+        )
     best, best_mean, oracle, beaten = headroom(by_plan, episodes)
-    print(f"\nbest plan for all episodes: {best}, test {best_mean:.4f}; each episode's best plan (an oracle): "
-          f"{oracle:.4f}; another plan beats {best} on {beaten} of {len(episodes)} episodes")
+    print(
+        f"\nbest plan for all episodes: {best}, test {best_mean:.4f}; each episode's best plan (an oracle): "
+        f"{oracle:.4f}; another plan beats {best} on {beaten} of {len(episodes)} episodes"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"card": card, "commit": commit, "args": vars(args) | {"json": str(args.json)},
-                                         "rows": rows}, indent=0))
+        args.json.write_text(
+            json.dumps(
+                {"card": card, "commit": commit, "args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=0
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -26,14 +26,18 @@ from esper_ray.policy.feature_filter import FEATURES, FeatureLayout, FeatureMean
 
 def make_filter() -> FeatureMeanStdFilter:
     # one base feature, no slots (the pooled slot statistics sized like it, so that Ray's own merge takes the state)
-    feature_filter = FeatureMeanStdFilter(clip_by_value=1e6, layout=FeatureLayout(base=1, slots=0, block=1, measured=1, present=0))
+    feature_filter = FeatureMeanStdFilter(
+        clip_by_value=1e6, layout=FeatureLayout(base=1, slots=0, block=1, measured=1, present=0)
+    )
     feature_filter.input_observation_space = gym.spaces.Dict(
-        {FEATURES: gym.spaces.Box(-np.inf, np.inf, (1,), np.float32), "action_mask": gym.spaces.MultiBinary(2)})
+        {FEATURES: gym.spaces.Box(-np.inf, np.inf, (1,), np.float32), "action_mask": gym.spaces.MultiBinary(2)}
+    )
     return feature_filter
 
 
-def merged_by_round(stock: bool, rounds: int, runners: int, steps: int, mean: float, std: float,
-                    seed: int) -> list[tuple[int, float, float]]:
+def merged_by_round(
+    stock: bool, rounds: int, runners: int, steps: int, mean: float, std: float, seed: int
+) -> list[tuple[int, float, float]]:
     """(count, mean, std) of the driver's statistics after each round; `stock`: RLlib's own merge_states."""
     rng = np.random.default_rng(seed)
     driver, workers = make_filter(), [make_filter() for _ in range(runners)]
@@ -59,13 +63,15 @@ def main() -> None:
     parser.add_argument("--std", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    common = dict(rounds=args.rounds, runners=args.runners, steps=args.steps, mean=args.mean, std=args.std,
-                  seed=args.seed)
+    common = dict(
+        rounds=args.rounds, runners=args.runners, steps=args.steps, mean=args.mean, std=args.std, seed=args.seed
+    )
     stock, ours = merged_by_round(True, **common), merged_by_round(False, **common)
     print(f"data: mean {args.mean}, std {args.std}; {args.runners} runners x {args.steps} features a round")
     for r, ((n, m1, s1), (_, m2, s2)) in enumerate(zip(stock, ours), 1):
-        print(f"round {r}: n {n}; Ray 2.60's merge: mean {m1:.3f} std {s1:.3f}; "
-              f"esper-ray's: mean {m2:.3f} std {s2:.3f}")
+        print(
+            f"round {r}: n {n}; Ray 2.60's merge: mean {m1:.3f} std {s1:.3f}; esper-ray's: mean {m2:.3f} std {s2:.3f}"
+        )
     print(json.dumps({"setup": vars(args), "ray_merge": stock, "esper_ray_merge": ours}))
 
 

@@ -29,7 +29,12 @@ from policy_probe import run_of  # noqa: E402
 
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.train.commands.episodes import EpisodeHistory, EpisodeSummary  # noqa: E402
-from esper_ray.train.commands.evaluate import GreedyPolicyController, evaluation_episodes, load_policy, run_evaluation_episodes  # noqa: E402
+from esper_ray.train.commands.evaluate import (
+    GreedyPolicyController,
+    evaluation_episodes,
+    load_policy,
+    run_evaluation_episodes,
+)  # noqa: E402
 
 
 def seeds_of(env: MorphogeneticEnv, history: EpisodeHistory) -> list[dict[str, Any]]:
@@ -39,15 +44,23 @@ def seeds_of(env: MorphogeneticEnv, history: EpisodeHistory) -> list[dict[str, A
     out = []
     for slot, events in sorted(history.seeds.items(), key=lambda kv: kv[1].germinated_epoch):
         seed = env.model.slots[slot]
-        out.append({"slot": slot, "blueprint": seed.blueprint.key if seed.blueprint is not None else None,
-                    "germinated": events.germinated_epoch, "fossilized": events.fossilized_epoch,
-                    "stage": seed.stage.name})
+        out.append(
+            {
+                "slot": slot,
+                "blueprint": seed.blueprint.key if seed.blueprint is not None else None,
+                "germinated": events.germinated_epoch,
+                "fossilized": events.fossilized_epoch,
+                "stage": seed.stage.name,
+            }
+        )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trial", type=Path, required=True, help="an A/B trial's folder or an `esper-ray train` output folder")
+    parser.add_argument(
+        "--trial", type=Path, required=True, help="an A/B trial's folder or an `esper-ray train` output folder"
+    )
     parser.add_argument("--checkpoint", type=Path, help="default: the run's latest checkpoint")
     parser.add_argument("--episodes", type=int, default=1, help="the run's first N evaluation episodes (default 1)")
     parser.add_argument("--device", default="cpu")
@@ -55,23 +68,40 @@ def main() -> None:
     args = parser.parse_args()
     cfg, checkpoint = run_of(args.trial, args.checkpoint)
     module, feature_filter = load_policy(checkpoint)
-    plan = [dataclasses.replace(e, env_config={**e.env_config, "device": args.device})
-            for e in evaluation_episodes(cfg, args.episodes)]
+    plan = [
+        dataclasses.replace(e, env_config={**e.env_config, "device": args.device})
+        for e in evaluation_episodes(cfg, args.episodes)
+    ]
     episodes: list[dict[str, Any]] = []
 
     def record(env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory) -> None:
-        episodes.append({"episode": summary.episode, "test_accuracy": summary.test_accuracy,
-                         "params_added": summary.params_added, "germinated": summary.germinated,
-                         "fossilized": summary.fossilized, "pruned": summary.pruned, "seeds": seeds_of(env, history)})
-        seeds = ", ".join(f"{s['blueprint'] or 'pruned'}@{s['slot']} step {s['germinated']}"
-                          + (f"-{s['fossilized']} fossilized" if s["fossilized"] else f" {s['stage'].lower()} at the end")
-                          for s in episodes[-1]["seeds"])
-        print(f"episode {summary.episode}: test acc {summary.test_accuracy:.4f}, +{summary.params_added} params kept; "
-              f"{seeds or 'no seed'}", flush=True)
+        episodes.append(
+            {
+                "episode": summary.episode,
+                "test_accuracy": summary.test_accuracy,
+                "params_added": summary.params_added,
+                "germinated": summary.germinated,
+                "fossilized": summary.fossilized,
+                "pruned": summary.pruned,
+                "seeds": seeds_of(env, history),
+            }
+        )
+        seeds = ", ".join(
+            f"{s['blueprint'] or 'pruned'}@{s['slot']} step {s['germinated']}"
+            + (f"-{s['fossilized']} fossilized" if s["fossilized"] else f" {s['stage'].lower()} at the end")
+            for s in episodes[-1]["seeds"]
+        )
+        print(
+            f"episode {summary.episode}: test acc {summary.test_accuracy:.4f}, +{summary.params_added} params kept; "
+            f"{seeds or 'no seed'}",
+            flush=True,
+        )
 
     run_evaluation_episodes(plan, GreedyPolicyController(module, feature_filter), on_episode_end=record)
     if args.json:
-        args.json.write_text(json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "episodes": episodes}, indent=1))
+        args.json.write_text(
+            json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "episodes": episodes}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
 from esper_ray.experiments.trainable import train_config_of  # noqa: E402
 from esper_ray.morpho.hosts import topology_of  # noqa: E402
-from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint  # noqa: E402
 from esper_ray.train.commands.evaluate import EVAL_SEED_STRIDE, load_policy, policy_batch  # noqa: E402
+from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint  # noqa: E402
 
 OPS = (Op.WAIT, Op.PRUNE, Op.ADVANCE, Op.FOSSILIZE)
 
@@ -57,7 +57,9 @@ def run_of(trial: Path, checkpoint: Path | None) -> tuple[TrainConfig, Path]:
         chosen = resolve_checkpoint(checkpoint or trial)
         return load_checkpoint_config(chosen), chosen
     except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"--trial {trial}: neither an A/B trial's folder (params.json) nor a training run's ({err})") from None
+        raise SystemExit(
+            f"--trial {trial}: neither an A/B trial's folder (params.json) nor a training run's ({err})"
+        ) from None
 
 
 class Watcher:
@@ -94,15 +96,20 @@ def probe(cfg: TrainConfig, checkpoint: Path, blueprint: str, slot: str, steps: 
         if t == 0:
             germinate = sum(joint[encode_joint(Op.GERMINATE, i)] for i in range(n))
             bp = softmax(logits[offsets["blueprint"]])
-            first_choice = {"germinate": float(germinate),
-                            "blueprint": {Blueprint(i).key: round(float(p), 3) for i, p in enumerate(bp) if p > 1e-3}}
-        block = obs["features"][slot_offset(index): slot_offset(index) + SLOT_FEATURES]
+            first_choice = {
+                "germinate": float(germinate),
+                "blueprint": {Blueprint(i).key: round(float(p), 3) for i, p in enumerate(bp) if p > 1e-3},
+            }
+        block = obs["features"][slot_offset(index) : slot_offset(index) + SLOT_FEATURES]
         row = {"step": t, "stage": decode_stage(block).name, "value": round(value, 3)}
         for op in OPS:
             row[op.name.lower()] = round(float(joint[0] if op is Op.WAIT else joint[encode_joint(op, index)]), 3)
         others = sorted(((float(joint[j]), *decode_joint(j)) for j in range(1, len(joint))), key=lambda o: -o[0])
-        row["other_slots"] = {f"{op.name.lower()}@{env.slot_ids[i]}": round(p, 3)
-                              for p, op, i in [o for o in others if o[2] != index and o[2] < n][:2] if p >= 0.01}
+        row["other_slots"] = {
+            f"{op.name.lower()}@{env.slot_ids[i]}": round(p, 3)
+            for p, op, i in [o for o in others if o[2] != index and o[2] < n][:2]
+            if p >= 0.01
+        }
         rows.append(row)
         obs, _, terminated, truncated, _ = env.step(controller.act(obs))
         if terminated or truncated:
@@ -112,11 +119,15 @@ def probe(cfg: TrainConfig, checkpoint: Path, blueprint: str, slot: str, steps: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trial", type=Path, required=True, help="an A/B trial's folder or an `esper-ray train` output folder")
+    parser.add_argument(
+        "--trial", type=Path, required=True, help="an A/B trial's folder or an `esper-ray train` output folder"
+    )
     parser.add_argument("--checkpoint", type=Path, help="default: the run's latest checkpoint")
     parser.add_argument("--blueprints", nargs="+", default=["attention", "norm"])
     parser.add_argument("--slot", default="r0c0")
-    parser.add_argument("--steps", type=int, default=16, help="steps to watch (the fixed lifecycle fossilizes at 14-15)")
+    parser.add_argument(
+        "--steps", type=int, default=16, help="steps to watch (the fixed lifecycle fossilizes at 14-15)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -125,14 +136,20 @@ def main() -> None:
     for blueprint in args.blueprints:
         result = probe(cfg, checkpoint, blueprint, args.slot, args.steps, args.device)
         results.append(result)
-        print(f"{blueprint}@{args.slot}; step 0: P(germinate) {result['first_step']['germinate']:.3f}, "
-              f"blueprint if germinating {result['first_step']['blueprint']}")
+        print(
+            f"{blueprint}@{args.slot}; step 0: P(germinate) {result['first_step']['germinate']:.3f}, "
+            f"blueprint if germinating {result['first_step']['blueprint']}"
+        )
         print("  step stage       value   wait  prune advance fossilize  elsewhere")
         for r in result["steps"]:
-            print(f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} "
-                  f"{r['fossilize']:9.3f}  {r['other_slots']}")
+            print(
+                f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} "
+                f"{r['fossilize']:9.3f}  {r['other_slots']}"
+            )
     if args.json:
-        args.json.write_text(json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps({"trial": str(args.trial), "checkpoint": checkpoint.name, "results": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esper_ray.contracts.actions import Op, parse_blueprint, topology_blueprints  # noqa: E402
+from esper_ray.contracts.actions import parse_blueprint, topology_blueprints  # noqa: E402
 from esper_ray.contracts.controllers import FixedSeed  # noqa: E402
 from esper_ray.contracts.rewards import RewardMode  # noqa: E402
 from esper_ray.contracts.stages import Stage  # noqa: E402
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
-from esper_ray.morpho.hosts import topology_of  # noqa: E402
 from esper_ray.env.observation import SLOT_FEATURES, decode_stage, slot_offset  # noqa: E402
+from esper_ray.morpho.hosts import topology_of  # noqa: E402
 from esper_ray.policy.baselines import wait_action  # noqa: E402
 from esper_ray.policy.fixed import FixedSeedController  # noqa: E402
 
@@ -47,8 +47,16 @@ class ProbationController(FixedSeedController):
 
 
 def run(mode: str, controller, episodes: int, args) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    env = MorphogeneticEnv({"task": args.task, "max_epochs": args.max_epochs, "seed": args.seed, "reward_mode": mode,
-                            "slots": args.slots, "device": "cpu"})
+    env = MorphogeneticEnv(
+        {
+            "task": args.task,
+            "max_epochs": args.max_epochs,
+            "seed": args.seed,
+            "reward_mode": mode,
+            "slots": args.slots,
+            "device": "cpu",
+        }
+    )
     gamma = env.reward_config.gamma
     terms: dict[str, list[float]] = collections.defaultdict(list)
     for episode in range(episodes):
@@ -93,8 +101,10 @@ def main() -> None:
         "fossilize": FixedSeedController(args.slots, args.max_epochs, seed, lifecycle_min_training),
         "probation": ProbationController(args.slots, args.max_epochs, seed, lifecycle_min_training),
     }
-    print(f"# {args.task}, {seed.label}, {args.episodes} episodes of {args.max_epochs} epochs, seed {args.seed}; "
-          f"{platform.processor() or platform.machine()}, torch {torch.__version__}")
+    print(
+        f"# {args.task}, {seed.label}, {args.episodes} episodes of {args.max_epochs} epochs, seed {args.seed}; "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    )
     figures = {}
     for mode in args.modes:
         results = {name: run(mode, c, args.episodes, args) for name, c in controllers.items()}

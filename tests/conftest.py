@@ -41,9 +41,11 @@ def pytest_sessionstart(session):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"esper-ray: the long files run first ({', '.join(LONGEST_FIRST)}: Ray clusters and training "
-                            "runs, minutes each); the percentage may stand still for minutes while they run. The whole "
-                            "suite takes 10-25 minutes on 2 cores; -m 'not expensive' skips the Ray tests.")
+        reporter.write_line(
+            f"esper-ray: the long files run first ({', '.join(LONGEST_FIRST)}: Ray clusters and training "
+            "runs, minutes each); the percentage may stand still for minutes while they run. The whole "
+            "suite takes 10-25 minutes on 2 cores; -m 'not expensive' skips the Ray tests."
+        )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,11 @@
 
 from esper_ray.contracts.families import Member, register_family
 
-register_family("test-family", (
-    Member("plain", {"max_epochs": 3}),
-    Member("wide", {"host_preset": "digits-impaired-wide", "max_epochs": 4}),
-    Member("few", {"train_samples": 200, "max_epochs": 3}),
-))
+register_family(
+    "test-family",
+    (
+        Member("plain", {"max_epochs": 3}),
+        Member("wide", {"host_preset": "digits-impaired-wide", "max_epochs": 4}),
+        Member("few", {"train_samples": 200, "max_epochs": 3}),
+    ),
+)

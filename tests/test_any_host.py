@@ -12,20 +12,33 @@ from ray.rllib.utils.filter import MeanStdFilter as PerColumnMeanStd
 
 from esper_ray.cli import main
 from esper_ray.contracts.actions import (
-    BLUEPRINT_NONE_INDEX, MAX_SLOTS, SLOTTED_OPS, Blueprint, Op, encode_joint, topology_blueprints,
+    BLUEPRINT_NONE_INDEX,
+    MAX_SLOTS,
+    SLOTTED_OPS,
+    Blueprint,
+    Op,
+    encode_joint,
+    topology_blueprints,
 )
 from esper_ray.contracts.controllers import FixedPlan, FixedSeed
 from esper_ray.contracts.host import SlotSpec
 from esper_ray.env.masks import decode_action, head_offsets
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.env.observation import (
-    SLOT_BLOCK, SLOT_DEPTH, SLOT_FEATURES, SLOT_PRESENT, SLOT_TOPOLOGY, SLOT_WIDTH, feature_size, slot_descriptors,
+    SLOT_BLOCK,
+    SLOT_DEPTH,
+    SLOT_FEATURES,
+    SLOT_PRESENT,
+    SLOT_TOPOLOGY,
+    SLOT_WIDTH,
+    feature_size,
+    slot_descriptors,
     slot_offset,
 )
+from esper_ray.policy import layout
 from esper_ray.policy.feature_filter import FEATURES, SLOTS, FeatureMeanStdFilter
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicController
-from esper_ray.policy import layout
 from esper_ray.policy.layout import check_layout, policy_layout, saved_layout
 from esper_ray.train.folders.checkpoints import resolve_checkpoint
 from esper_ray.train.rllib.rounds import MODULE_PATH
@@ -34,8 +47,16 @@ PLUGIN = "tests.any_host_parts"
 
 
 def toy_env(host: str, blocks: int, **kw) -> MorphogeneticEnv:
-    return MorphogeneticEnv({"task": "toy-blobs", "plugins": [PLUGIN], "host_preset": host,
-                             "slots": [f"h{i}" for i in range(blocks)], "max_epochs": 3, **kw})
+    return MorphogeneticEnv(
+        {
+            "task": "toy-blobs",
+            "plugins": [PLUGIN],
+            "host_preset": host,
+            "slots": [f"h{i}" for i in range(blocks)],
+            "max_epochs": 3,
+            **kw,
+        }
+    )
 
 
 def host_params(host: str, blocks: int) -> int:
@@ -45,7 +66,7 @@ def host_params(host: str, blocks: int) -> int:
 
 
 def block(features: np.ndarray, i: int) -> np.ndarray:
-    return features[slot_offset(i): slot_offset(i) + SLOT_BLOCK]
+    return features[slot_offset(i) : slot_offset(i) + SLOT_BLOCK]
 
 
 # ------------------------------------------------------------------------------------------------ the spaces
@@ -89,7 +110,11 @@ def test_the_descriptors_say_where_each_slot_sits_on_any_host():
     np.testing.assert_allclose([b[SLOT_WIDTH] for b in blocks], [0.5] * 4)  # log2(32) / 10
     assert [list(b[SLOT_TOPOLOGY]) for b in blocks] == [[0.0, 0.0, 1.0]] * 4  # cnn, transformer, vector
     # a CNN host's slots: depth in forward order (r0c1 before r1c1 before r0c2), not the action order (row-major)
-    specs = [SlotSpec("r0c1", (16, 8, 8), "cnn"), SlotSpec("r0c2", (32, 4, 4), "cnn"), SlotSpec("r1c1", (16, 4, 4), "cnn")]
+    specs = [
+        SlotSpec("r0c1", (16, 8, 8), "cnn"),
+        SlotSpec("r0c2", (32, 4, 4), "cnn"),
+        SlotSpec("r1c1", (16, 4, 4), "cnn"),
+    ]
     d = slot_descriptors(specs, ["r0c1", "r0c2", "r1c1"])
     np.testing.assert_allclose(d[:, 1], [0.0, 1.0, 0.5])
     np.testing.assert_allclose(d[:, 2], [0.4, 0.5, 0.4])
@@ -97,8 +122,11 @@ def test_the_descriptors_say_where_each_slot_sits_on_any_host():
 
 
 def test_a_host_with_more_slots_than_the_maximum_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^host 'any-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 "
-                                         r"\(choose fewer with `slots`\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^host 'any-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 "
+        r"\(choose fewer with `slots`\)$",
+    ):
         toy_env("any-mlp-9", 9)
     assert toy_env("any-mlp-9", 8).slot_ids == [f"h{i}" for i in range(8)]  # fewer of its slots fit
 
@@ -133,9 +161,9 @@ def test_a_slot_position_never_present_in_training_is_normalised_with_the_same_f
         x = np.zeros(feature_size(), np.float32)
         x[:23] = rng.normal(size=23)
         for i in range(2):
-            x[slot_offset(i): slot_offset(i) + SLOT_FEATURES] = rng.normal(2.0 + i, 1.0 + i, SLOT_FEATURES)
-            x[slot_offset(i) + SLOT_FEATURES: slot_offset(i) + SLOT_BLOCK] = [1.0, i, 0.4, 0.0, 0.0, 1.0]
-            seen.append(x[slot_offset(i): slot_offset(i) + SLOT_FEATURES].astype(np.float64))
+            x[slot_offset(i) : slot_offset(i) + SLOT_FEATURES] = rng.normal(2.0 + i, 1.0 + i, SLOT_FEATURES)
+            x[slot_offset(i) + SLOT_FEATURES : slot_offset(i) + SLOT_BLOCK] = [1.0, i, 0.4, 0.0, 0.0, 1.0]
+            seen.append(x[slot_offset(i) : slot_offset(i) + SLOT_FEATURES].astype(np.float64))
         pooled.normalize(x, update=True)
         per_column(x, update=True)
     seen = np.array(seen)
@@ -144,7 +172,7 @@ def test_a_slot_position_never_present_in_training_is_normalised_with_the_same_f
     measured = np.full(SLOT_FEATURES, 3.0, np.float32)
     descriptors = np.array([1.0, 0.7, 0.5, 0.0, 0.0, 1.0], np.float32)
     for i in (0, 5):
-        x[slot_offset(i): slot_offset(i) + SLOT_BLOCK] = [*measured, *descriptors]
+        x[slot_offset(i) : slot_offset(i) + SLOT_BLOCK] = [*measured, *descriptors]
     out = pooled.normalize(x, update=False)
     expected = (3.0 - seen.mean(axis=0)) / seen.std(axis=0, ddof=1)
     np.testing.assert_allclose(block(out, 5)[:SLOT_FEATURES], expected, rtol=1e-4)
@@ -166,7 +194,7 @@ def test_the_pooled_statistics_are_merged_across_runners_like_the_base_ones():
             for _ in range(5):
                 x = np.zeros(feature_size(), np.float32)
                 for i in range(present):
-                    x[slot_offset(i): slot_offset(i) + SLOT_FEATURES] = rng.normal(size=SLOT_FEATURES)
+                    x[slot_offset(i) : slot_offset(i) + SLOT_FEATURES] = rng.normal(size=SLOT_FEATURES)
                     x[slot_offset(i) + SLOT_PRESENT] = 1.0
                 runner.normalize(x, update=True)
         merged = driver.merge_states([runner.get_state() for runner in runners])
@@ -178,8 +206,11 @@ def test_the_pooled_statistics_are_merged_across_runners_like_the_base_ones():
 def test_a_checkpoint_of_another_layout_is_refused_naming_what_differs():
     check_layout(policy_layout(), "checkpoint c")
     other = {**policy_layout(), "max_slots": 4, "blueprints": ["noop", "conv_heavy"]}
-    with pytest.raises(ValueError, match=r"^checkpoint c: its policy layout does not match this code's: max_slots 4 "
-                                         r"there, 8 here; blueprints \['noop', 'conv_heavy'\] there, \['noop', "):
+    with pytest.raises(
+        ValueError,
+        match=r"^checkpoint c: its policy layout does not match this code's: max_slots 4 "
+        r"there, 8 here; blueprints \['noop', 'conv_heavy'\] there, \['noop', ",
+    ):
         check_layout(other, "checkpoint c")
     with pytest.raises(ValueError, match=r"^checkpoint c: records no policy layout: it was saved before"):
         check_layout(None, "checkpoint c")
@@ -188,17 +219,58 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_what_differs():
 
 
 @pytest.mark.expensive
-def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_host(ray_local, tmp_path, capsys,
-                                                                                    monkeypatch):
+def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_host(
+    ray_local, tmp_path, capsys, monkeypatch
+):
     run = tmp_path / "run"
-    assert main(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--slots", "h0", "h1", "h2", "--rounds", "2",
-                 "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3", "--episodes-per-env", "1",
-                 "--output", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--plugins",
+                PLUGIN,
+                "--task",
+                "toy-blobs",
+                "--slots",
+                "h0",
+                "h1",
+                "h2",
+                "--rounds",
+                "2",
+                "--envs",
+                "1",
+                "--cpus-per-env",
+                "0.5",
+                "--max-epochs",
+                "3",
+                "--episodes-per-env",
+                "1",
+                "--output",
+                str(run),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     for host, blocks in (("any-mlp-2", 2), ("any-mlp-4", 4)):
         slots = "[" + ", ".join(f"h{i}" for i in range(blocks)) + "]"
-        assert main(["eval", "--checkpoint", str(run), "--episodes", "1", "--json", "--env", f"host_preset={host}",
-                     "--env", f"slots={slots}"]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "--checkpoint",
+                    str(run),
+                    "--episodes",
+                    "1",
+                    "--json",
+                    "--env",
+                    f"host_preset={host}",
+                    "--env",
+                    f"slots={slots}",
+                ]
+            )
+            == 0
+        )
         [row] = json.loads(capsys.readouterr().out)
         # the host named ran, not the one the policy trained on
         assert row["host_params"] == host_params(host, blocks) != host_params("toy-mlp", 3)
@@ -229,9 +301,11 @@ def test_a_blueprint_the_host_lacks_is_never_planted_even_by_a_policy_that_prefe
     cnn_only = {b.key for b in topology_blueprints("cnn")} - offered
     assert "conv_heavy" in cnn_only
     torch.manual_seed(0)
-    module = MorphoPolicyModule(observation_space=env.observation_space,
-                                action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
-                                model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=13))
+    module = MorphoPolicyModule(
+        observation_space=env.observation_space,
+        action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+        model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=13),
+    )
     nvec = [int(n) for n in env.action_space.nvec]
     with torch.no_grad():
         joint_bias, blueprint_bias = module.policy_heads[0][2].bias, module.policy_heads[1][2].bias
@@ -251,7 +325,9 @@ def test_a_blueprint_the_host_lacks_is_never_planted_even_by_a_policy_that_prefe
             obs, _, terminated, _, info = env.step(controller.act(obs))  # a masked action would raise
         for key, n in info.items():
             if key.startswith("count/germinated/") and n:
-                planted[key.removeprefix("count/germinated/")] = planted.get(key.removeprefix("count/germinated/"), 0) + n
+                planted[key.removeprefix("count/germinated/")] = (
+                    planted.get(key.removeprefix("count/germinated/"), 0) + n
+                )
     assert planted and set(planted) <= offered, planted
     unmasked = torch.cat([h(torch.zeros(1, module.cell)) for h in module.policy_heads], dim=-1)
     assert int(torch.split(unmasked, nvec, dim=-1)[1].argmax()) == int(Blueprint.CONV_HEAVY)

@@ -23,14 +23,36 @@ REPO = Path(__file__).resolve().parents[1]
 def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     # No timing is asserted, so the limit only catches a hang: beside two CPU hogs on a busy 2-core machine the
     # run took over 10 minutes (4.5 without them)
-    run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--rounds", "2", "--bare-seconds", "2",
-                          "--max-epochs", "5", "--bare-threads", "2"], cwd=REPO,
-                         capture_output=True, text=True, timeout=1800, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/throughput.py",
+            "--rounds",
+            "2",
+            "--bare-seconds",
+            "2",
+            "--max-epochs",
+            "5",
+            "--bare-threads",
+            "2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["machine"]["card"] == "no GPU" and report["setup"]["envs"] == 2 and report["setup"]["max_epochs"] == 5
     figures = report["without_mps"]
-    for key in ("bare_env_steps_per_s", "bare_samples_per_s", "train_env_steps_per_s", "train_samples_per_s", "train_over_bare"):
+    for key in (
+        "bare_env_steps_per_s",
+        "bare_samples_per_s",
+        "train_env_steps_per_s",
+        "train_samples_per_s",
+        "train_over_bare",
+    ):
         assert figures[key] > 0, key
     assert 0 <= figures["bare_reset_share"] < 1
     assert figures["bare_threads_per_env"] == 2  # as asked (the default on 2 cores and 2 envs would be 1)
@@ -52,28 +74,40 @@ def assert_the_split_adds_up(figures: dict) -> None:
     """train / bare = (the pace while sampling / bare) x (1 - the share the rounds lose), to the figures' rounding.
     The share compares two clocks (the driver's rounds against the runners' sample calls): where the rounds lose
     next to nothing, timer jitter puts it a little below 0 (-0.002 on an H200)."""
-    sampling_over_bare, share, over_bare = (figures[k] for k in (
-        "train_sampling_over_bare", "train_outside_sampling_share", "train_over_bare"))
+    sampling_over_bare, share, over_bare = (
+        figures[k] for k in ("train_sampling_over_bare", "train_outside_sampling_share", "train_over_bare")
+    )
     assert -0.02 < share < 1
     # each figure is rounded to 3 decimals (off by 0.0005 at most), so the product is off by 0.0005 times the sum
     # of its factors at most, whatever the machine's pace (a fixed abs=0.005 failed at a ratio of 17.6)
-    assert sampling_over_bare * (1 - share) == pytest.approx(over_bare, abs=0.0005 * (sampling_over_bare + 1 - share + 1))
+    assert sampling_over_bare * (1 - share) == pytest.approx(
+        over_bare, abs=0.0005 * (sampling_over_bare + 1 - share + 1)
+    )
 
 
 @pytest.mark.parametrize("sampling_over_bare, share", [(17.60049, -0.00049), (17.6, -0.002), (0.41, 0.3)])
 def test_the_split_adds_up_whatever_the_rounding_and_a_jitter_below_zero(sampling_over_bare, share):
     """Figures as the benchmark rounds them, at the worst of the rounding: a ratio of 17.6 came out 0.009 off."""
-    figures = {"train_sampling_over_bare": round(sampling_over_bare, 3), "train_outside_sampling_share": round(share, 3),
-               "train_over_bare": round(sampling_over_bare * (1 - share), 3)}
+    figures = {
+        "train_sampling_over_bare": round(sampling_over_bare, 3),
+        "train_outside_sampling_share": round(share, 3),
+        "train_over_bare": round(sampling_over_bare * (1 - share), 3),
+    }
     assert_the_split_adds_up(figures)
+
 
 @pytest.mark.expensive
 def test_throughput_with_lead_counts_each_round_from_when_its_runners_began_it():
     """--lead: every steady round was sampled ahead by every runner, so its samples/s count from when the first
     round's episodes reached the driver (the runners began the second then), before that round's train() ended."""
-    run = subprocess.run([sys.executable, "benchmarks/throughput.py", "--rounds", "3", "--max-epochs", "5", "--lead",
-                          "--only", "train"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    run = subprocess.run(
+        [sys.executable, "benchmarks/throughput.py", "--rounds", "3", "--max-epochs", "5", "--lead", "--only", "train"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])["without_mps"]
     assert figures["train_round_led_share"] == 1
@@ -91,8 +125,14 @@ H200_BANDWIDTH = 4.8e12
 
 
 def roofline(*flags: str) -> dict:
-    run = subprocess.run([sys.executable, "benchmarks/roofline.py", "--json", *flags], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    run = subprocess.run(
+        [sys.executable, "benchmarks/roofline.py", "--json", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -110,8 +150,20 @@ def _throughput_module(path: Path = REPO / "benchmarks" / "throughput.py", name:
 def test_the_bare_envs_none_controller_keeps_the_host_alone_and_the_random_one_grows():
     """--bare-controller none: after the warm-up no seed ever runs (on a GPU: no step captures a graph)."""
     module = _throughput_module()
-    base = dict(envs=2, gpus=0, task="digits-impaired", train_size=0, val_size=None, batch_size=64, max_epochs=6,
-                episodes_per_env=1, rounds=1, bare_seconds=0.0, slots=("r0c1", "r0c2"), model="cpu")
+    base = dict(
+        envs=2,
+        gpus=0,
+        task="digits-impaired",
+        train_size=0,
+        val_size=None,
+        batch_size=64,
+        max_epochs=6,
+        episodes_per_env=1,
+        rounds=1,
+        bare_seconds=0.0,
+        slots=("r0c1", "r0c2"),
+        model="cpu",
+    )
     germinated = {}
     for name in ("none", "random"):
         env, controller, obs = module.warmed_up_env(module.Setup(**base, bare_controller=name), shard=0)
@@ -128,8 +180,11 @@ def test_the_bare_envs_none_controller_keeps_the_host_alone_and_the_random_one_g
 def test_a_rounds_wall_splits_into_the_slowest_runner_collecting_and_the_driver_after_sampling():
     """runner_waits on two constructed rounds of 5 s each: runners took 4 s on average and 4.5 s at most, the
     driver held the episodes 4.6 s after the round began and spent 0.1 s sending the weights."""
-    row = {"env_runners": {"esper/runner_sample_seconds": 4.0, "esper/runner_sample_seconds_max": 4.5},
-           "esper/driver_sampling_seconds": 4.6, "esper/driver_weight_sync_seconds": 0.1}
+    row = {
+        "env_runners": {"esper/runner_sample_seconds": 4.0, "esper/runner_sample_seconds_max": 4.5},
+        "esper/driver_sampling_seconds": 4.6,
+        "esper/driver_weight_sync_seconds": 0.1,
+    }
     waits = _throughput_module().runner_waits([row, row], seconds=10.0)
     assert waits["runner_sample_seconds_mean"] == 4.0 and waits["runner_sample_seconds_max"] == 4.5
     assert waits["waiting_for_the_slowest_share"] == pytest.approx(1.0 / 10)  # 0.5 s a round
@@ -145,11 +200,32 @@ def test_a_steady_rounds_episode_work_splits_a_runners_step_into_the_env_and_the
     a step 150 ms; its episodes spent 0.9 s (train) + 0.3 s (val) in the env's phases, 120 ms a step; captures and
     seed epochs are the rounds' means."""
     module = _throughput_module()
-    setup = module.Setup(envs=2, gpus=0, task="synthetic", train_size=100, val_size=None, batch_size=10, max_epochs=10,
-                         episodes_per_env=2, rounds=3, bare_seconds=0.0, slots=("r0c1",), model="cpu")
-    rows = [{"env_runners": {"esper/runner_sample_seconds": 3.0, "esper/time_train": 0.9, "esper/time_val": 0.3,
-                             "esper/graph_captures": captures, "esper/seed_epochs": seeds}}
-            for captures, seeds in ((4.0, 6.0), (6.0, 8.0))]
+    setup = module.Setup(
+        envs=2,
+        gpus=0,
+        task="synthetic",
+        train_size=100,
+        val_size=None,
+        batch_size=10,
+        max_epochs=10,
+        episodes_per_env=2,
+        rounds=3,
+        bare_seconds=0.0,
+        slots=("r0c1",),
+        model="cpu",
+    )
+    rows = [
+        {
+            "env_runners": {
+                "esper/runner_sample_seconds": 3.0,
+                "esper/time_train": 0.9,
+                "esper/time_val": 0.3,
+                "esper/graph_captures": captures,
+                "esper/seed_epochs": seeds,
+            }
+        }
+        for captures, seeds in ((4.0, 6.0), (6.0, 8.0))
+    ]
     work = module.episode_work(rows, setup)
     assert work["ms_per_step_in_env"] == pytest.approx(120.0)
     assert work["ms_per_step_outside_env"] == pytest.approx(30.0)
@@ -160,9 +236,16 @@ def test_the_steady_rounds_name_each_cards_runner_pace_and_the_learners_card():
     """cards on three constructed rounds of a 2-GPU run: the runners on GPU 0 took 5.2, 5.4 and 5.3 s, those on GPU 1
     4.9 s each, except that the last round has none on GPU 1; the learner updated on GPU 0. A CPU run has neither."""
     module = _throughput_module()
-    rows = [{"env_runners": {"esper/runner_sample_seconds_gpu_0": a, **({"esper/runner_sample_seconds_gpu_1": b} if b else {})},
-             "learners": {"default_policy": {"esper/learner_gpu": 0.0}}}
-            for a, b in ((5.2, 4.9), (5.4, 4.9), (5.3, None))]
+    rows = [
+        {
+            "env_runners": {
+                "esper/runner_sample_seconds_gpu_0": a,
+                **({"esper/runner_sample_seconds_gpu_1": b} if b else {}),
+            },
+            "learners": {"default_policy": {"esper/learner_gpu": 0.0}},
+        }
+        for a, b in ((5.2, 4.9), (5.4, 4.9), (5.3, None))
+    ]
     found = module.cards(rows)
     assert found["runner_sample_seconds_by_gpu"] == {"0": pytest.approx(5.3), "1": pytest.approx(4.9)}
     assert found["learner_gpu"] == "0"
@@ -173,14 +256,28 @@ def test_the_train_halfs_pace_splits_into_sampling_and_what_the_rounds_lose():
     """sampling_split on constructed figures: 4 envs, 2 episodes of 10 epochs a round, so 20 steps a sample call of
     2.5 s on average: 32 steps/s while sampling; the rounds made 28.8 steps/s, 10 % less."""
     module = _throughput_module()
-    setup = module.Setup(envs=4, gpus=0, task="synthetic", train_size=100, val_size=None, batch_size=10, max_epochs=10,
-                         episodes_per_env=2, rounds=3, bare_seconds=0.0, slots=("r0c1",), model="cpu")
+    setup = module.Setup(
+        envs=4,
+        gpus=0,
+        task="synthetic",
+        train_size=100,
+        val_size=None,
+        batch_size=10,
+        max_epochs=10,
+        episodes_per_env=2,
+        rounds=3,
+        bare_seconds=0.0,
+        slots=("r0c1",),
+        model="cpu",
+    )
     split = module.sampling_split({"runner_sample_seconds_mean": 2.5, "env_steps_per_s": 28.8}, setup)
     assert split["sampling_env_steps_per_s"] == pytest.approx(32.0)
     assert split["outside_sampling_share"] == pytest.approx(0.1)
 
 
-def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_merges_the_steady_ones(tmp_path, monkeypatch):
+def test_runners_asked_to_profile_write_one_file_a_sample_call_and_the_summary_merges_the_steady_ones(
+    tmp_path, monkeypatch
+):
     """ESPER_RAY_PROFILE_SAMPLING makes an env runner profile each sample call into one file; profile_summary merges
     the calls from the second on (the first round captures graphs) and reads like pstats."""
     from esper_ray.contracts.train_config import TrainConfig
@@ -227,13 +324,18 @@ def test_a_result_names_the_checkouts_commit_and_no_commit_for_a_copy_inside_ano
     no commit of its own: naming the outer checkout's would put the wrong code's name on its figures."""
     import shutil
 
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     assert _throughput_module().commit().rstrip("+") == head
     outer = tmp_path / "outer"
     (outer / "copy" / "benchmarks").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(outer)], check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "outer"],
-                   cwd=outer, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "outer"],
+        cwd=outer,
+        check=True,
+    )
     copy = outer / "copy" / "benchmarks" / "throughput.py"
     shutil.copy(REPO / "benchmarks" / "throughput.py", copy)
     assert _throughput_module(copy, "throughput_copy").commit() is None
@@ -259,8 +361,12 @@ def test_ab_wall_cuts_the_rounds_of_a_copy_that_still_reads_as_the_same_experime
     copy = _ab_wall_module().experiment_copy(source, tmp_path, rounds=2)
     original, cut = ExperimentSpec.from_yaml(source), ExperimentSpec.from_yaml(copy)
     assert (cut.rounds, cut.last_rounds) == (2, 2) and original.rounds == 60  # last_rounds 3 would refuse 2 rounds
-    assert (cut.arms, cut.seeds, cut.training, cut.compare) == (original.arms, original.seeds, original.training,
-                                                                  original.compare)
+    assert (cut.arms, cut.seeds, cut.training, cut.compare) == (
+        original.arms,
+        original.seeds,
+        original.training,
+        original.compare,
+    )
 
 
 def test_ab_wall_moves_a_cpu_files_envs_onto_a_gpu_share_and_leaves_the_rest_as_it_was(tmp_path):
@@ -367,11 +473,19 @@ def test_ab_wall_says_where_the_last_call_went_from_the_progress_lines(tmp_path)
     ab_wall = _ab_wall_module()
     log = tmp_path / "ab.log"
     log.write_text(AB_LOG)
-    assert ab_wall.ppo_timeline(log) == {"ppo_trials_started_s": [5, 72], "ppo_first_round_s": [8, 25],
-                                         "ppo_later_rounds_s": [55, 80], "ppo_setup_s": [4, 12],
-                                         "ppo_env_runners_up_s": [2], "ppo_env_runner_init_s": [1]}
-    log.write_text(AB_LOG.replace("; its setup 4 s (env runners up after 2 s, then built in 1 s)", "")
-                   .replace("; its setup 12 s", ""))  # a run from before the setups were printed
+    assert ab_wall.ppo_timeline(log) == {
+        "ppo_trials_started_s": [5, 72],
+        "ppo_first_round_s": [8, 25],
+        "ppo_later_rounds_s": [55, 80],
+        "ppo_setup_s": [4, 12],
+        "ppo_env_runners_up_s": [2],
+        "ppo_env_runner_init_s": [1],
+    }
+    log.write_text(
+        AB_LOG.replace("; its setup 4 s (env runners up after 2 s, then built in 1 s)", "").replace(
+            "; its setup 12 s", ""
+        )
+    )  # a run from before the setups were printed
     assert "ppo_setup_s" not in ab_wall.ppo_timeline(log)
     log.write_text(AB_LOG.split("[  0m05s]")[0])  # a last call with no PPO trial started in it
     assert ab_wall.ppo_timeline(log) is None
@@ -437,9 +551,11 @@ def test_roofline_fraction_is_samples_per_s_times_flops_per_sample_over_the_roof
 
 
 def test_roofline_from_a_results_file_takes_its_card_precision_and_rate_per_gpu(tmp_path):
-    record = {"machine": {"card": "NVIDIA H100 80GB HBM3"}, "setup": {"envs": 8, "gpus": 2, "train_size": 100_000,
-              "val_size": 10_000, "extra_env": [["amp", "bf16"]]},
-              "with_mps": {"train_samples_per_s": 1_000_000}}
+    record = {
+        "machine": {"card": "NVIDIA H100 80GB HBM3"},
+        "setup": {"envs": 8, "gpus": 2, "train_size": 100_000, "val_size": 10_000, "extra_env": [["amp", "bf16"]]},
+        "with_mps": {"train_samples_per_s": 1_000_000},
+    }
     results = tmp_path / "throughput.jsonl"
     results.write_text(json.dumps({"label": "no train figures"}) + "\n" + json.dumps(record) + "\n")
     report = roofline("--from", str(results))
@@ -447,12 +563,16 @@ def test_roofline_from_a_results_file_takes_its_card_precision_and_rate_per_gpu(
     assert list(report["precisions"]) == ["bf16"]
     assert report["train_size"] == 12_500 and report["val_size"] == 10_000
     assert report["precisions"]["bf16"]["fraction_of_bandwidth"] == pytest.approx(
-        500_000 * report["precisions"]["bf16"]["step_bytes"] / 3.35e12)
+        500_000 * report["precisions"]["bf16"]["step_bytes"] / 3.35e12
+    )
 
 
 def test_roofline_reads_the_precision_a_results_file_resolved_and_fp32_from_older_files(tmp_path):
-    record = {"machine": {"card": "NVIDIA H200"}, "setup": {"envs": 4, "gpus": 1, "train_size": 50_000, "val_size": 10_000,
-              "extra_env": [], "precision": "bf16"}, "with_mps": {"train_samples_per_s": 600_000}}
+    record = {
+        "machine": {"card": "NVIDIA H200"},
+        "setup": {"envs": 4, "gpus": 1, "train_size": 50_000, "val_size": 10_000, "extra_env": [], "precision": "bf16"},
+        "with_mps": {"train_samples_per_s": 600_000},
+    }
     older = {**record, "setup": {k: v for k, v in record["setup"].items() if k != "precision"}}  # before amp=auto
     results = tmp_path / "throughput.jsonl"
     results.write_text(json.dumps(record) + "\n" + json.dumps(older) + "\n")

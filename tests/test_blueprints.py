@@ -16,7 +16,8 @@ from esper_ray.morpho.blueprints import build_seed
 
 IDENTITY_AT_BIRTH = {"norm", "conv_small", "bottleneck"}  # CNN seeds that promise it under ADD and GATE too
 CASES = [(Topology.CNN, b, s) for b in CNN_BLUEPRINTS for s in Style] + [
-    (Topology.TRANSFORMER, b, s) for b in TRANSFORMER_BLUEPRINTS for s in Style]
+    (Topology.TRANSFORMER, b, s) for b in TRANSFORMER_BLUEPRINTS for s in Style
+]
 
 
 def features(topology: Topology, channels: int) -> torch.Tensor:

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.folders.checkpoints import LATEST_FILE, MANIFEST_FILE, in_a_run, latest_round, resolve_checkpoint, round_of
 from esper_ray.train.commands.runner import save_round
+from esper_ray.train.folders.checkpoints import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    in_a_run,
+    latest_round,
+    resolve_checkpoint,
+    round_of,
+)
 
 STATE = "learner_group/learner/state.pkl"
 
@@ -27,8 +34,11 @@ class StandInAlgorithm:
         return self.round
 
     def save(self, path: Path) -> None:
-        files = {"algorithm_state.pkl": {"round": self.round}, STATE: {"weights": list(range(5000))},
-                 "env_runner/state.pkl": {"filter": [1.0, 2.0]}}
+        files = {
+            "algorithm_state.pkl": {"round": self.round},
+            STATE: {"weights": list(range(5000))},
+            "env_runner/state.pkl": {"filter": [1.0, 2.0]},
+        }
         for written, (name, value) in enumerate(files.items()):
             if self.fail_after is not None and written == self.fail_after:
                 raise OSError(28, "No space left on device")
@@ -70,8 +80,11 @@ def test_latest_is_replaced_by_rename_never_rewritten_in_place(tmp_path, monkeyp
     before = latest.stat().st_ino
     save_round(StandInAlgorithm(2), TrainConfig(), output)  # type: ignore[arg-type]
     # the manifest inside the partial folder, then the folder, then latest.json
-    assert renamed == [(MANIFEST_FILE + ".tmp", MANIFEST_FILE), ("round_00002.partial", "round_00002"),
-                       (LATEST_FILE + ".tmp", LATEST_FILE)]
+    assert renamed == [
+        (MANIFEST_FILE + ".tmp", MANIFEST_FILE),
+        ("round_00002.partial", "round_00002"),
+        (LATEST_FILE + ".tmp", LATEST_FILE),
+    ]
     assert latest.stat().st_ino != before  # a new file took the name: no reader ever saw half of one
 
 
@@ -133,13 +146,16 @@ def test_a_file_added_to_a_checkpoint_after_its_manifest_is_damage(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("garbage", "not valid JSON"),
-    ("", "not valid JSON"),
-    ('["round_00002"]', "expected {\"round\": N"),
-    ('{"round": "2", "path": "round_00002"}', "expected {\"round\": N"),
-    ('{"round": 2}', "expected {\"round\": N"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("garbage", "not valid JSON"),
+        ("", "not valid JSON"),
+        ('["round_00002"]', "expected {\"round\": N"),
+        ('{"round": "2", "path": "round_00002"}', "expected {\"round\": N"),
+        ('{"round": 2}', "expected {\"round\": N"),
+    ],
+)
 def test_a_damaged_latest_json_is_one_line_naming_it_and_the_checkpoint_to_resume(tmp_path, text, expected):
     output = run_with_rounds(tmp_path, 1, 2)
     latest = output / "checkpoints" / LATEST_FILE
@@ -162,8 +178,10 @@ def test_latest_naming_an_empty_round_says_the_round_before_is_complete(tmp_path
     assert "names round 2" in message and f"--resume {output / 'checkpoints' / 'round_00001'}" in message
 
 
-@pytest.mark.parametrize("text, expected", [("{", "not valid JSON"), ("[1, 2]", "expected a mapping"),
-                                            ('{"rounds": "many"}', "rounds='many'")])
+@pytest.mark.parametrize(
+    "text, expected",
+    [("{", "not valid JSON"), ("[1, 2]", "expected a mapping"), ('{"rounds": "many"}', "rounds='many'")],
+)
 def test_damaged_settings_of_a_checkpoint_are_one_line_naming_the_file(tmp_path, text, expected):
     from esper_ray.train.folders.checkpoints import TRAIN_CONFIG_FILE, load_checkpoint_config
 
@@ -211,12 +229,17 @@ def test_a_resume_never_writes_outside_the_folder_it_was_given(tmp_path, capsys,
     assert exit_info.value.code == 2 and f"path={path!r} lies outside" in err and len(err.splitlines()) == 1, err
 
 
-def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_for_its_newest(tmp_path, capsys, monkeypatch):
+def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_for_its_newest(
+    tmp_path, capsys, monkeypatch
+):
     from esper_ray.cli import main
 
     output = run_with_rounds(tmp_path, 1, 2)
     loaded = []
-    monkeypatch.setattr("esper_ray.train.commands.evaluate.run_evaluation", lambda checkpoint, *args, **kwargs: loaded.append(checkpoint) or [])
+    monkeypatch.setattr(
+        "esper_ray.train.commands.evaluate.run_evaluation",
+        lambda checkpoint, *args, **kwargs: loaded.append(checkpoint) or [],
+    )
     assert main(["eval", "--checkpoint", str(output)]) == 0
     newest = output / "checkpoints" / "round_00002"
     assert loaded == [newest]

@@ -17,7 +17,9 @@ from esper_ray.train.output.viewer_hints import tensorboard_command
 
 @pytest.mark.parametrize("command", ["train", "heuristic", "host"])
 def test_help_of_commands_that_take_a_task_lists_every_task(command, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: argparse would otherwise break digits-impaired at its hyphen
+    monkeypatch.setenv(
+        "COLUMNS", "1000"
+    )  # one line per flag: argparse would otherwise break digits-impaired at its hyphen
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
     assert exit_info.value.code == 0
@@ -26,10 +28,17 @@ def test_help_of_commands_that_take_a_task_lists_every_task(command, capsys, mon
     assert not missing, f"--task help of {command} leaves out {missing}: {task_help}"
 
 
-@pytest.mark.parametrize("argv, verbose", [
-    (["train"], False), (["--verbose", "train"], True), (["train", "--verbose"], True),
-    (["--verbose", "train", "--verbose"], True), (["ab", "x.yaml", "--verbose"], True), (["host", "--verbose"], True),
-])
+@pytest.mark.parametrize(
+    "argv, verbose",
+    [
+        (["train"], False),
+        (["--verbose", "train"], True),
+        (["train", "--verbose"], True),
+        (["--verbose", "train", "--verbose"], True),
+        (["ab", "x.yaml", "--verbose"], True),
+        (["host", "--verbose"], True),
+    ],
+)
 def test_verbose_is_accepted_before_or_after_the_command(argv, verbose):
     assert build_parser().parse_args(argv).verbose is verbose
 
@@ -74,14 +83,16 @@ def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(during):
     # the console script's entry, read without tomllib (Python 3.11+; pyproject allows 3.10)
     [entry] = re.findall(r'^esper-ray = "([\w.]+:\w+)"', (repo / "pyproject.toml").read_text(), re.MULTILINE)
     module, function = entry.split(":")
-    code = ("import importlib, os, signal, sys\n"
-            "def hook(event, args, sent=[]):\n"
-            f"    if event == 'import' and args[0] == {during!r} and not sent:\n"
-            "        sent.append(1)\n"
-            "        os.kill(os.getpid(), signal.SIGINT)\n"
-            "sys.addaudithook(hook)\n"
-            "sys.argv = ['esper-ray', 'host']\n"
-            f"sys.exit(getattr(importlib.import_module({module!r}), {function!r})())\n")
+    code = (
+        "import importlib, os, signal, sys\n"
+        "def hook(event, args, sent=[]):\n"
+        f"    if event == 'import' and args[0] == {during!r} and not sent:\n"
+        "        sent.append(1)\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.addaudithook(hook)\n"
+        "sys.argv = ['esper-ray', 'host']\n"
+        f"sys.exit(getattr(importlib.import_module({module!r}), {function!r})())\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo)
     assert done.returncode == 130 and len(done.stderr.strip().splitlines()) == 1, (done.returncode, done.stderr)
     assert done.stderr.strip().endswith("interrupted") and done.stdout == "", done.stdout
@@ -126,8 +137,11 @@ def test_no_function_of_the_cli_runs_past_60_lines():
     import esper_ray.cli
 
     tree = ast.parse(Path(esper_ray.cli.__file__).read_text())
-    long = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
-            if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 60}
+    long = {
+        n.name: n.end_lineno - n.lineno + 1
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 60
+    }
     assert not long, long
 
 
@@ -136,5 +150,11 @@ def test_eval_and_grow_take_seed_and_env_as_one_definition_with_their_own_help()
     flags = {c: {a.dest: a for a in sub[c]._actions if a.dest in ("seed", "env", "threads")} for c in ("eval", "grow")}
     for dest in ("seed", "env", "threads"):
         e, g = flags["eval"][dest], flags["grow"][dest]
-        assert (type(e), e.type, e.default, e.metavar, e.option_strings) == (type(g), g.type, g.default, g.metavar, g.option_strings)
+        assert (type(e), e.type, e.default, e.metavar, e.option_strings) == (
+            type(g),
+            g.type,
+            g.default,
+            g.metavar,
+            g.option_strings,
+        )
     assert flags["eval"]["seed"].help != flags["grow"]["seed"].help  # each says what its own run does with the seed

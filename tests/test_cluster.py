@@ -30,12 +30,15 @@ def test_cluster_yaml_passes_the_ray_launcher_validation():
     assert any("pip install" in c and "esper-ray" in c for c in config["setup_commands"])
 
 
-@pytest.mark.parametrize("break_it", [
-    lambda c: c.update(max_worker=3),
-    lambda c: c["available_node_types"]["gpu_worker"]["resources"].update(GPU=0.5),
-    lambda c: c.update(head_node_type="nope"),
-    lambda c: c["available_node_types"]["gpu_worker"].pop("resources"),
-])
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda c: c.update(max_worker=3),
+        lambda c: c["available_node_types"]["gpu_worker"]["resources"].update(GPU=0.5),
+        lambda c: c.update(head_node_type="nope"),
+        lambda c: c["available_node_types"]["gpu_worker"].pop("resources"),
+    ],
+)
 def test_a_broken_cluster_yaml_is_rejected(break_it):
     config = copy.deepcopy(load_cluster_yaml())
     break_it(config)
@@ -63,9 +66,20 @@ def test_spread_placement_puts_env_runners_on_more_than_one_node(three_node_clus
     from esper_ray.train.commands.runner import run_training
 
     lines: list[str] = []
-    cfg = TrainConfig(max_epochs=3, envs=2, cpus_per_env=1, learners=0, rounds=1, placement="SPREAD",
-                      output=str(tmp_path / "spread"), env={"batch_size": 512})
+    cfg = TrainConfig(
+        max_epochs=3,
+        envs=2,
+        cpus_per_env=1,
+        learners=0,
+        rounds=1,
+        placement="SPREAD",
+        output=str(tmp_path / "spread"),
+        env={"batch_size": 512},
+    )
     outcome = run_training(cfg, Path(cfg.output), log=lines.append)
     placement = next(line for line in lines if line.startswith("placement SPREAD"))
     assert placement == "placement SPREAD: 2 env runners on 2 node(s)"
-    assert outcome.rounds[0].env_steps == 2 * cfg.episodes_per_env * 3 and (outcome.checkpoint / "train_config.json").is_file()
+    assert (
+        outcome.rounds[0].env_steps == 2 * cfg.episodes_per_env * 3
+        and (outcome.checkpoint / "train_config.json").is_file()
+    )

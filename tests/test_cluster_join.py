@@ -61,18 +61,52 @@ def test_train_joins_a_cluster_started_with_ray_start_at_its_address(tmp_path):
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="er", dir="/tmp")  # short: Ray's socket paths must fit in 107 characters
     head = subprocess.Popen(
-        [RAY_CLI, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         f"--temp-dir={temp_dir}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            RAY_CLI,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         _wait_for_port(port, timeout=120)
         out = tmp_path / "joined"
         run = subprocess.run(
-            [sys.executable, "-m", "esper_ray.cli", "--verbose", "train", "--address", f"127.0.0.1:{port}", "--rounds", "1",
-             "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3", "--episodes-per-env", "1",
-             "--env", "batch_size=512", "--output", str(out)],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "esper_ray.cli",
+                "--verbose",
+                "train",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--rounds",
+                "1",
+                "--envs",
+                "1",
+                "--cpus-per-env",
+                "0.5",
+                "--max-epochs",
+                "3",
+                "--episodes-per-env",
+                "1",
+                "--env",
+                "batch_size=512",
+                "--output",
+                str(out),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert run.returncode == 0, run.stderr[-3000:]
         assert "round 1/1" in run.stdout and "Connecting to existing Ray cluster" in run.stderr
@@ -85,9 +119,22 @@ def test_train_joins_a_cluster_started_with_ray_start_at_its_address(tmp_path):
 def test_a_wrong_address_fails_in_seconds_with_one_line(tmp_path):
     start = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "esper_ray.cli", "train", "--address", f"127.0.0.1:{_free_port()}", "--rounds", "1",
-         "--output", str(tmp_path / "x")],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "esper_ray.cli",
+            "train",
+            "--address",
+            f"127.0.0.1:{_free_port()}",
+            "--rounds",
+            "1",
+            "--output",
+            str(tmp_path / "x"),
+        ],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 2 and "no Ray cluster answered" in run.stderr and "Traceback" not in run.stderr
     assert time.monotonic() - start < 120

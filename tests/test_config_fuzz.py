@@ -21,8 +21,13 @@ from esper_ray.contracts.train_config import RUN_ENV_KEYS, TrainConfig
 from esper_ray.experiments.spec import ExperimentSpec
 
 ODD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8), st.lists(st.integers(-2, 3), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-2, 3), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
 
 
@@ -124,7 +129,14 @@ def test_experiment_mappings_reject_bad_values_with_a_value_error_naming_the_key
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["controller", "reward_mode", "lr", "envs", "env", "seed", "bogus"]), ODD_VALUES, max_size=3))
+@given(
+    st.dictionaries(
+        st.sampled_from(["controller", "reward_mode", "lr", "envs", "env", "seed", "bogus"]), ODD_VALUES, max_size=3
+    )
+)
 def test_arm_settings_are_checked_before_anything_runs(arm):
-    assert_clean(lambda m: ExperimentSpec.from_mapping({**BASE, "arms": {"a": {}, "b": m}}), arm,
-                 {**train_hints(), "controller": str})
+    assert_clean(
+        lambda m: ExperimentSpec.from_mapping({**BASE, "arms": {"a": {}, "b": m}}),
+        arm,
+        {**train_hints(), "controller": str},
+    )

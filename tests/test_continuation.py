@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from esper_ray.experiments.continuation import (CONTINUES_KEY, ROUND_FILE, continuation, continued_rows,
-                                                newest_intact_checkpoint)
+from esper_ray.experiments.continuation import (
+    CONTINUES_KEY,
+    ROUND_FILE,
+    continuation,
+    continued_rows,
+    newest_intact_checkpoint,
+)
 from esper_ray.train.folders.manifest import write_manifest
 
 
@@ -25,7 +30,9 @@ def checkpoint(trial: Path, index: int, round_: int) -> Path:
 
 
 def results(trial: Path, rounds: list[int]) -> None:
-    rows = [{"training_iteration": i + 1, "round/round": r, "round/final_accuracy": r / 10} for i, r in enumerate(rounds)]
+    rows = [
+        {"training_iteration": i + 1, "round/round": r, "round/final_accuracy": r / 10} for i, r in enumerate(rounds)
+    ]
     (trial / "result.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -36,8 +43,10 @@ def test_the_newest_checkpoint_that_matches_its_manifest_is_the_one_continued(tm
     (cut_short / "algorithm_state.pkl").write_bytes(b"half")  # the kill came while it was written
     assert newest_intact_checkpoint(trial) == (intact, 2)
     entry = continuation(tmp_path, trial, {})
-    assert entry == {"links": [{"folder": "tune_salvaged_1/ppo_seed0_abc_00000", "round": 2}],
-                     "checkpoint": str(intact.resolve())}
+    assert entry == {
+        "links": [{"folder": "tune_salvaged_1/ppo_seed0_abc_00000", "round": 2}],
+        "checkpoint": str(intact.resolve()),
+    }
 
 
 def test_checkpoints_without_a_manifest_or_a_round_are_not_continued(tmp_path):
@@ -69,11 +78,14 @@ def test_history_of_a_trial_continued_twice_takes_each_round_once_from_where_it_
     assert continued_rows(tmp_path, {}) == []
 
 
-@pytest.mark.parametrize("entry, expected", [
-    ({"links": [{"folder": "../elsewhere", "round": 2}]}, "outside the run"),
-    ({"links": [{"folder": "tune_salvaged_1/x"}]}, "not the chain"),
-    ("checkpoint", "not the chain"),
-])
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        ({"links": [{"folder": "../elsewhere", "round": 2}]}, "outside the run"),
+        ({"links": [{"folder": "tune_salvaged_1/x"}]}, "not the chain"),
+        ("checkpoint", "not the chain"),
+    ],
+)
 def test_a_chain_that_is_not_what_salvage_writes_is_refused(tmp_path, entry, expected):
     with pytest.raises(ValueError, match=expected):
         continued_rows(tmp_path, {CONTINUES_KEY: entry})
@@ -94,7 +106,9 @@ def test_a_salvaged_trial_whose_last_round_is_checkpointed_is_evaluated_not_trai
     algo = SimpleNamespace(iteration=0)
     trained = []
     monkeypatch.setattr(trainable, "restore", lambda a, path: setattr(a, "iteration", 3))
-    monkeypatch.setattr(trainable, "train_round", lambda a: trained.append(a) or setattr(a, "iteration", a.iteration + 1))
+    monkeypatch.setattr(
+        trainable, "train_round", lambda a: trained.append(a) or setattr(a, "iteration", a.iteration + 1)
+    )
     monkeypatch.setattr(trainable, "evaluate_on_env_runners", lambda *args: [])
     monkeypatch.setattr(trainable, "evaluation_metrics", lambda summaries: {EVAL_PREFIX + "test_accuracy": 0.5})
     trial = object.__new__(trainable.MorphoTrial)

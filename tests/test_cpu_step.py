@@ -15,8 +15,15 @@ from esper_ray.env.masks import allows
 from esper_ray.morpho import cpu_step
 from esper_ray.policy.baselines import lifecycle_action, wait_action
 
-CONFIG = {"task": "digits-impaired", "num_shards": 2, "max_epochs": 14, "min_training_epochs": 2, "min_prune_age": 2,
-          "device": "cpu", "seed": 3}
+CONFIG = {
+    "task": "digits-impaired",
+    "num_shards": 2,
+    "max_epochs": 14,
+    "min_training_epochs": 2,
+    "min_prune_age": 2,
+    "device": "cpu",
+    "seed": 3,
+}
 # The first seed gated (a gate module with its own parameters, blended by alpha), fossilized; the second pruned at the
 # last step (the host trains its last epoch without it). Not later: a host that loses a blended seed swings for a few
 # epochs (validation loss by 0.3 from one epoch to the next), and there rounding differences grow as fast as anything.
@@ -29,8 +36,11 @@ def action(env: MorphogeneticEnv, mask: np.ndarray) -> np.ndarray:
     for index, blueprint, style in (FOSSILIZED, PRUNED):
         stage = env.model.slot(env.slot_ids[index]).stage  # type: ignore[union-attr]
         planted = env.counts[f"germinated/{blueprint.key}"] > 0
-        op = {Stage.DORMANT: None if planted else Op.GERMINATE, Stage.HOLDING: Op.FOSSILIZE if index == 0 else Op.PRUNE,
-              Stage.BLENDING: Op.PRUNE if index == 2 else None}.get(stage)
+        op = {
+            Stage.DORMANT: None if planted else Op.GERMINATE,
+            Stage.HOLDING: Op.FOSSILIZE if index == 0 else Op.PRUNE,
+            Stage.BLENDING: Op.PRUNE if index == 2 else None,
+        }.get(stage)
         if op is not None and allows(mask, op, index, Tempo.FAST):
             return lifecycle_action(op, index, blueprint=blueprint, style=style, tempo=Tempo.FAST)
         if stage in (Stage.GERMINATED, Stage.TRAINING, Stage.BLENDING) and index == 0:

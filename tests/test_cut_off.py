@@ -25,8 +25,16 @@ MAX_EPOCHS = 20  # the r0c1 seed: TRAINING from step 1, blending from 11, HOLDIN
 def episode(mask_cut_off: bool, style: Style = Style.SIGMOID_ADD) -> tuple[list[dict], MorphogeneticEnv]:
     """conv_heavy planted in r0c1 by the fixed controller; per step the r0c1 seed's stage and whether GERMINATE
     was legal in r0c0 (upstream) and r0c2 (downstream). The env is returned as the run left it."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": MAX_EPOCHS, "device": "cpu", "batch_size": 1024,
-                            "seed": 3, "mask_cut_off": mask_cut_off})
+    env = MorphogeneticEnv(
+        {
+            "task": "digits-impaired",
+            "max_epochs": MAX_EPOCHS,
+            "device": "cpu",
+            "batch_size": 1024,
+            "seed": 3,
+            "mask_cut_off": mask_cut_off,
+        }
+    )
     seed = FixedSeed(Blueprint.CONV_HEAVY, "r0c1", style=style)
     controller = FixedSeedController(env.slot_ids, MAX_EPOCHS, seed, LifecycleConfig().min_training_epochs)
     obs, _ = env.reset(seed=0)
@@ -35,9 +43,13 @@ def episode(mask_cut_off: bool, style: Style = Style.SIGMOID_ADD) -> tuple[list[
     steps = []
     for _ in range(MAX_EPOCHS):
         mask = obs["action_mask"][joint]
-        steps.append({"stage": env.model.slot("r0c1").stage,
-                      "r0c0": bool(mask[encode_joint(Op.GERMINATE, 0)]),
-                      "r0c2": bool(mask[encode_joint(Op.GERMINATE, 2)])})
+        steps.append(
+            {
+                "stage": env.model.slot("r0c1").stage,
+                "r0c0": bool(mask[encode_joint(Op.GERMINATE, 0)]),
+                "r0c2": bool(mask[encode_joint(Op.GERMINATE, 2)]),
+            }
+        )
         obs, _, terminated, _, _ = env.step(controller.act(obs))
         if terminated:
             break
@@ -45,7 +57,7 @@ def episode(mask_cut_off: bool, style: Style = Style.SIGMOID_ADD) -> tuple[list[
 
 
 def test_forward_position_orders_slots_as_the_host_reaches_them():
-    """"Upstream" is the forward pass's order (r0c0, r1c0, r0c1, ...), not the action head's row-major one."""
+    """ "Upstream" is the forward pass's order (r0c0, r1c0, r0c1, ...), not the action head's row-major one."""
     host = build_host("digits-impaired")
     reached = []
     host(torch.zeros(2, 1, 8, 8), at_slot=lambda slot, h: reached.append(slot) or h)
@@ -85,8 +97,9 @@ def seed_gradients(env: MorphogeneticEnv, slot_id: str) -> float:
     return sum(float(p.grad.abs().sum()) for p in slot.seed_parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize(("style", "upstream_gets_gradient"),
-                         [(Style.SIGMOID_ADD, False), (Style.LINEAR_MULTIPLY, True)])
+@pytest.mark.parametrize(
+    ("style", "upstream_gets_gradient"), [(Style.SIGMOID_ADD, False), (Style.LINEAR_MULTIPLY, True)]
+)
 def test_the_premise_a_seed_upstream_of_an_add_seed_at_alpha_one_gets_no_gradient(style, upstream_gets_gradient):
     _, env = episode(mask_cut_off=False, style=style)
     kept = env.model.slot("r0c1")
@@ -104,13 +117,21 @@ def test_a_seed_blending_by_add_toward_any_target_cuts_off_upstream_since_it_is_
     from esper_ray.env.masks import cut_off
 
     def slot(slot_id: str, stage: Stage = Stage.DORMANT, algorithm=BlendAlgorithm.ADD, pruning=False):
-        return SimpleNamespace(slot_id=slot_id, stage=stage, isolated=True, algorithm=algorithm, pruning=pruning,
-                               alpha=SimpleNamespace(target=target))
+        return SimpleNamespace(
+            slot_id=slot_id,
+            stage=stage,
+            isolated=True,
+            algorithm=algorithm,
+            pruning=pruning,
+            alpha=SimpleNamespace(target=target),
+        )
 
     for stage in (Stage.BLENDING, Stage.HOLDING):
         below = slot("r0c1", stage)
         slots = [slot("r0c0"), below, slot("r0c2")]
         assert cut_off(slots[0], slots) and not cut_off(slots[2], slots)  # upstream only
         assert not cut_off(slots[0], [slot("r0c0"), slot("r0c1", stage, pruning=True), slot("r0c2")])
-        assert not cut_off(slots[0], [slot("r0c0"), slot("r0c1", stage, algorithm=BlendAlgorithm.MULTIPLY), slot("r0c2")])
+        assert not cut_off(
+            slots[0], [slot("r0c0"), slot("r0c1", stage, algorithm=BlendAlgorithm.MULTIPLY), slot("r0c2")]
+        )
     assert not cut_off(slot("r0c0"), [slot("r0c0"), slot("r0c1", Stage.TRAINING), slot("r0c2")])

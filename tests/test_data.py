@@ -49,12 +49,18 @@ def test_seed_doc_000_ten_samples_three_shards_batch_two_keeps_every_sample():
         frozen = torch.optim.SGD(model.host.parameters(), lr=0.0)
         model.train()
         with torch.no_grad():
-            per_sample = torch.cat([
-                torch.nn.functional.cross_entropy(model(xb), yb, reduction="none") for xb, yb in delivered
-            ])
+            per_sample = torch.cat(
+                [torch.nn.functional.cross_entropy(model(xb), yb, reduction="none") for xb, yb in delivered]
+            )
         stats = train_epoch(
-            model, frozen, shard, batch_size=2, generator=torch.Generator().manual_seed(k),
-            prepare=lambda t: t, precision=Precision(), max_grad_norm=1.0,
+            model,
+            frozen,
+            shard,
+            batch_size=2,
+            generator=torch.Generator().manual_seed(k),
+            prepare=lambda t: t,
+            precision=Precision(),
+            max_grad_norm=1.0,
         )
         assert stats.batches == len(delivered) == -(-len(idx) // 2)
         assert stats.samples == len(idx) == sum(len(b[1]) for b in delivered)
@@ -98,7 +104,11 @@ def test_cifar10_loads_torchvision_format_with_a_validation_split_carved_from_tr
     folder = _write_cifar(tmp_path, n_per_batch=20, byte_keys=byte_keys)
     data = load_cifar10(str(tmp_path))
     # 100 training images: 10 become the validation split; test_batch is the test split
-    assert data.train_x.shape == (90, 3, 32, 32) and data.val_x.shape == (10, 3, 32, 32) and data.test_x.shape == (20, 3, 32, 32)
+    assert (
+        data.train_x.shape == (90, 3, 32, 32)
+        and data.val_x.shape == (10, 3, 32, 32)
+        and data.test_x.shape == (20, 3, 32, 32)
+    )
     with (folder / "test_batch").open("rb") as f:
         test = pickle.load(f, encoding="bytes" if byte_keys else "ASCII")
     # channel planes are R, G, B of 1024 pixels each, row-major
@@ -137,8 +147,17 @@ def test_synthetic_held_out_size_does_not_follow_the_training_size():
     small, large = make_synthetic(1000, held_out=300), make_synthetic(4000, held_out=300)
     assert len(small.train_y) == 1000 and len(large.train_y) == 4000
     assert len(small.val_y) == len(large.val_y) == len(small.test_y) == len(large.test_y) == 300
-    env = MorphogeneticEnv({"task": "synthetic", "synthetic_size": 1000, "synthetic_held_out": 300, "num_shards": 2,
-                            "slots": ["r0c1"], "max_epochs": 2, "device": "cpu"})
+    env = MorphogeneticEnv(
+        {
+            "task": "synthetic",
+            "synthetic_size": 1000,
+            "synthetic_held_out": 300,
+            "num_shards": 2,
+            "slots": ["r0c1"],
+            "max_epochs": 2,
+            "device": "cpu",
+        }
+    )
     assert len(env.shard) == 500 and len(env.val_y) == 300  # the training set is sharded, validation is not
     with pytest.raises(ValueError, match="synthetic_held_out=3: must be an integer >= 10"):
         EnvConfig(task="synthetic", synthetic_held_out=3)

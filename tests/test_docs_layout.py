@@ -45,8 +45,14 @@ def index_names(index: Path) -> set[str]:
     """The file and folder names the body rows of an index's tables start with (a header row is the one above
     `|---|`)."""
     lines = index.read_text().splitlines()
-    body = [line for i, line in enumerate(lines) if i and lines[i - 1].startswith("|") and not line.startswith("|---")
-            and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))]
+    body = [
+        line
+        for i, line in enumerate(lines)
+        if i
+        and lines[i - 1].startswith("|")
+        and not line.startswith("|---")
+        and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))
+    ]
     return {m.group(1) for line in body if (m := re.match(r"\| ([A-Za-z0-9_.-]+?)/? \|", line))}
 
 
@@ -65,7 +71,7 @@ def test_every_experiment_file_parses_and_is_listed_in_its_folders_index(folder)
 def test_the_experiments_a_user_runs_have_a_short_header_with_question_times_and_result():
     for path in sorted((REPO / "tune_configs").glob("*.yaml")):
         lines = path.read_text().splitlines()
-        header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+        header = lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
         assert 0 < len(header) <= HEADER_LINES, f"{path.name}: {len(header)} header lines"
         text = " ".join(header)
         for word in ("Question:", "Takes", "Last result:"):
@@ -88,8 +94,24 @@ def test_pytest_says_before_the_first_dot_which_files_run_long(tmp_path):
 
     from tests.conftest import LONGEST_FIRST
 
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--collect-only",
-                           "tests/test_docs_layout.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "tests/test_docs_layout.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     first = done.stdout.splitlines()[0]
     assert "long files run first" in first, done.stdout[:500]
     assert all(name in first for name in LONGEST_FIRST)
@@ -98,8 +120,11 @@ def test_pytest_says_before_the_first_dot_which_files_run_long(tmp_path):
 def test_every_experiment_file_has_a_time_on_2_and_on_16_cores_in_its_index():
     """A newcomer plans by these (issue 74): each row of tune_configs/README.md says a time, or that it was not
     measured, for 2 cores and for 16 (or GPUs), and the files of an hour or more are marked long."""
-    rows = [line for line in (REPO / "tune_configs" / "README.md").read_text().splitlines()
-            if re.match(r"^\| [a-z_]+\.yaml \|", line)]
+    rows = [
+        line
+        for line in (REPO / "tune_configs" / "README.md").read_text().splitlines()
+        if re.match(r"^\| [a-z_]+\.yaml \|", line)
+    ]
     assert rows and {r.split("|")[1].strip() for r in rows} == {p.name for p in (REPO / "tune_configs").glob("*.yaml")}
     for row in rows:
         two, sixteen = (cell.strip() for cell in row.split("|")[3].split(" / "))

@@ -8,13 +8,13 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from esper_ray.contracts.actions import AlphaTarget, Blueprint, Op, Style, Tempo, encode_joint
 from esper_ray.cli import parse_env_overrides
+from esper_ray.contracts.actions import AlphaTarget, Blueprint, Op, Style, Tempo, encode_joint
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.env import ENV_ID, MorphogeneticEnv
-from esper_ray.env.precision import resolve_amp
 from esper_ray.env.masks import head_offsets
 from esper_ray.env.observation import feature_size
+from esper_ray.env.precision import resolve_amp
 
 
 def wait() -> np.ndarray:
@@ -29,22 +29,30 @@ def germinate(env: MorphogeneticEnv, slot: str, blueprint: Blueprint = Blueprint
 
 
 def test_gymnasium_env_checker_passes():
-    env = gym.make(ENV_ID, config={"task": "digits", "max_epochs": 4, "num_shards": 4}, disable_env_checker=True).unwrapped
+    env = gym.make(
+        ENV_ID, config={"task": "digits", "max_epochs": 4, "num_shards": 4}, disable_env_checker=True
+    ).unwrapped
     check_env(env, skip_render_check=True)
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"max_epoch": 5}, r"unknown env_config key\(s\) \['max_epoch'\]; valid keys: .*'max_epochs'"),
-    ({"max_epochs": 0}, "max_epochs=0: must be an integer >= 1"),
-    ({"task": "mnist"}, r"task='mnist': unknown; choose one of \['digits'"),
-    ({"amp": "fp8"}, "amp='fp8'"),
-    ({"reward_mode": "sparse", "reward_family": "loss"}, "reward_family='loss' works only with reward_mode='shaped'"),
-    ({"reward_mode": "greedy"}, "reward_mode='greedy': unknown"),
-    ({"slots": ["r0c9"]}, "slot 'r0c9' does not exist"),
-    ({"shard": 3, "num_shards": 3}, "shard=3: must be < num_shards=3"),
-    ({"host_lr": -1.0}, "host_lr=-1.0: must be a number > 0"),
-    ({"max_seeds": -1}, "max_seeds=-1: must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"max_epoch": 5}, r"unknown env_config key\(s\) \['max_epoch'\]; valid keys: .*'max_epochs'"),
+        ({"max_epochs": 0}, "max_epochs=0: must be an integer >= 1"),
+        ({"task": "mnist"}, r"task='mnist': unknown; choose one of \['digits'"),
+        ({"amp": "fp8"}, "amp='fp8'"),
+        (
+            {"reward_mode": "sparse", "reward_family": "loss"},
+            "reward_family='loss' works only with reward_mode='shaped'",
+        ),
+        ({"reward_mode": "greedy"}, "reward_mode='greedy': unknown"),
+        ({"slots": ["r0c9"]}, "slot 'r0c9' does not exist"),
+        ({"shard": 3, "num_shards": 3}, "shard=3: must be < num_shards=3"),
+        ({"host_lr": -1.0}, "host_lr=-1.0: must be a number > 0"),
+        ({"max_seeds": -1}, "max_seeds=-1: must be an integer >= 0"),
+    ],
+)
 def test_bad_config_names_the_key_and_what_is_allowed(bad, match):
     with pytest.raises(ValueError, match=match):
         MorphogeneticEnv(bad)
@@ -57,7 +65,9 @@ def test_each_env_owns_its_reward_config():
 
 
 def test_random_legal_policy_for_200_steps_never_trips_the_mask_check():
-    env = MorphogeneticEnv({"task": "digits", "max_epochs": 25, "num_shards": 6, "auto_forward": False, "slots": ["r0c0", "r0c1", "r1c0"]})
+    env = MorphogeneticEnv(
+        {"task": "digits", "max_epochs": 25, "num_shards": 6, "auto_forward": False, "slots": ["r0c0", "r0c1", "r1c0"]}
+    )
     env.action_space.seed(0)
     obs, _ = env.reset(seed=1)
     ops_seen = set()
@@ -112,7 +122,10 @@ def test_mask_allows_exactly_the_legal_op_slot_pairs():
     obs, *_ = env.step(germinate(env, "r0c1"))
     joint = obs["action_mask"][head_offsets()["op_slot"]]
     assert np.flatnonzero(joint).tolist() == [0]  # a TRAINING seed blocks germination; ADVANCE is auto
-    assert obs["features"].shape == (feature_size(),) and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT)] + [13] * 6
+    assert (
+        obs["features"].shape == (feature_size(),)
+        and obs["blueprint_ids"].tolist() == [13, int(Blueprint.CONV_LIGHT)] + [13] * 6
+    )
 
 
 @pytest.mark.parametrize("min_prune_age", [5, 8])
@@ -252,10 +265,13 @@ def test_the_default_precision_is_bf16_on_cuda_and_off_still_means_fp32():
     assert MorphogeneticEnv({"device": "cuda", "max_epochs": 2, "amp": "off"}).precision.dtype is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="channels-last matters to cuDNN only (benchmarks/gpu_check.sh)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="channels-last matters to cuDNN only (benchmarks/gpu_check.sh)"
+)
 def test_on_cuda_every_conv_weight_of_host_and_new_seeds_is_channels_last():
-    env = MorphogeneticEnv({"task": "synthetic", "synthetic_size": 1_000, "slots": ["r0c1"], "max_epochs": 3,
-                            "device": "cuda"})
+    env = MorphogeneticEnv(
+        {"task": "synthetic", "synthetic_size": 1_000, "slots": ["r0c1"], "max_epochs": 3, "device": "cuda"}
+    )
     env.reset(seed=0)
     env.step(germinate(env, "r0c1", Blueprint.CONV_HEAVY))
     weights = [(name, p) for name, p in env.model.named_parameters() if p.dim() == 4]

@@ -23,18 +23,33 @@ from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.data.task_loading import load_task_data
 from esper_ray.experiments.report import FIGURES, write_report
-from esper_ray.experiments.results import (COMPUTE_COLUMNS, ERROR, FINISHED, INCOMPLETE, NOT_STARTED, TRIAL_DIR_RE, ExperimentRecord,
-                                           TrialResult, metric_by_arm)
-from esper_ray.experiments.statistics import compare_arms
+from esper_ray.experiments.results import (
+    COMPUTE_COLUMNS,
+    ERROR,
+    FINISHED,
+    INCOMPLETE,
+    NOT_STARTED,
+    TRIAL_DIR_RE,
+    ExperimentRecord,
+    TrialResult,
+    metric_by_arm,
+)
 from esper_ray.experiments.runner import check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
+from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.trainable import evaluation_metrics
 from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.train.commands.evaluate import evaluation_episodes
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = {"name": "t", "arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "sparse", "lr": 1e-3}},
-        "seeds": [0, 1, 2], "rounds": 2, "last_rounds": 1, "training": {"max_epochs": 3, "env": {"batch_size": 256}}}
+BASE = {
+    "name": "t",
+    "arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "sparse", "lr": 1e-3}},
+    "seeds": [0, 1, 2],
+    "rounds": 2,
+    "last_rounds": 1,
+    "training": {"max_epochs": 3, "env": {"batch_size": 256}},
+}
 
 
 def test_every_arm_gets_the_same_seeds_its_own_overrides_and_its_own_copy_of_the_settings():
@@ -82,43 +97,71 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     assert [e.reset_seed for e in evaluation_episodes(TrainConfig(envs=2, seed=4), 4)] != [e.reset_seed for e in plan]
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"colour": 1}, r"unknown experiment key\(s\) \['colour'\]"),
-    ({"metric": "episode_return"}, "metric='episode_return'.*is never compared"),
-    ({"arms": {"a": {"reward_mode": "shaped"}}}, "at least 2 arms"),
-    ({"arms": {"a": {}, "b": {"controller": "greedy"}}}, r"arms.b.controller='greedy': unknown controller; choose one of \['ppo'"),
-    ({"training": {"controller": "none"}}, "chosen per arm"),
-    ({"seeds": [1, 1]}, "no repeats"),
-    ({"seeds": "0,1"}, "seeds='0,1': must be a list of integers"),
-    ({"arms": [1, 2]}, "arms=.*must map each arm name"),
-    ({"eval_episodes": 0}, "eval_episodes=0: must be an integer >= 1"),
-    ({"max_failures": -1}, "max_failures=-1"),
-    ({"alpha": 1.5}, "alpha=1.5"),
-    ({"training": {"seed": 3}}, r"\['seed'\] are set by the experiment"),
-    ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "nope"}}}, "reward_mode='nope'"),
-    ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"max_epoch": 3}}}, r"unknown training setting\(s\) \['max_epoch'\]"),
-    ({"arms": {"a": {}, "f": {"controller": "fixed"}}}, r"arms.f: `fixed` names the seed .* this arm's controller is fixed and it has none"),
-    ({"arms": {"a": {"fixed": {"blueprint": "norm", "slot": "r0c1"}}, "b": {}}}, r"arms.a: `fixed` names .* controller is ppo"),
-    ({"arms": {"a": {}, "f": {"controller": "fixed", "fixed": {"blueprint": "mlp", "slot": "r0c1"}}}},
-     r"arms.f.fixed.blueprint: blueprint 'mlp' is not available for cnn hosts"),
-    ({"arms": {"a": {}, "f": {"controller": "fixed", "slots": ["r0c0"], "fixed": {"blueprint": "norm", "slot": "r0c1"}}}},
-     r"arms.f.fixed.slot='r0c1': not an enabled slot; enabled slots: \['r0c0'\]"),
-    ({"name": ".."}, r"name='\.\.': the name must be a plain folder name"),
-    ({"name": "a/b"}, r"name='a/b': the name must be a plain folder name"),
-    ({"arms": {"a": {}, "b/c": {}}}, r"arms.b/c='b/c': the arm name must be a plain folder name"),
-    ({"arms": {"a": {}, "..": {}}}, r"arms...='\.\.': the arm name"),
-    ({"seeds": [0, 2**32]}, r"seed=4294967296: must be below 2\*\*32 - envs"),
-    ({"arms": {"a": {"overlap": True, "lead": True}, "b": {}}}, r"arms.a: lead=true does nothing in an A/B"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"colour": 1}, r"unknown experiment key\(s\) \['colour'\]"),
+        ({"metric": "episode_return"}, "metric='episode_return'.*is never compared"),
+        ({"arms": {"a": {"reward_mode": "shaped"}}}, "at least 2 arms"),
+        (
+            {"arms": {"a": {}, "b": {"controller": "greedy"}}},
+            r"arms.b.controller='greedy': unknown controller; choose one of \['ppo'",
+        ),
+        ({"training": {"controller": "none"}}, "chosen per arm"),
+        ({"seeds": [1, 1]}, "no repeats"),
+        ({"seeds": "0,1"}, "seeds='0,1': must be a list of integers"),
+        ({"arms": [1, 2]}, "arms=.*must map each arm name"),
+        ({"eval_episodes": 0}, "eval_episodes=0: must be an integer >= 1"),
+        ({"max_failures": -1}, "max_failures=-1"),
+        ({"alpha": 1.5}, "alpha=1.5"),
+        ({"training": {"seed": 3}}, r"\['seed'\] are set by the experiment"),
+        ({"arms": {"a": {"reward_mode": "shaped"}, "b": {"reward_mode": "nope"}}}, "reward_mode='nope'"),
+        (
+            {"arms": {"a": {"reward_mode": "shaped"}, "b": {"max_epoch": 3}}},
+            r"unknown training setting\(s\) \['max_epoch'\]",
+        ),
+        (
+            {"arms": {"a": {}, "f": {"controller": "fixed"}}},
+            r"arms.f: `fixed` names the seed .* this arm's controller is fixed and it has none",
+        ),
+        (
+            {"arms": {"a": {"fixed": {"blueprint": "norm", "slot": "r0c1"}}, "b": {}}},
+            r"arms.a: `fixed` names .* controller is ppo",
+        ),
+        (
+            {"arms": {"a": {}, "f": {"controller": "fixed", "fixed": {"blueprint": "mlp", "slot": "r0c1"}}}},
+            r"arms.f.fixed.blueprint: blueprint 'mlp' is not available for cnn hosts",
+        ),
+        (
+            {
+                "arms": {
+                    "a": {},
+                    "f": {"controller": "fixed", "slots": ["r0c0"], "fixed": {"blueprint": "norm", "slot": "r0c1"}},
+                }
+            },
+            r"arms.f.fixed.slot='r0c1': not an enabled slot; enabled slots: \['r0c0'\]",
+        ),
+        ({"name": ".."}, r"name='\.\.': the name must be a plain folder name"),
+        ({"name": "a/b"}, r"name='a/b': the name must be a plain folder name"),
+        ({"arms": {"a": {}, "b/c": {}}}, r"arms.b/c='b/c': the arm name must be a plain folder name"),
+        ({"arms": {"a": {}, "..": {}}}, r"arms...='\.\.': the arm name"),
+        ({"seeds": [0, 2**32]}, r"seed=4294967296: must be below 2\*\*32 - envs"),
+        ({"arms": {"a": {"overlap": True, "lead": True}, "b": {}}}, r"arms.a: lead=true does nothing in an A/B"),
+    ],
+)
 def test_bad_experiment_files_fail_before_anything_runs(change, match):
     with pytest.raises(ValueError, match=match):
         ExperimentSpec.from_mapping({**BASE, **change})
 
 
-@pytest.mark.parametrize("rounds, last_rounds, used", [(1, None, 1), (2, None, 2), (3, None, 3), (10, None, 3), (10, 5, 5), (1, 1, 1)])
+@pytest.mark.parametrize(
+    "rounds, last_rounds, used", [(1, None, 1), (2, None, 2), (3, None, 3), (10, None, 3), (10, 5, 5), (1, 1, 1)]
+)
 def test_last_rounds_defaults_to_three_or_all_rounds_when_fewer(rounds, last_rounds, used):
     given = {} if last_rounds is None else {"last_rounds": last_rounds}
-    spec = ExperimentSpec.from_mapping({**{k: v for k, v in BASE.items() if k != "last_rounds"}, "rounds": rounds, **given})
+    spec = ExperimentSpec.from_mapping(
+        {**{k: v for k, v in BASE.items() if k != "last_rounds"}, "rounds": rounds, **given}
+    )
     assert spec.rollout_rounds == used
     assert spec.to_dict()["last_rounds"] == used  # the record says what was averaged, and reads back the same
     assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()
@@ -144,7 +187,9 @@ def test_results_name_the_experiment_file_relative_to_where_the_command_ran(tmp_
 def test_yaml_mistakes_name_the_file_and_line(tmp_path):
     dup = tmp_path / "dup.yaml"
     dup.write_text("name: d\narms:\n  a: {controller: none}\n  a: {controller: ppo}\nseeds: [0]\n")
-    with pytest.raises(ValueError, match=r"dup.yaml:4:3: invalid YAML: key 'a' appears twice in one mapping \(first on line 3\)"):
+    with pytest.raises(
+        ValueError, match=r"dup.yaml:4:3: invalid YAML: key 'a' appears twice in one mapping \(first on line 3\)"
+    ):
         ExperimentSpec.from_yaml(dup)
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [x\nseeds: 1\n")
@@ -160,7 +205,11 @@ def test_shipped_experiment_files_are_valid(path):
 
 def test_shipped_comparisons_have_enough_seeds_and_the_baselines():
     controllers = ExperimentSpec.from_yaml(REPO / "tune_configs" / "controllers.yaml")
-    assert {controllers.controller(a) for a in controllers.arms} >= {ControllerKind.PPO, ControllerKind.HEURISTIC, ControllerKind.NONE}
+    assert {controllers.controller(a) for a in controllers.arms} >= {
+        ControllerKind.PPO,
+        ControllerKind.HEURISTIC,
+        ControllerKind.NONE,
+    }
     assert len(controllers.seeds) >= 8 and controllers.training["task"] == "digits-impaired"
     rewards = ExperimentSpec.from_yaml(REPO / "tune_configs" / "studies" / "reward_modes.yaml")
     assert {s["reward_mode"] for s in rewards.arms.values() if "reward_mode" in s} == {"shaped", "simplified", "sparse"}
@@ -182,16 +231,24 @@ def test_compare_names_the_verdicts_family_and_bad_pairs_fail_with_one_line():
     spec = ExperimentSpec.from_mapping({**BASE, "arms": arms, "compare": [["a", "b"], ["a", "c"]]})
     assert spec.compared_pairs == [("a", "b"), ("a", "c")]
     assert ExperimentSpec.from_mapping({**BASE, "arms": arms}).compared_pairs == [("a", "b"), ("a", "c"), ("b", "c")]
-    for compare, message in (([["a", "z"]], r"names \['z'\], not arms"), ([["a", "a"]], "with itself"),
-                             ([["a", "b"], ["b", "a"]], "repeats a pair"), ("a-b", "non-empty list"), ([["a"]], "not a pair")):
+    for compare, message in (
+        ([["a", "z"]], r"names \['z'\], not arms"),
+        ([["a", "a"]], "with itself"),
+        ([["a", "b"], ["b", "a"]], "repeats a pair"),
+        ("a-b", "non-empty list"),
+        ([["a"]], "not a pair"),
+    ):
         with pytest.raises(ValueError, match=message):
             ExperimentSpec.from_mapping({**BASE, "arms": arms, "compare": compare})
 
 
 def test_holm_corrects_over_the_named_family_only():
     """Two arms far apart on 8 seeds: over a family of 1 pair p is the exact floor 2/2^8; over all 3 pairs, 3 times it."""
-    values = {"a": {s: 0.5 + 0.01 * s for s in range(8)}, "b": {s: 0.1 + 0.01 * s for s in range(8)},
-              "c": {s: 0.3 + 0.02 * s for s in range(8)}}
+    values = {
+        "a": {s: 0.5 + 0.01 * s for s in range(8)},
+        "b": {s: 0.1 + 0.01 * s for s in range(8)},
+        "c": {s: 0.3 + 0.02 * s for s in range(8)},
+    }
     [only] = compare_arms(values, [("a", "b")])
     assert only.wilcoxon_p_holm == pytest.approx(2 / 2**8)
     every = {(p.arm_a, p.arm_b): p for p in compare_arms(values)}
@@ -199,53 +256,147 @@ def test_holm_corrects_over_the_named_family_only():
 
 
 def test_a_fixed_arm_carries_its_seed_into_every_trial():
-    spec = ExperimentSpec.from_mapping({**BASE, "arms": {"a": {}, "heavy": {
-        "controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1", "tempo": "fast"}}}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "arms": {
+                "a": {},
+                "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1", "tempo": "fast"}},
+            },
+        }
+    )
     fixed = [t for t in spec.trials() if t.arm == "heavy"]
-    assert len(fixed) == 3 and all(t.controller is ControllerKind.FIXED and t.fixed.label == "conv_heavy@r0c1" for t in fixed)
-    assert fixed[0].fixed.to_dict() == {"blueprint": "conv_heavy", "slot": "r0c1", "style": "sigmoid_add", "tempo": "fast"}
+    assert len(fixed) == 3 and all(
+        t.controller is ControllerKind.FIXED and t.fixed.label == "conv_heavy@r0c1" for t in fixed
+    )
+    assert fixed[0].fixed.to_dict() == {
+        "blueprint": "conv_heavy",
+        "slot": "r0c1",
+        "style": "sigmoid_add",
+        "tempo": "fast",
+    }
     assert "fixed" not in fixed[0].train and spec.fixed_plan("a") is None
 
 
 # --------------------------------------------------------------------------- the report, without Ray
 def record_with(statuses: dict[tuple[str, int], str], values: dict[tuple[str, int], float]) -> ExperimentRecord:
-    spec = ExperimentSpec.from_mapping({**BASE, "arms": {"ppo": {}, "none": {"controller": "none"}}, "seeds": list(range(8))})
+    spec = ExperimentSpec.from_mapping(
+        {**BASE, "arms": {"ppo": {}, "none": {"controller": "none"}}, "seeds": list(range(8))}
+    )
     trials = []
     for position, ((arm, seed), status) in enumerate(statuses.items()):
         value = values[(arm, seed)]
-        evaluation = None if status in (NOT_STARTED, INCOMPLETE) and arm == "none" else {
-            "episodes": 4.0, "test_accuracy": value, "test_accuracy_std": 0.0, "test_accuracy_per_param": value,
-            "val_accuracy": value, "val_accuracy_per_param": value, "params_added": 0.0, "host_params": 100.0,
-            "fossilized": 0.0, "germinated": 0.0}
-        history = [{"round": float(r), "final_accuracy": value, "params_added": 0.0, "host_params": 100.0,
-                    "episode_return": 1.0, "episodes": 4.0, "seconds": 1.0} for r in range(1, 3)] if arm == "ppo" else []
-        trials.append(TrialResult(arm, seed, position, ControllerKind.PPO if arm == "ppo" else ControllerKind.NONE, status,
-                                  error="RuntimeError: boom" if status == ERROR else None, history=history, evaluation=evaluation))
+        evaluation = (
+            None
+            if status in (NOT_STARTED, INCOMPLETE) and arm == "none"
+            else {
+                "episodes": 4.0,
+                "test_accuracy": value,
+                "test_accuracy_std": 0.0,
+                "test_accuracy_per_param": value,
+                "val_accuracy": value,
+                "val_accuracy_per_param": value,
+                "params_added": 0.0,
+                "host_params": 100.0,
+                "fossilized": 0.0,
+                "germinated": 0.0,
+            }
+        )
+        history = (
+            [
+                {
+                    "round": float(r),
+                    "final_accuracy": value,
+                    "params_added": 0.0,
+                    "host_params": 100.0,
+                    "episode_return": 1.0,
+                    "episodes": 4.0,
+                    "seconds": 1.0,
+                }
+                for r in range(1, 3)
+            ]
+            if arm == "ppo"
+            else []
+        )
+        trials.append(
+            TrialResult(
+                arm,
+                seed,
+                position,
+                ControllerKind.PPO if arm == "ppo" else ControllerKind.NONE,
+                status,
+                error="RuntimeError: boom" if status == ERROR else None,
+                history=history,
+                evaluation=evaluation,
+            )
+        )
     return ExperimentRecord(spec, 5, False, trials, "exp.yaml")
 
 
 def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     """ppo against a fixed arm that keeps a 3x larger model and trains 2x the FLOPs, same accuracy: the report
     must say so from the per-trial figures, as strict JSON (no NaN even where a trial has none)."""
-    spec = ExperimentSpec.from_mapping({**BASE, "seeds": list(range(8)), "arms": {
-        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}, "sweep_host_runs": 336}}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "seeds": list(range(8)),
+            "arms": {
+                "ppo": {},
+                "heavy": {
+                    "controller": "fixed",
+                    "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"},
+                    "sweep_host_runs": 336,
+                },
+            },
+        }
+    )
     trials = []
     for position, (arm, seed) in enumerate((a, s) for s in range(8) for a in ("ppo", "heavy")):
         params = (400.0 if arm == "ppo" else 1200.0) + seed
         train = (1e9 if arm == "ppo" else 2e9) * (1 + seed / 10)
-        evaluation = {"episodes": 4.0, "test_accuracy": 0.6 + 0.01 * seed, "test_accuracy_std": 0.0,
-                      "test_accuracy_per_param": 1.0, "val_accuracy": 0.6, "val_accuracy_per_param": 1.0,
-                      "params_added": params - 160, "host_params": 160.0, "fossilized": 1.0, "germinated": 1.0,
-                      "final_params": params, "refused": 0.0, "train_flops": train, "seed_train_flops": train / 2,
-                      "validation_flops": 1e8, "counterfactual_flops": 0.0 if arm == "heavy" else 1e8,
-                      "seconds": math.nan if seed == 7 else 2.0,
-                      "test_accuracy_with_probation": 0.7 if arm == "ppo" else 0.6 + 0.01 * seed,
-                      "params_on_probation": 50.0 if arm == "ppo" else 0.0}
-        history = [{"round": 1.0, "final_accuracy": 0.6, "params_added": 0.0, "host_params": 160.0, "episode_return": 1.0,
-                    "episodes": 4.0, "seconds": 1.0}] if arm == "ppo" else []
-        trials.append(TrialResult(arm, seed, position, spec.controller(arm), FINISHED, history=history, evaluation=evaluation))
+        evaluation = {
+            "episodes": 4.0,
+            "test_accuracy": 0.6 + 0.01 * seed,
+            "test_accuracy_std": 0.0,
+            "test_accuracy_per_param": 1.0,
+            "val_accuracy": 0.6,
+            "val_accuracy_per_param": 1.0,
+            "params_added": params - 160,
+            "host_params": 160.0,
+            "fossilized": 1.0,
+            "germinated": 1.0,
+            "final_params": params,
+            "refused": 0.0,
+            "train_flops": train,
+            "seed_train_flops": train / 2,
+            "validation_flops": 1e8,
+            "counterfactual_flops": 0.0 if arm == "heavy" else 1e8,
+            "seconds": math.nan if seed == 7 else 2.0,
+            "test_accuracy_with_probation": 0.7 if arm == "ppo" else 0.6 + 0.01 * seed,
+            "params_on_probation": 50.0 if arm == "ppo" else 0.0,
+        }
+        history = (
+            [
+                {
+                    "round": 1.0,
+                    "final_accuracy": 0.6,
+                    "params_added": 0.0,
+                    "host_params": 160.0,
+                    "episode_return": 1.0,
+                    "episodes": 4.0,
+                    "seconds": 1.0,
+                }
+            ]
+            if arm == "ppo"
+            else []
+        )
+        trials.append(
+            TrialResult(arm, seed, position, spec.controller(arm), FINISHED, history=history, evaluation=evaluation)
+        )
     results = write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
-    assert any(t["evaluation"]["seconds"] is not None and math.isnan(t["evaluation"]["seconds"]) for t in results["trials"])
+    assert any(
+        t["evaluation"]["seconds"] is not None and math.isnan(t["evaluation"]["seconds"]) for t in results["trials"]
+    )
 
     def refuse(token: str) -> float:
         raise AssertionError(f"{token} is not JSON")
@@ -257,10 +408,14 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
     assert pair["params_difference"] == -800 and pair["train_flops_ratio"] == pytest.approx(0.5)
     assert pair["params_ratio"] == pytest.approx(np.median([(400 + s) / (1200 + s) for s in range(8)]))  # 0.3355
     sentence = stored["statistics"]["compute"]["size_verdicts"][0]
-    assert sentence.startswith("At equal size: ppo has 66 % fewer final parameters than heavy (median paired difference -800)")
+    assert sentence.startswith(
+        "At equal size: ppo has 66 % fewer final parameters than heavy (median paired difference -800)"
+    )
     assert "50 % fewer training FLOPs" in sentence
     heavy = next(a for a in stored["statistics"]["compute"]["arms"] if a["arm"] == "heavy")
-    assert heavy["means"]["final_params"] == pytest.approx(1203.5) and heavy["means"]["seconds"] == 2.0  # seed 7: no seconds
+    assert (
+        heavy["means"]["final_params"] == pytest.approx(1203.5) and heavy["means"]["seconds"] == 2.0
+    )  # seed 7: no seconds
     assert next(t for t in stored["trials"] if t["arm"] == "heavy")["fixed"]["blueprint"] == "conv_heavy"
     text = (tmp_path / "report.md").read_text()
     assert "heavy = fixed(conv_heavy@r0c1)" in text and "## Size and compute" in text and sentence in text
@@ -275,20 +430,44 @@ def test_report_reads_a_fixed_arm_at_equal_size_from_its_own_numbers(tmp_path):
         t.position = position
     write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
     text = (tmp_path / "report.md").read_text()
-    assert "Start order: PPO trials first (the longest), each kind in a random permutation with order seed 5: ppo/0, ppo/1" in text
+    assert (
+        "Start order: PPO trials first (the longest), each kind in a random permutation with order seed 5: ppo/0, ppo/1"
+        in text
+    )
 
 
 def test_evaluation_reports_test_loss_and_its_perplexity_beside_the_metric(tmp_path):
     """A trial's perplexity is exp of its episodes' mean test loss (a diverged episode makes it NaN, not a number);
     the report lists it per arm and seed-paired, from the trials' own figures."""
+
     def summary(loss: float | None) -> EpisodeSummary:
-        return EpisodeSummary(episode=0, steps=3, episode_return=0.0, initial_accuracy=0.1, final_accuracy=0.5, host_params=100, params_added=0,
-                              germinated=0, fossilized=0, pruned=0, rollbacks=0, refused=0, train_flops=1, seed_train_flops=0,
-                              validation_flops=1, counterfactual_flops=0, rolled_back=False, seconds=1.0,
-                              test_accuracy=0.5, test_loss=loss)
+        return EpisodeSummary(
+            episode=0,
+            steps=3,
+            episode_return=0.0,
+            initial_accuracy=0.1,
+            final_accuracy=0.5,
+            host_params=100,
+            params_added=0,
+            germinated=0,
+            fossilized=0,
+            pruned=0,
+            rollbacks=0,
+            refused=0,
+            train_flops=1,
+            seed_train_flops=0,
+            validation_flops=1,
+            counterfactual_flops=0,
+            rolled_back=False,
+            seconds=1.0,
+            test_accuracy=0.5,
+            test_loss=loss,
+        )
 
     metrics = evaluation_metrics([summary(2.0), summary(2.5)])
-    assert metrics["eval/test_loss"] == pytest.approx(2.25) and metrics["eval/test_perplexity"] == pytest.approx(math.e ** 2.25)
+    assert metrics["eval/test_loss"] == pytest.approx(2.25) and metrics["eval/test_perplexity"] == pytest.approx(
+        math.e**2.25
+    )
     assert math.isnan(evaluation_metrics([summary(2.0), summary(float("inf"))])["eval/test_perplexity"])
     assert math.isnan(evaluation_metrics([summary(None)])["eval/test_loss"])
 
@@ -300,15 +479,18 @@ def test_evaluation_reports_test_loss_and_its_perplexity_beside_the_metric(tmp_p
     write_report(tmp_path, record)
     text = (tmp_path / "report.md").read_text()
     ppo_mean = np.mean([math.exp(2.0 + 0.05 * s - 0.1) for s in range(8)])
-    assert "## Test loss and perplexity" in text and f"| ppo | 8 | {np.mean([2.0 + 0.05 * s - 0.1 for s in range(8)]):.4g} | {ppo_mean:.4g}" in text
+    assert (
+        "## Test loss and perplexity" in text
+        and f"| ppo | 8 | {np.mean([2.0 + 0.05 * s - 0.1 for s in range(8)]):.4g} | {ppo_mean:.4g}" in text
+    )
     median = np.median([math.exp(2.0 + 0.05 * s - 0.1) - math.exp(2.0 + 0.05 * s) for s in range(8)])
     assert f"| ppo | none | 8 | {median:.4g} | 8 of 8 |" in text
 
 
 def test_failed_and_unfinished_trials_are_excluded_listed_and_shrink_n(tmp_path):
     statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
-    statuses[("ppo", 3)] = ERROR        # raised, retries used up: its partial metric must not count
-    statuses[("ppo", 5)] = INCOMPLETE   # 3 of 30 rounds
+    statuses[("ppo", 3)] = ERROR  # raised, retries used up: its partial metric must not count
+    statuses[("ppo", 5)] = INCOMPLETE  # 3 of 30 rounds
     statuses[("none", 6)] = NOT_STARTED
     values = {(arm, s): (0.6 if arm == "ppo" else 0.4) + 0.01 * s for arm in ("ppo", "none") for s in range(8)}
     record = record_with(statuses, values)
@@ -339,7 +521,9 @@ def test_results_json_is_strict_json(tmp_path):
 
 def test_a_clear_paired_win_is_the_verdict(tmp_path):
     statuses = {(arm, s): FINISHED for s in range(8) for arm in ("ppo", "none")}
-    values = {("ppo", s): 0.3 + 0.05 * s + 0.01 * (s + 1) for s in range(8)} | {("none", s): 0.3 + 0.05 * s for s in range(8)}
+    values = {("ppo", s): 0.3 + 0.05 * s + 0.01 * (s + 1) for s in range(8)} | {
+        ("none", s): 0.3 + 0.05 * s for s in range(8)
+    }
     results = write_report(tmp_path, record_with(statuses, values))
     verdict = results["statistics"]["verdicts"][0]
     assert verdict.startswith("ppo beats none on test_accuracy") and "p=0.0078" in verdict
@@ -359,7 +543,9 @@ def test_ab_refuses_to_overwrite_a_run_and_to_resume_another_experiment(tmp_path
         main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(tmp_path)])
     assert "already holds a run: add --resume" in capsys.readouterr().err
     smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
-    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml", "start_order": []}))
+    (tmp_path / "experiment.json").write_text(
+        json.dumps({"experiment": smoke.to_dict(), "source": "/x/smoke.yaml", "start_order": []})
+    )
     other = REPO / "tune_configs" / "controllers.yaml"
     with pytest.raises(SystemExit):
         main(["ab", str(other), "--output", str(tmp_path), "--resume"])
@@ -382,7 +568,9 @@ def test_a_trial_larger_than_the_local_cluster_is_refused_before_tune_starts(ray
     with pytest.raises(SystemExit) as exit_info:
         main(["ab", str(big), "--output", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "arms.ppo: one trial asks for 3.5 CPU (there are 2)" in err, err  # 3 for its env, 0.5 its driver
+    assert exit_info.value.code == 2 and "arms.ppo: one trial asks for 3.5 CPU (there are 2)" in err, (
+        err
+    )  # 3 for its env, 0.5 its driver
     assert not (tmp_path / "run" / "tune").exists()
 
 
@@ -396,7 +584,8 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     trials = results["trials"]
     assert len(trials) == 4 and sorted(t["start_position"] for t in trials) == [0, 1, 2, 3]
     assert [(t["arm"], t["seed"]) for t in sorted(trials, key=lambda t: t["start_position"])] == [
-        (o["arm"], o["seed"]) for o in json.loads((out / "experiment.json").read_text())["start_order"]]
+        (o["arm"], o["seed"]) for o in json.loads((out / "experiment.json").read_text())["start_order"]
+    ]
     for t in trials:
         assert t["status"] == "finished" and 0 <= t["final_metric"] <= 1 and t["evaluation"]["episodes"] == 2
         assert len(t["history"]) == (1 if t["controller"] == "ppo" else 0)
@@ -407,9 +596,14 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     assert "## Verdict" in (out / "report.md").read_text()
     printed = capsys.readouterr().out
     assert "started  ppo/seed0" in printed and "evaluation: test acc" in printed
-    assert re.search(r"ppo/seed0 round 1/1: rollout acc [0-9.]+%; its setup \d+ s \(env runners up after \d+ s, "
-                     r"then built in \d+ s\); evaluation", printed)
-    assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed and "no cap" in printed  # smoke sets none
+    assert re.search(
+        r"ppo/seed0 round 1/1: rollout acc [0-9.]+%; its setup \d+ s \(env runners up after \d+ s, "
+        r"then built in \d+ s\); evaluation",
+        printed,
+    )
+    assert (
+        "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed and "no cap" in printed
+    )  # smoke sets none
     # --save: every evaluation episode's network, the PPO arm's (sent back by its env runner) and the baseline's
     assert f"networks: 8 grown networks in {out / 'networks'}" in printed
     data = load_task_data("digits-impaired")
@@ -417,12 +611,21 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
         kept = [out / "networks" / t["arm"] / f"seed{t['seed']}" / f"episode{i}" for i in range(2)]
         runs = [json.loads((k / "architecture.json").read_text())["run"] for k in kept]
         assert np.mean([r["test_accuracy"] for r in runs]) == pytest.approx(t["evaluation"]["test_accuracy"], abs=1e-12)
-        assert runs[0]["controller"].endswith(f"of A/B trial {t['arm']}/seed{t['seed']}") and (kept[1] / "summary.md").is_file()
+        assert (
+            runs[0]["controller"].endswith(f"of A/B trial {t['arm']}/seed{t['seed']}")
+            and (kept[1] / "summary.md").is_file()
+        )
         network = esper_ray.load_grown(kept[0])
         chunk = EnvConfig.from_mapping({}).effective_val_batch_size  # the env's validation chunks (the same float sums)
         with torch.no_grad():  # an independent count on the test split, on the CPU as the trial ran
-            correct = sum(int((network(data.prepare(data.test_x[i:i + chunk])).argmax(dim=1) == data.test_y[i:i + chunk]).sum())
-                          for i in range(0, len(data.test_y), chunk))
+            correct = sum(
+                int(
+                    (
+                        network(data.prepare(data.test_x[i : i + chunk])).argmax(dim=1) == data.test_y[i : i + chunk]
+                    ).sum()
+                )
+                for i in range(0, len(data.test_y), chunk)
+            )
         assert correct / len(data.test_y) == pytest.approx(runs[0]["test_accuracy"], abs=1e-12)
 
     (out / "report.md").unlink()
@@ -435,8 +638,22 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
 
     # measurements/policy_probe.py on the PPO trial's checkpoint: the policy watched along the fixed lifecycle
     trial = next((out / "tune").glob("ppo_seed0_*"))
-    run = subprocess.run([sys.executable, "measurements/policy_probe.py", "--trial", str(trial), "--blueprints", "conv_light",
-                          "--json", str(tmp_path / "probe.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "measurements/policy_probe.py",
+            "--trial",
+            str(trial),
+            "--blueprints",
+            "conv_light",
+            "--json",
+            str(tmp_path / "probe.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     probe = json.loads((tmp_path / "probe.json").read_text())["results"][0]
     assert [s["stage"] for s in probe["steps"]] == ["DORMANT", "TRAINING", "TRAINING", "TRAINING"]  # 4 epochs
@@ -445,26 +662,47 @@ def test_smoke_experiment_trains_evaluates_reports_and_keeps_the_grown_networks(
     assert sum(probe["first_step"]["blueprint"].values()) == pytest.approx(1, abs=0.01)
     assert "conv_light@r0c0; step 0: P(germinate)" in run.stdout
     # measurements/kept_seeds.py on the same checkpoint: every slot's seed in the run's evaluation episodes
-    run = subprocess.run([sys.executable, "measurements/kept_seeds.py", "--trial", str(trial), "--episodes", "2",
-                          "--json", str(tmp_path / "kept.json")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "measurements/kept_seeds.py",
+            "--trial",
+            str(trial),
+            "--episodes",
+            "2",
+            "--json",
+            str(tmp_path / "kept.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     episodes = json.loads((tmp_path / "kept.json").read_text())["episodes"]
     assert [e["episode"] for e in episodes] == [0, 1] and run.stdout.count("test acc") == 2
     for e in episodes:  # the slots' latest seeds agree with the env's own counts
         assert sum(s["fossilized"] is not None for s in e["seeds"]) == e["fossilized"]
         assert (len(e["seeds"]) > 0) == (e["germinated"] > 0) and len(e["seeds"]) <= e["germinated"]
-        assert all(1 <= s["germinated"] <= 4 and (s["stage"] == "FOSSILIZED") == (s["fossilized"] is not None)
-                   for s in e["seeds"])
+        assert all(
+            1 <= s["germinated"] <= 4 and (s["stage"] == "FOSSILIZED") == (s["fossilized"] is not None)
+            for s in e["seeds"]
+        )
 
 
 @pytest.mark.expensive
-def test_a_gpu_experiment_file_runs_unchanged_on_a_machine_without_gpus_and_its_resume_stays_there(ray_local, tmp_path, capsys):
+def test_a_gpu_experiment_file_runs_unchanged_on_a_machine_without_gpus_and_its_resume_stays_there(
+    ray_local, tmp_path, capsys
+):
     if ray_local.cluster_resources().get("GPU", 0) > 0:
         pytest.skip("this machine has a GPU: the file would run on it")
     smoke = (REPO / "tune_configs" / "smoke.yaml").read_text()
     experiment = tmp_path / "gpu.yaml"
-    experiment.write_text(smoke.replace("  cpus_per_env: 0.5\n", "  cpus_per_env: 0.5\n  gpus_per_env: 0.25\n  mps: true\n")
-                          .replace("eval_episodes: 2", "eval_episodes: 1").replace("seeds: [0, 1]", "seeds: [0]"))
+    experiment.write_text(
+        smoke.replace("  cpus_per_env: 0.5\n", "  cpus_per_env: 0.5\n  gpus_per_env: 0.25\n  mps: true\n")
+        .replace("eval_episodes: 2", "eval_episodes: 1")
+        .replace("seeds: [0, 1]", "seeds: [0]")
+    )
     assert "gpus_per_env: 0.25" in experiment.read_text()
     out = tmp_path / "run"
     assert main(["ab", str(experiment), "--output", str(out)]) == 0
@@ -472,28 +710,50 @@ def test_a_gpu_experiment_file_runs_unchanged_on_a_machine_without_gpus_and_its_
     assert "this machine has none; every trial runs on the CPUs" in printed
     assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed  # no GPU asked
     record = json.loads((out / "experiment.json").read_text())
-    assert record["envs_on_cpus"] is True and record["experiment"]["training"]["gpus_per_env"] == 0.25  # the file as given
+    assert (
+        record["envs_on_cpus"] is True and record["experiment"]["training"]["gpus_per_env"] == 0.25
+    )  # the file as given
     results = json.loads((out / "results.json").read_text())
     assert [t["status"] for t in results["trials"]] == ["finished", "finished"]
     assert results["envs_on_cpus"] and all("gpus_per_env" not in t["config"] for t in results["trials"])  # as each ran
     assert "every trial ran on the CPUs" in (out / "report.md").read_text()
-    assert main(["ab", str(experiment), "--output", str(out), "--resume"]) == 0  # the resume keeps the CPUs, from the record
+    assert (
+        main(["ab", str(experiment), "--output", str(out), "--resume"]) == 0
+    )  # the resume keeps the CPUs, from the record
     assert "this run started on a machine without GPUs; every trial runs on the CPUs" in capsys.readouterr().out
 
 
 @pytest.mark.expensive
 def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_local, tmp_path):
     experiment = tmp_path / "fixed.yaml"
-    experiment.write_text(json.dumps({
-        "name": "fixed", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "order_seed": 1,
-        "arms": {"none": {"controller": "none"},
-                 "norm": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}},
-                 "pair": {"controller": "fixed", "fixed": [{"blueprint": "norm", "slot": "r0c1"},
-                                                          {"blueprint": "conv_light", "slot": "r0c2"}]}},
-        "max_concurrent_trials": 2,
-        "training": {"task": "digits-impaired", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5,
-                     "env": {"batch_size": 1024, "commit_horizon": False}},  # 3 epochs: the horizon would mask GERMINATE
-    }))
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "fixed",
+                "seeds": [0, 1],
+                "rounds": 1,
+                "last_rounds": 1,
+                "eval_episodes": 1,
+                "order_seed": 1,
+                "arms": {
+                    "none": {"controller": "none"},
+                    "norm": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}},
+                    "pair": {
+                        "controller": "fixed",
+                        "fixed": [{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "conv_light", "slot": "r0c2"}],
+                    },
+                },
+                "max_concurrent_trials": 2,
+                "training": {
+                    "task": "digits-impaired",
+                    "max_epochs": 3,
+                    "envs": 1,
+                    "cpus_per_env": 0.5,
+                    "env": {"batch_size": 1024, "commit_horizon": False},
+                },  # 3 epochs: the horizon would mask GERMINATE
+            }
+        )
+    )
     out = tmp_path / "run"
     assert main(["ab", str(experiment), "--output", str(out)]) == 0
 
@@ -512,7 +772,9 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
         elif t["arm"] == "pair":  # a list of seeds; in 3 epochs the second cannot go in (the first is in TRAINING)
             assert [f["slot"] for f in t["fixed"]] == ["r0c1", "r0c2"] and e["germinated"] == 1 and e["refused"] == 0
         else:
-            assert e["final_params"] == e["host_params"] and e["seed_train_flops"] == 0 and e["counterfactual_flops"] == 0
+            assert (
+                e["final_params"] == e["host_params"] and e["seed_train_flops"] == 0 and e["counterfactual_flops"] == 0
+            )
     assert results["statistics"]["compute"]["size_verdicts"][0].startswith("At equal size: none has")
     assert (out / "metric_vs_flops.png").stat().st_size > 0
     assert "pair = fixed(norm@r0c1+conv_light@r0c2)" in (out / "report.md").read_text()
@@ -523,12 +785,21 @@ def test_an_experiment_whose_arms_differ_reaches_a_paired_verdict(ray_local, tmp
     """Two fixed controllers on the same 6 seeds: the same hosts, one with a learning rate 20x lower, so every
     seed pair differs the same way and the exact paired test reaches its floor p = 2 / 2^6."""
     experiment = tmp_path / "lr.yaml"
-    experiment.write_text(json.dumps({
-        "name": "lr", "seeds": list(range(6)), "rounds": 1, "last_rounds": 1, "eval_episodes": 1,
-        "arms": {"none": {"controller": "none"}, "slow": {"controller": "none", "env": {"host_lr": 0.0025}}},
-        "max_concurrent_trials": 2, "order_seed": 3,
-        "training": {"task": "digits", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5},
-    }))
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "lr",
+                "seeds": list(range(6)),
+                "rounds": 1,
+                "last_rounds": 1,
+                "eval_episodes": 1,
+                "arms": {"none": {"controller": "none"}, "slow": {"controller": "none", "env": {"host_lr": 0.0025}}},
+                "max_concurrent_trials": 2,
+                "order_seed": 3,
+                "training": {"task": "digits", "max_epochs": 3, "envs": 1, "cpus_per_env": 0.5},
+            }
+        )
+    )
     out = tmp_path / "run"
     assert main(["ab", str(experiment), "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -570,26 +841,62 @@ def crafted_run(tmp_path: Path, marker: Path) -> Path:
         name = f"{t.arm}_seed{t.seed}_abcde_{i:05d}"
         (tune / name).mkdir()
         (tune / name / "params.pkl").write_bytes(pickle.dumps(RunsCode(marker)))
-        evaluation = {f"eval/{c}": 0.5 for c in ("test_accuracy", "test_accuracy_std", "test_accuracy_per_param",
-                                                 "val_accuracy", "val_accuracy_per_param", "params_added", "host_params",
-                                                 "fossilized", "germinated", "episodes")}
+        evaluation = {
+            f"eval/{c}": 0.5
+            for c in (
+                "test_accuracy",
+                "test_accuracy_std",
+                "test_accuracy_per_param",
+                "val_accuracy",
+                "val_accuracy_per_param",
+                "params_added",
+                "host_params",
+                "fossilized",
+                "germinated",
+                "episodes",
+            )
+        }
         rows = []
         if t.controller is ControllerKind.PPO:
-            summary = {f"round/{c}": 0.1 for c in ("final_accuracy", "params_added", "host_params", "episode_return",
-                                                   "episodes", "seconds")}
-            rows = [{"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, "round/round": 1, **summary,
-                     "round/final_accuracy": 0.1},  # reported, then interrupted before its checkpoint
-                    {"training_iteration": 1, "timestamp": 20.0, "time_this_iter_s": 1.0, "round/round": 1, **summary,
-                     "round/final_accuracy": 0.3, **evaluation}]  # the round again, after the resume
+            summary = {
+                f"round/{c}": 0.1
+                for c in ("final_accuracy", "params_added", "host_params", "episode_return", "episodes", "seconds")
+            }
+            rows = [
+                {
+                    "training_iteration": 1,
+                    "timestamp": 10.0,
+                    "time_this_iter_s": 1.0,
+                    "round/round": 1,
+                    **summary,
+                    "round/final_accuracy": 0.1,
+                },  # reported, then interrupted before its checkpoint
+                {
+                    "training_iteration": 1,
+                    "timestamp": 20.0,
+                    "time_this_iter_s": 1.0,
+                    "round/round": 1,
+                    **summary,
+                    "round/final_accuracy": 0.3,
+                    **evaluation,
+                },
+            ]  # the round again, after the resume
         else:
             rows = [{"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, **evaluation}]
         (tune / name / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        trial = {"trial_id": f"abcde_{i:05d}", "status": "TERMINATED", "relative_logdir": name,
-                 "config": {"trial": {"arm": t.arm, "seed": t.seed}},
-                 "storage": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted}}
+        trial = {
+            "trial_id": f"abcde_{i:05d}",
+            "status": "TERMINATED",
+            "relative_logdir": name,
+            "config": {"trial": {"arm": t.arm, "seed": t.seed}},
+            "storage": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted},
+        }
         trials.append([json.dumps(trial), json.dumps({"last_result": rows[-1]})])
-    (tune / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({
-        "trial_data": trials, "runner_data": {"_stopper": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted}}}))
+    (tune / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        json.dumps(
+            {"trial_data": trials, "runner_data": {"_stopper": {"_type": "CLOUDPICKLE_FALLBACK", "value": crafted}}}
+        )
+    )
     (tune / "tuner.pkl").write_bytes(pickle.dumps(RunsCode(marker)))
     return out
 
@@ -615,7 +922,10 @@ def test_report_reads_no_file_outside_its_run_folder(tmp_path, capsys):
     state = sorted((out / "tune").glob("experiment_state-*.json"))[-1]
     raw = json.loads(state.read_text())
     trial, meta = raw["trial_data"][0]
-    raw["trial_data"][0] = [json.dumps({**json.loads(trial), "status": "ERROR", "relative_logdir": "../../elsewhere"}), meta]
+    raw["trial_data"][0] = [
+        json.dumps({**json.loads(trial), "status": "ERROR", "relative_logdir": "../../elsewhere"}),
+        meta,
+    ]
     state.write_text(json.dumps(raw))
     with pytest.raises(SystemExit) as exit_info:
         main(["report", str(out)])
@@ -641,7 +951,9 @@ def no_ray_may_start(monkeypatch) -> None:
     monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
 
 
-def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_its_pickles(tmp_path, capsys, monkeypatch):
+def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_its_pickles(
+    tmp_path, capsys, monkeypatch
+):
     import pickle
 
     from esper_ray.experiments.runner import TUNE_MANIFEST
@@ -666,7 +978,9 @@ def test_resume_of_a_tune_folder_that_differs_from_its_manifest_loads_none_of_it
     assert not marker.exists()
 
 
-def test_salvage_of_a_killed_run_keeps_its_finished_trials_and_reruns_the_rest_loading_no_pickle(tmp_path, capsys, monkeypatch):
+def test_salvage_of_a_killed_run_keeps_its_finished_trials_and_reruns_the_rest_loading_no_pickle(
+    tmp_path, capsys, monkeypatch
+):
     """A run killed with kill -9 leaves tune/ unlike its manifest. --resume refuses it and names --salvage;
     salvaging sets tune/ aside, keeps the trials that finished there (JSON only: the crafted pickles never run)
     and leaves the others to run again, in the recorded order (Tune's part: the expensive test below)."""
@@ -692,7 +1006,11 @@ def test_salvage_of_a_killed_run_keeps_its_finished_trials_and_reruns_the_rest_l
     assert [(t.arm, t.seed) for t in unfinished_order(ExperimentSpec.from_yaml(smoke), out)] == [("none", 1)]
     record = collect_trials(out)
     assert {(t.arm, t.seed): t.status for t in record.trials} == {
-        ("ppo", 0): FINISHED, ("ppo", 1): FINISHED, ("none", 0): FINISHED, ("none", 1): NOT_STARTED}
+        ("ppo", 0): FINISHED,
+        ("ppo", 1): FINISHED,
+        ("none", 0): FINISHED,
+        ("none", 1): NOT_STARTED,
+    }
     [ppo0] = [t for t in record.trials if (t.arm, t.seed) == ("ppo", 0)]
     assert [r["final_accuracy"] for r in ppo0.history] == [0.3]  # read from the set-aside folder's JSON
     assert ppo0.ran_in == ["tune_salvaged_1"]
@@ -714,16 +1032,37 @@ def test_an_experiment_or_arm_name_that_is_a_path_fails_before_ray_starts(tmp_pa
 
 def write_stop_experiment(path: Path, name: str, rounds: int, max_epochs: int) -> None:
     """The smallest run worth stopping: one seed of a PPO arm (one env, one episode a round) beside no growth."""
-    path.write_text(json.dumps({
-        "name": name, "seeds": [0], "rounds": rounds, "last_rounds": rounds, "eval_episodes": 1, "order_seed": 1,
-        "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}}, "max_concurrent_trials": 2,
-        "training": {"task": "digits-impaired", "max_epochs": max_epochs, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
-                     "driver_cpus": 0.5, "learner_cpus": 0.5, "episodes_per_env": 1, "env": {"batch_size": 512}},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "name": name,
+                "seeds": [0],
+                "rounds": rounds,
+                "last_rounds": rounds,
+                "eval_episodes": 1,
+                "order_seed": 1,
+                "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"}},
+                "max_concurrent_trials": 2,
+                "training": {
+                    "task": "digits-impaired",
+                    "max_epochs": max_epochs,
+                    "envs": 1,
+                    "learners": 0,
+                    "cpus_per_env": 0.5,
+                    "driver_cpus": 0.5,
+                    "learner_cpus": 0.5,
+                    "episodes_per_env": 1,
+                    "env": {"batch_size": 512},
+                },
+            }
+        )
+    )
 
 
 @pytest.mark.expensive
-def test_ctrl_c_early_and_late_then_a_kill_salvaged_completes_every_trial_once(ray_local, tmp_path, capsys, monkeypatch):
+def test_ctrl_c_early_and_late_then_a_kill_salvaged_completes_every_trial_once(
+    ray_local, tmp_path, capsys, monkeypatch
+):
     """Early: stopped before Tune recorded a trial (exit 130; its --resume died with KeyError: 'trial' before).
     Late: Ctrl-C after a PPO trial reported round 2 of 3 (exit 130 and the resume command; it exited 0 with a
     final-looking report before). Then the folder is altered as a kill -9 leaves it, and --resume --salvage
@@ -782,12 +1121,17 @@ def test_ctrl_c_early_and_late_then_a_kill_salvaged_completes_every_trial_once(r
     printed = capsys.readouterr().out
     assert re.search(r"continued from their last intact checkpoints: ppo/seed0 from round [12]\b", printed), printed
     results = json.loads((out / "results.json").read_text())
-    assert sorted((t["arm"], t["seed"], t["status"]) for t in results["trials"]) == [("none", 0, "finished"), ("ppo", 0, "finished")]
+    assert sorted((t["arm"], t["seed"], t["status"]) for t in results["trials"]) == [
+        ("none", 0, "finished"),
+        ("ppo", 0, "finished"),
+    ]
     [ppo] = [t for t in results["trials"] if t["arm"] == "ppo"]
     assert [r["round"] for r in ppo["history"]] == [1.0, 2.0, 3.0]  # each round once, across the two folders
     assert ppo["ran_in"] == ["tune_salvaged_1", "tune"]
     report = (out / "report.md").read_text()
-    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \| tune_salvaged_1, tune \|", report), report
+    assert re.search(r"\| \d \| ppo \| 0 \| ppo \| finished \| [0-9.]+ \| 3 \| tune_salvaged_1, tune \|", report), (
+        report
+    )
     rerun = {m.group(1): p for p in (out / "tune").iterdir() if (m := TRIAL_DIR_RE.match(p.name))}
     assert set(rerun) == {arm for (arm, _), t in before.items() if t.status != FINISHED}
     continued = [json.loads(line)["round/round"] for line in (rerun["ppo"] / "result.json").read_text().splitlines()]
@@ -796,7 +1140,6 @@ def test_ctrl_c_early_and_late_then_a_kill_salvaged_completes_every_trial_once(r
     for key, t in before.items():  # what had finished is the same record, not run again
         if t.status == FINISHED:
             assert after[key].started_at == t.started_at and after[key].evaluation == t.evaluation
-
 
 
 def _process_group(process) -> int | None:
@@ -829,9 +1172,14 @@ def test_sigterm_to_the_command_and_its_process_group_mid_round_stops_cleanly_an
     write_stop_experiment(experiment, "term", rounds=2, max_epochs=40)
     out = tmp_path / "run"
     command = ["ab", str(experiment), "--output", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "esper_ray.cli", *command], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            start_new_session=True)  # its own process group, as `timeout` gives the command
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "esper_ray.cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )  # its own process group, as `timeout` gives the command
     lines, ray_processes = [], []
     try:
         for line in proc.stdout:  # round 2 (seconds long) has begun once round 1's line is printed
@@ -881,15 +1229,28 @@ def test_report_of_a_damaged_experiment_record_is_one_line_naming_it(tmp_path, c
 def test_an_experiment_too_short_to_keep_a_seed_names_each_arm_and_the_minimum_once():
     """12 epochs: no seed can be kept (15 at the soonest); 16 epochs: any seed can, but not at the standard tempo
     the fixed plan and the heuristic plant at (17); no growth plants nothing and is never named."""
-    arms = {"ppo": {}, "heuristic": {"controller": "heuristic"}, "none": {"controller": "none"},
-            "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}
+    arms = {
+        "ppo": {},
+        "heuristic": {"controller": "heuristic"},
+        "none": {"controller": "none"},
+        "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}},
+    }
     short = ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 12}})
     [line] = short.short_run_warnings()
-    assert line.startswith("arm ppo, arm heuristic, arm heavy: no seed can be kept in a run of max_epochs=12") and ">= 15" in line
+    assert (
+        line.startswith("arm ppo, arm heuristic, arm heavy: no seed can be kept in a run of max_epochs=12")
+        and ">= 15" in line
+    )
     assert sum("no seed at tempo standard" in w for w in short.short_run_warnings()) == 0  # one line: any seed
-    [standard] = ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 16}}).short_run_warnings()
-    assert standard.startswith("arm heuristic, arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16")
-    assert ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 17}}).short_run_warnings() == []
+    [standard] = ExperimentSpec.from_mapping(
+        {**BASE, "arms": arms, "training": {"max_epochs": 16}}
+    ).short_run_warnings()
+    assert standard.startswith(
+        "arm heuristic, arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16"
+    )
+    assert (
+        ExperimentSpec.from_mapping({**BASE, "arms": arms, "training": {"max_epochs": 17}}).short_run_warnings() == []
+    )
 
 
 def test_the_ab_command_warns_before_ray_starts_when_its_runs_are_too_short(tmp_path, monkeypatch, capsys):
@@ -931,24 +1292,44 @@ def test_the_train_command_warns_when_its_runs_are_too_short_to_keep_a_seed(tmp_
 def test_the_report_says_which_fixed_plans_were_never_planted_or_never_kept(tmp_path):
     """A fixed arm whose evaluation episodes planted nothing (a run too short for its tempo) is reported as not
     planted, one whose seed was planted and dropped as not kept; the report's header repeats the run's warning."""
-    spec = ExperimentSpec.from_mapping({**BASE, "training": {"max_epochs": 16}, "arms": {
-        "ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "training": {"max_epochs": 16},
+            "arms": {"ppo": {}, "heavy": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}},
+        }
+    )
     trials = []
     for arm in ("ppo", "heavy"):
         for seed in spec.seeds:
             germinated = 1.0 if arm == "ppo" or seed == 2 else 0.0
-            evaluation = {**{c: 0.0 for c in COMPUTE_COLUMNS}, "episodes": 4.0, "test_accuracy": 0.5 + 0.01 * seed,
-                          "test_accuracy_std": 0.0, "test_accuracy_per_param": 1.0, "val_accuracy": 0.5,
-                          "val_accuracy_per_param": 1.0, "params_added": 0.0, "host_params": 160.0,
-                          "germinated": germinated, "fossilized": 1.0 if arm == "ppo" else 0.0,
-                          "test_accuracy_with_probation": 0.5, "params_on_probation": 0.0}
+            evaluation = {
+                **{c: 0.0 for c in COMPUTE_COLUMNS},
+                "episodes": 4.0,
+                "test_accuracy": 0.5 + 0.01 * seed,
+                "test_accuracy_std": 0.0,
+                "test_accuracy_per_param": 1.0,
+                "val_accuracy": 0.5,
+                "val_accuracy_per_param": 1.0,
+                "params_added": 0.0,
+                "host_params": 160.0,
+                "germinated": germinated,
+                "fossilized": 1.0 if arm == "ppo" else 0.0,
+                "test_accuracy_with_probation": 0.5,
+                "params_on_probation": 0.0,
+            }
             trials.append(TrialResult(arm, seed, len(trials), spec.controller(arm), FINISHED, evaluation=evaluation))
     write_report(tmp_path, ExperimentRecord(spec, 5, False, trials, "exp.yaml"))
     text = (tmp_path / "report.md").read_text()
     assert "- heavy (fixed(conv_heavy@r0c1)): its plan was not planted on seed(s) 0, 1 (no evaluation episode" in text
     assert "- heavy (fixed(conv_heavy@r0c1)): its plan was not kept on seed(s) 2 (planted, and never fossilized" in text
-    assert "ppo (" not in text.split("## What the host runs kept")[1].split("##")[0].split("|---|")[-1]  # ppo kept its seeds
-    assert "**Too short to keep a seed:** arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16" in text
+    assert (
+        "ppo (" not in text.split("## What the host runs kept")[1].split("##")[0].split("|---|")[-1]
+    )  # ppo kept its seeds
+    assert (
+        "**Too short to keep a seed:** arm heavy: no seed at tempo standard can be kept in a run of max_epochs=16"
+        in text
+    )
 
 
 def test_report_of_a_run_with_no_finished_trial_says_so_in_one_line_and_how_to_continue(tmp_path, capsys):
@@ -956,9 +1337,17 @@ def test_report_of_a_run_with_no_finished_trial_says_so_in_one_line_and_how_to_c
     throughout (issue 74): it says there is nothing to report yet and gives the command that continues the run."""
     smoke = ExperimentSpec.from_yaml(REPO / "tune_configs" / "smoke.yaml")
     order = [{"position": i, "arm": t.arm, "seed": t.seed} for i, t in enumerate(smoke.trials())]
-    (tmp_path / "experiment.json").write_text(json.dumps({"experiment": smoke.to_dict(), "source": "tune_configs/smoke.yaml",
-                                                          "order_seed": 11, "order_seed_drawn": False,
-                                                          "start_order": order}))
+    (tmp_path / "experiment.json").write_text(
+        json.dumps(
+            {
+                "experiment": smoke.to_dict(),
+                "source": "tune_configs/smoke.yaml",
+                "order_seed": 11,
+                "order_seed_drawn": False,
+                "start_order": order,
+            }
+        )
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["report", str(tmp_path)])
     err = capsys.readouterr().err.strip()

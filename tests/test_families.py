@@ -35,7 +35,7 @@ def test_members_are_drawn_reproducibly_per_seed_and_each_appears_once_per_block
     assert first == draws(MorphogeneticEnv({"family": FAMILY, "device": "cpu"}), 9, seed=0)
     assert first == draws(env, 9, seed=0)  # reset(seed=...) starts the sequence again
     for block in range(3):  # every member once in each block of len(members) episodes
-        assert sorted(first[3 * block: 3 * block + 3]) == sorted(MEMBERS)
+        assert sorted(first[3 * block : 3 * block + 3]) == sorted(MEMBERS)
     others = [draws(env, 9, seed=s) for s in range(1, 6)]
     assert any(o != first for o in others)  # the order depends on the seed
 
@@ -57,8 +57,12 @@ def test_a_members_overrides_reach_the_host_the_data_and_the_run_length():
     seen = {}
     for _ in range(3):
         _, info = env.reset()
-        seen[info["family_member"]] = (env.model.host.cfg.base_channels, len(env.shard), env.cfg.max_epochs,
-                                      env.data.name)
+        seen[info["family_member"]] = (
+            env.model.host.cfg.base_channels,
+            len(env.shard),
+            env.cfg.max_epochs,
+            env.data.name,
+        )
     plain, wide, few = seen["plain"], seen["wide"], seen["few"]
     assert wide[0] == build_host("digits-impaired-wide").cfg.base_channels != plain[0]
     assert few[1] == 200 < plain[1]
@@ -85,16 +89,21 @@ def test_the_built_in_held_out_family_shares_no_host_with_the_training_family_an
         assert not {host for _, host in training} & {host for _, host in held_out}
         assert {task for task, _ in held_out} - {task for task, _ in training}  # a data set no training member uses
     assert parts("digits-family-3slot") <= training
-    assert {"digits-family", "digits-family-3slot", "digits-held-out", "digits-held-out-starved"} <= set(family_names(builtin_only=True))
+    assert {"digits-family", "digits-family-3slot", "digits-held-out", "digits-held-out-starved"} <= set(
+        family_names(builtin_only=True)
+    )
 
 
-@pytest.mark.parametrize("env, match", [
-    ({"max_epochs": 0}, r"family 'bad-.*', member 'm': max_epochs=0: must be an integer >= 1"),
-    ({"widths": 3}, r"member 'm': unknown env setting\(s\) \['widths'\]"),
-    ({"seed": 3}, r"member 'm': \['seed'\] are the run's settings"),
-    ({"train_samples": 0}, r"member 'm': train_samples=0"),
-    ({"task": "nope"}, r"member 'm': task='nope': unknown"),
-])
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"max_epochs": 0}, r"family 'bad-.*', member 'm': max_epochs=0: must be an integer >= 1"),
+        ({"widths": 3}, r"member 'm': unknown env setting\(s\) \['widths'\]"),
+        ({"seed": 3}, r"member 'm': \['seed'\] are the run's settings"),
+        ({"train_samples": 0}, r"member 'm': train_samples=0"),
+        ({"task": "nope"}, r"member 'm': task='nope': unknown"),
+    ],
+)
 def test_a_bad_member_is_refused_naming_the_family_the_member_and_the_field(env, match):
     name = f"bad-{sorted(env)[0]}-{list(env.values())[0]}"
     register_family(name, [Member("ok"), Member("m", env)])
@@ -123,12 +132,18 @@ def test_unknown_families_and_malformed_members_are_refused():
 def test_a_member_whose_host_has_more_slots_than_the_policy_holds_is_refused_naming_it():
     import tests.any_host_parts  # noqa: F401  registers any-mlp-9
 
-    register_family("too-many-slots", [
-        Member("small", {"task": "toy-blobs", "host_preset": "any-mlp-2", "slots": ["h0", "h1"]}),
-        Member("big", {"task": "toy-blobs", "host_preset": "any-mlp-9", "slots": [f"h{i}" for i in range(9)]}),
-    ])
-    with pytest.raises(ValueError, match=r"family 'too-many-slots', member 'big': host 'any-mlp-9' has 9 slots; the "
-                                         r"policy holds at most MAX_SLOTS=8"):
+    register_family(
+        "too-many-slots",
+        [
+            Member("small", {"task": "toy-blobs", "host_preset": "any-mlp-2", "slots": ["h0", "h1"]}),
+            Member("big", {"task": "toy-blobs", "host_preset": "any-mlp-9", "slots": [f"h{i}" for i in range(9)]}),
+        ],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"family 'too-many-slots', member 'big': host 'any-mlp-9' has 9 slots; the "
+        r"policy holds at most MAX_SLOTS=8",
+    ):
         MorphogeneticEnv({"family": "too-many-slots", "device": "cpu", "plugins": ["tests.any_host_parts"]})
 
 
@@ -155,8 +170,25 @@ def test_a_train_config_passes_its_family_on_and_sizes_sequences_by_the_longest_
 @pytest.mark.expensive
 def test_two_rounds_of_train_on_a_family_log_each_member(ray_local, tmp_path, capsys):
     out = tmp_path / "family"
-    code = main(["train", "--family", FAMILY, "--plugins", "tests.family_parts", "--rounds", "2", "--envs", "1",
-                 "--cpus-per-env", "0.5", "--episodes-per-env", "3", "--output", str(out)])
+    code = main(
+        [
+            "train",
+            "--family",
+            FAMILY,
+            "--plugins",
+            "tests.family_parts",
+            "--rounds",
+            "2",
+            "--envs",
+            "1",
+            "--cpus-per-env",
+            "0.5",
+            "--episodes-per-env",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
@@ -179,11 +211,15 @@ def test_a_controller_trained_on_a_family_grows_the_one_host_asked_for():
 def test_an_experiment_file_names_a_family_under_training_or_per_arm():
     from esper_ray.experiments.spec import ExperimentSpec
 
-    spec = ExperimentSpec.from_mapping({
-        "name": "families", "seeds": [0], "rounds": 1,
-        "training": {"family": "digits-family-3slot", "max_epochs": 25},
-        "arms": {"family": {"controller": "ppo"}, "one_host": {"controller": "ppo", "family": None}},
-    })
+    spec = ExperimentSpec.from_mapping(
+        {
+            "name": "families",
+            "seeds": [0],
+            "rounds": 1,
+            "training": {"family": "digits-family-3slot", "max_epochs": 25},
+            "arms": {"family": {"controller": "ppo"}, "one_host": {"controller": "ppo", "family": None}},
+        }
+    )
     configs = {t.arm: TrainConfig.from_mapping(t.train) for t in spec.trials()}
     assert configs["family"].family == "digits-family-3slot" and configs["one_host"].family is None
     with pytest.raises(ValueError, match="nope"):

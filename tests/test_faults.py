@@ -17,8 +17,8 @@ import pytest
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import FAIL_TRIAL, NAN_AT_EPOCH, RAISE_AT_EPOCH
-from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
 from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
 from esper_ray.train.rllib.step_failures import FAILURES_LOG
 
 pytestmark = pytest.mark.expensive
@@ -58,13 +58,40 @@ def test_a_failed_env_step_is_named_on_its_round_line_counted_and_its_traceback_
     from esper_ray.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", "--task", "digits", "--rounds", "2", "--envs", "2", "--cpus-per-env", "0.5", "--learners", "0",
-                 "--max-epochs", "3", "--episodes-per-env", "1", "--env", "batch_size=512", "--seed", str(RAISE_SEED),
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "digits",
+                "--rounds",
+                "2",
+                "--envs",
+                "2",
+                "--cpus-per-env",
+                "0.5",
+                "--learners",
+                "0",
+                "--max-epochs",
+                "3",
+                "--episodes-per-env",
+                "1",
+                "--env",
+                "batch_size=512",
+                "--seed",
+                str(RAISE_SEED),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     lines = {int(line.split()[1].split("/")[0]): line for line in printed.splitlines() if line.startswith("round ")}
     error = f"InjectedFault: injected env step failure at epoch 2 ({RAISE_AT_EPOCH})"
-    assert "FAILED env steps 2" in lines[1] and lines[1].count(error) == 1 and f"{error} (2x)" in lines[1]  # once, counted
+    assert (
+        "FAILED env steps 2" in lines[1] and lines[1].count(error) == 1 and f"{error} (2x)" in lines[1]
+    )  # once, counted
     assert "FAILED" not in lines[2]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["failed_env_steps"], r["failed_env_steps_lifetime"]) for r in rows] == [(2, 2), (0, 2)]
@@ -92,7 +119,10 @@ def test_a_killed_env_runner_is_restarted_and_the_run_goes_on(ray_with_faults):
         driver.stop()
     assert hit.episodes <= 2  # the killed runner's episode of that round is lost, the other runner's is not
     last = later[-1]
-    assert last["fault_tolerance"]["num_healthy_workers"] == 2 and last["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    assert (
+        last["fault_tolerance"]["num_healthy_workers"] == 2
+        and last["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    )
     assert summarize_round(last).episodes == 2 and summarize_round(last).failed_env_steps == 0  # both runners again
 
 
@@ -100,18 +130,35 @@ def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray
     from esper_ray.cli import main
 
     experiment = tmp_path / "fail.yaml"
-    experiment.write_text(json.dumps({
-        "name": "fail", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "max_failures": 1,
-        "arms": {"broken": {"controller": "none"}, "fine": {"controller": "none", "env": {"host_lr": 0.01}}},
-        "max_concurrent_trials": 2, "order_seed": 1,
-        "training": {"task": "digits", "max_epochs": 2, "envs": 1, "cpus_per_env": 0.5},
-    }))
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "fail",
+                "seeds": [0, 1],
+                "rounds": 1,
+                "last_rounds": 1,
+                "eval_episodes": 1,
+                "max_failures": 1,
+                "arms": {"broken": {"controller": "none"}, "fine": {"controller": "none", "env": {"host_lr": 0.01}}},
+                "max_concurrent_trials": 2,
+                "order_seed": 1,
+                "training": {"task": "digits", "max_epochs": 2, "envs": 1, "cpus_per_env": 0.5},
+            }
+        )
+    )
     out = tmp_path / "run"
-    assert main(["ab", str(experiment), "--output", str(out)]) == 1  # the report, then a non-zero exit: a script can tell
+    assert (
+        main(["ab", str(experiment), "--output", str(out)]) == 1
+    )  # the report, then a non-zero exit: a script can tell
     assert "1 of 4 trials failed" in capsys.readouterr().err
     results = json.loads((out / "results.json").read_text())
     status = {(t["arm"], t["seed"]): t["status"] for t in results["trials"]}
-    assert status == {("broken", 0): "finished", ("broken", 1): "error", ("fine", 0): "finished", ("fine", 1): "finished"}
+    assert status == {
+        ("broken", 0): "finished",
+        ("broken", 1): "error",
+        ("fine", 0): "finished",
+        ("fine", 1): "finished",
+    }
     broken = next(t for t in results["trials"] if t["status"] == "error")
     assert "InjectedFault" in broken["error"] and not broken["in_statistics"]
     assert results["statistics"]["arms"][0]["n"] == 1 and "n shrank" in (out / "report.md").read_text()
@@ -121,10 +168,37 @@ def test_a_trial_that_raises_is_retried_then_excluded_and_the_rest_completes(ray
 
 def _train(out: Path, rounds: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", str(rounds), "--envs", "2", "--cpus-per-env", "0.5",
-         "--max-epochs", "20", "--episodes-per-env", "1", "--task", "digits", "--env", "batch_size=512",
-         "--checkpoint-every", "2", "--seed", "3", "--output", str(out), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "esper_ray.cli",
+            "train",
+            "--rounds",
+            str(rounds),
+            "--envs",
+            "2",
+            "--cpus-per-env",
+            "0.5",
+            "--max-epochs",
+            "20",
+            "--episodes-per-env",
+            "1",
+            "--task",
+            "digits",
+            "--env",
+            "batch_size=512",
+            "--checkpoint-every",
+            "2",
+            "--seed",
+            "3",
+            "--output",
+            str(out),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "RAY_AUTH_MODE": "disabled"},
     )
 
@@ -139,7 +213,9 @@ def _descendants(pid: int) -> list:
     return psutil.Process(pid).children(recursive=True)
 
 
-def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leaves_no_ray_process(ray_with_faults, tmp_path):
+def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leaves_no_ray_process(
+    ray_with_faults, tmp_path
+):
     """kill -9 of the command alone (as `kill -9 PID` does), after round 3 with checkpoints every 2 rounds: its Ray
     processes end with it (the dashboard and runtime-env agents outlived it before), and the resume from round 2
     replays round 3, which metrics.jsonl then holds once (it held [1, 2, 3, 3, 4] before)."""

@@ -14,8 +14,9 @@ from esper_ray.policy.feature_filter import FEATURES, FeatureLayout, FeatureMean
 
 
 def make_filter() -> FeatureMeanStdFilter:
-    space = gym.spaces.Dict({FEATURES: gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
-                             "action_mask": gym.spaces.MultiBinary(4)})
+    space = gym.spaces.Dict(
+        {FEATURES: gym.spaces.Box(-np.inf, np.inf, (3,), np.float32), "action_mask": gym.spaces.MultiBinary(4)}
+    )
     # three base features and no slots: the merge itself (the pooled slot statistics: tests/test_any_host.py)
     feature_filter = FeatureMeanStdFilter(clip_by_value=1e6, layout=FeatureLayout(base=3, slots=0))  # no clipping
     feature_filter.input_observation_space = space

@@ -23,8 +23,16 @@ SEED = FixedSeed(Blueprint.CONV_HEAVY, "r0c1")
 
 def run_fixed(auto_forward: bool, max_epochs: int) -> list[dict]:
     """One episode on digits-impaired; per step the mask the controller saw, its action and the env's answer."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
-                            "auto_forward": auto_forward, "seed": 3})
+    env = MorphogeneticEnv(
+        {
+            "task": "digits-impaired",
+            "max_epochs": max_epochs,
+            "device": "cpu",
+            "batch_size": 1024,
+            "auto_forward": auto_forward,
+            "seed": 3,
+        }
+    )
     controller = FixedSeedController(env.slot_ids, max_epochs, SEED, LIFECYCLE.min_training_epochs)
     obs, _ = env.reset(seed=0)
     controller.reset()
@@ -40,19 +48,24 @@ def run_fixed(auto_forward: bool, max_epochs: int) -> list[dict]:
     return steps
 
 
-@pytest.mark.parametrize(("auto_forward", "fossilize_step"), [
-    # auto-forward: GERMINATE at step 1 (TRAINING from its tick), 10 epochs of TRAINING (G2 at the tick of step 11),
-    # 5 epochs of blend-in ramp (HOLDING at the tick of step 16), FOSSILIZE at step 17
-    (True, 1 + LIFECYCLE.min_training_epochs + 5 + 1),
-    # no auto-forward: one more step, to ADVANCE out of GERMINATED, and the G3 advance into HOLDING is an action
-    # (step 17), so FOSSILIZE comes at step 18
-    (False, 1 + 1 + LIFECYCLE.min_training_epochs + 5 + 1),
-])
+@pytest.mark.parametrize(
+    ("auto_forward", "fossilize_step"),
+    [
+        # auto-forward: GERMINATE at step 1 (TRAINING from its tick), 10 epochs of TRAINING (G2 at the tick of step 11),
+        # 5 epochs of blend-in ramp (HOLDING at the tick of step 16), FOSSILIZE at step 17
+        (True, 1 + LIFECYCLE.min_training_epochs + 5 + 1),
+        # no auto-forward: one more step, to ADVANCE out of GERMINATED, and the G3 advance into HOLDING is an action
+        # (step 17), so FOSSILIZE comes at step 18
+        (False, 1 + 1 + LIFECYCLE.min_training_epochs + 5 + 1),
+    ],
+)
 def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_forward, fossilize_step, monkeypatch):
     # G2's gradient-health test (health >= 0.7) passes when this machine's gradients say so: off here (threshold 0),
     # so the earliest legal epoch is the lifecycle's own, on any machine, and the schedule is what is tested
     lifecycle = EnvConfig.lifecycle.fget
-    monkeypatch.setattr(EnvConfig, "lifecycle", property(lambda cfg: dataclasses.replace(lifecycle(cfg), min_gradient_health=0.0)))
+    monkeypatch.setattr(
+        EnvConfig, "lifecycle", property(lambda cfg: dataclasses.replace(lifecycle(cfg), min_gradient_health=0.0))
+    )
     steps = run_fixed(auto_forward, max_epochs=fossilize_step + 1)
     n = 3
     slot = ["r0c0", "r0c1", "r0c2"].index(SEED.slot)
@@ -66,7 +79,9 @@ def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_f
     assert all(op == (Op.WAIT, None) for op in ops[fossilize_step:])  # then it waits
     assert steps[-1]["info"]["count/fossilized"] == 1 and steps[-1]["info"]["count/refused"] == 0
     # by blueprint: every usable blueprint counted from 0, the planted and kept one once
-    by_blueprint = {k: v for k, v in steps[-1]["info"].items() if k.startswith(("count/germinated/", "count/fossilized/"))}
+    by_blueprint = {
+        k: v for k, v in steps[-1]["info"].items() if k.startswith(("count/germinated/", "count/fossilized/"))
+    }
     assert set(by_blueprint) == {f"count/{o}/{b.key}" for o in ("germinated", "fossilized") for b in CNN_BLUEPRINTS}
     assert {k for k, v in by_blueprint.items() if v} == {"count/germinated/conv_heavy", "count/fossilized/conv_heavy"}
     assert by_blueprint["count/germinated/conv_heavy"] == by_blueprint["count/fossilized/conv_heavy"] == 1
@@ -76,8 +91,9 @@ def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_f
 def test_env_counts_refused_actions_and_the_fixed_controller_retries():
     """Without auto-forward an ADVANCE out of TRAINING before 10 epochs fails G2: the env counts the refusal,
     leaves the seed where it was, and the controller (which reads only the observation) asks again later."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 5, "device": "cpu", "batch_size": 1024,
-                            "auto_forward": False})
+    env = MorphogeneticEnv(
+        {"task": "digits-impaired", "max_epochs": 5, "device": "cpu", "batch_size": 1024, "auto_forward": False}
+    )
     obs, _ = env.reset(seed=0)
     controller = FixedSeedController(env.slot_ids, 5, SEED, min_training_epochs=0)  # asks at once: G2 says no
     for _ in range(3):  # GERMINATE, ADVANCE to TRAINING, ADVANCE refused by G2
@@ -89,42 +105,69 @@ def test_env_counts_refused_actions_and_the_fixed_controller_retries():
 
 def test_fixed_seed_settings_name_the_key_and_what_is_allowed():
     slots = ("r0c0", "r0c1")
-    assert FixedSeed.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn",
-                                  slots=slots).label == "conv_heavy@r0c1"
+    assert (
+        FixedSeed.from_mapping(
+            {"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots
+        ).label
+        == "conv_heavy@r0c1"
+    )
     with pytest.raises(ValueError, match=r"arms.f.fixed.slot='r0c2': not an enabled slot; enabled slots"):
         FixedSeed.from_mapping({"blueprint": "conv_heavy", "slot": "r0c2"}, "arms.f.fixed", topology="cnn", slots=slots)
     with pytest.raises(ValueError, match=r"arms.f.fixed.blueprint: blueprint 'lora' is not available for cnn hosts"):
         FixedSeed.from_mapping({"blueprint": "lora", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots)
     with pytest.raises(ValueError, match=r"arms.f.fixed.tempo='quick': choose one of \['fast', 'standard', 'slow'\]"):
-        FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "tempo": "quick"}, "arms.f.fixed", topology="cnn", slots=slots)
+        FixedSeed.from_mapping(
+            {"blueprint": "norm", "slot": "r0c1", "tempo": "quick"}, "arms.f.fixed", topology="cnn", slots=slots
+        )
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['alpha_target'\]"):
-        FixedSeed.from_mapping({"blueprint": "norm", "slot": "r0c1", "alpha_target": "half"}, "arms.f.fixed",
-                               topology="cnn", slots=slots)
+        FixedSeed.from_mapping(
+            {"blueprint": "norm", "slot": "r0c1", "alpha_target": "half"}, "arms.f.fixed", topology="cnn", slots=slots
+        )
 
 
 def test_a_fixed_plan_is_one_seed_or_a_list_of_seeds_in_slots_of_their_own():
     slots = ("r0c0", "r0c1", "r0c2")
-    one = FixedPlan.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots)
+    one = FixedPlan.from_mapping(
+        {"blueprint": "conv_heavy", "slot": "r0c1"}, "arms.f.fixed", topology="cnn", slots=slots
+    )
     assert one.label == "conv_heavy@r0c1" and one.to_dict() == SEED.to_dict()  # files name one seed as they always did
-    pair = FixedPlan.from_mapping([{"blueprint": "conv_heavy", "slot": "r0c1"}, {"blueprint": "bottleneck", "slot": "r0c2"}],
-                                  "arms.f.fixed", topology="cnn", slots=slots)
+    pair = FixedPlan.from_mapping(
+        [{"blueprint": "conv_heavy", "slot": "r0c1"}, {"blueprint": "bottleneck", "slot": "r0c2"}],
+        "arms.f.fixed",
+        topology="cnn",
+        slots=slots,
+    )
     assert pair.label == "conv_heavy@r0c1+bottleneck@r0c2" and [s.slot for s in pair.seeds] == ["r0c1", "r0c2"]
-    assert FixedPlan.from_mapping(pair.to_dict(), "fixed", topology="cnn", slots=slots) == pair  # a trial's config round trip
+    assert (
+        FixedPlan.from_mapping(pair.to_dict(), "fixed", topology="cnn", slots=slots) == pair
+    )  # a trial's config round trip
     with pytest.raises(ValueError, match=r"arms.f.fixed=\[\]: name at least one seed"):
         FixedPlan.from_mapping([], "arms.f.fixed", topology="cnn", slots=slots)
     with pytest.raises(ValueError, match=r"arms.f.fixed: slot\(s\) \['r0c1'\] named more than once"):
-        FixedPlan.from_mapping([{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "conv_light", "slot": "r0c1"}],
-                               "arms.f.fixed", topology="cnn", slots=slots)
-    with pytest.raises(ValueError, match=r"arms.f.fixed\[1\].blueprint: blueprint 'lora' is not available for cnn hosts"):
-        FixedPlan.from_mapping([{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "lora", "slot": "r0c2"}],
-                               "arms.f.fixed", topology="cnn", slots=slots)
+        FixedPlan.from_mapping(
+            [{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "conv_light", "slot": "r0c1"}],
+            "arms.f.fixed",
+            topology="cnn",
+            slots=slots,
+        )
+    with pytest.raises(
+        ValueError, match=r"arms.f.fixed\[1\].blueprint: blueprint 'lora' is not available for cnn hosts"
+    ):
+        FixedPlan.from_mapping(
+            [{"blueprint": "norm", "slot": "r0c1"}, {"blueprint": "lora", "slot": "r0c2"}],
+            "arms.f.fixed",
+            topology="cnn",
+            slots=slots,
+        )
 
 
 def test_a_fixed_plan_plants_its_second_seed_at_the_first_step_the_env_allows_and_keeps_both():
     """conv_heavy in r0c1, then conv_light in r0c2 in a 30-epoch run: the first at step 1, the second at the first
     step whose mask allows a germination (once the first has left TRAINING), each fossilized when it may be."""
     max_epochs = 30
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3})
+    env = MorphogeneticEnv(
+        {"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3}
+    )
     plan = FixedPlan((SEED, FixedSeed(Blueprint.CONV_LIGHT, "r0c2")))
     controller = FixedPlanController(env.slot_ids, max_epochs, plan, LIFECYCLE.min_training_epochs)
     obs, _ = env.reset(seed=0)
@@ -143,7 +186,9 @@ def test_a_fixed_plan_plants_its_second_seed_at_the_first_step_the_env_allows_an
     assert ops[0] == (Op.GERMINATE, 1)
     germinations = [i + 1 for i, op in enumerate(ops) if op[0] is Op.GERMINATE]
     assert germinations == [1, first_allowed] and first_allowed > 1 + LIFECYCLE.min_training_epochs
-    assert [i + 1 for i, op in enumerate(ops) if op[0] is Op.FOSSILIZE and op[1] == 1] == [1 + LIFECYCLE.min_training_epochs + 5 + 1]
+    assert [i + 1 for i, op in enumerate(ops) if op[0] is Op.FOSSILIZE and op[1] == 1] == [
+        1 + LIFECYCLE.min_training_epochs + 5 + 1
+    ]
     assert info["stages"]["r0c1"] == info["stages"]["r0c2"] == Stage.FOSSILIZED.name
     assert info["count/fossilized"] == 2 and info["count/refused"] == 0
 
@@ -181,9 +226,20 @@ def test_commit_horizon_masks_germinate_exactly_when_a_seed_could_no_longer_be_f
     offsets = head_offsets()
 
     def episode(commit_horizon: bool, wait: int, steps: int = max_epochs):
-        env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024,
-                                "auto_forward": auto_forward, "seed": 3, "commit_horizon": commit_horizon})
-        controller = _WaitFirst(FixedSeedController(env.slot_ids, max_epochs, seed, lifecycle.min_training_epochs), wait)
+        env = MorphogeneticEnv(
+            {
+                "task": "digits-impaired",
+                "max_epochs": max_epochs,
+                "device": "cpu",
+                "batch_size": 1024,
+                "auto_forward": auto_forward,
+                "seed": 3,
+                "commit_horizon": commit_horizon,
+            }
+        )
+        controller = _WaitFirst(
+            FixedSeedController(env.slot_ids, max_epochs, seed, lifecycle.min_training_epochs), wait
+        )
         obs, _ = env.reset(seed=0)
         controller.reset()
         legal, tempos, info = [], [], {}
@@ -233,13 +289,16 @@ def test_runs_set_up_from_training_settings_have_the_commit_horizon_and_a_bare_e
     trained = TrainConfig(task="digits-impaired", max_epochs=max_epochs)
     assert trained.lr == 3e-4
     assert not germinate_legal_at_the_end(trained.env_config())
-    assert germinate_legal_at_the_end(TrainConfig(task="digits-impaired", max_epochs=max_epochs,
-                                                  env={"commit_horizon": False}).env_config())
+    assert germinate_legal_at_the_end(
+        TrainConfig(task="digits-impaired", max_epochs=max_epochs, env={"commit_horizon": False}).env_config()
+    )
     assert germinate_legal_at_the_end({"task": "digits-impaired", "max_epochs": max_epochs})  # EnvConfig's default
 
 
 @pytest.mark.parametrize("min_training_epochs", [None, "suggested"])
-def test_a_12_epoch_run_keeps_nothing_and_with_the_warnings_suggested_setting_plants_and_keeps_its_seed(min_training_epochs):
+def test_a_12_epoch_run_keeps_nothing_and_with_the_warnings_suggested_setting_plants_and_keeps_its_seed(
+    min_training_epochs,
+):
     """With the commit horizon (on in every command's runs) a 12-epoch run masks every germination at the default
     min_training_epochs, as its warning says; at the min_training_epochs the warning suggests, the fixed controller
     plants its fast-tempo seed at step 1 and keeps it by the last step."""
@@ -247,8 +306,14 @@ def test_a_12_epoch_run_keeps_nothing_and_with_the_warnings_suggested_setting_pl
 
     from esper_ray.contracts.env_config import EnvConfig
 
-    config = {"task": "digits-impaired", "max_epochs": 12, "device": "cpu", "batch_size": 1024, "seed": 3,
-              "commit_horizon": True}
+    config = {
+        "task": "digits-impaired",
+        "max_epochs": 12,
+        "device": "cpu",
+        "batch_size": 1024,
+        "seed": 3,
+        "commit_horizon": True,
+    }
     warning = EnvConfig.from_mapping(config).short_run_warning()
     assert warning is not None
     if min_training_epochs == "suggested":

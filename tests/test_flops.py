@@ -45,16 +45,23 @@ def test_host_and_seed_forward_flops_equal_a_hand_count():
 def test_text_host_forward_flops_equal_a_hand_count():
     """text preset: d 64, 4 heads, 3 layers, T 64, MLP 256, vocab 256 (tied head)."""
     t, c, hidden, vocab = 64, 64, 256, 256
-    per_layer = 2 * t * c * 3 * c + 2 * (2 * t * t * c) + 2 * t * c * c + 2 * (2 * t * c * hidden)  # qkv, QK^T+AV, proj, MLP
+    per_layer = (
+        2 * t * c * 3 * c + 2 * (2 * t * t * c) + 2 * t * c * c + 2 * (2 * t * c * hidden)
+    )  # qkv, QK^T+AV, proj, MLP
     assert host_flops("text").forward == 3 * per_layer + 2 * t * c * vocab == 24_117_248
-    assert seed_flops(Blueprint.ATTENTION, Topology.TRANSFORMER, (t, c)) == 2 * t * c * 3 * c + 2 * (2 * t * t * c) + 2 * t * c * c
+    assert (
+        seed_flops(Blueprint.ATTENTION, Topology.TRANSFORMER, (t, c))
+        == 2 * t * c * 3 * c + 2 * (2 * t * t * c) + 2 * t * c * c
+    )
     assert seed_flops(Blueprint.LORA, Topology.TRANSFORMER, (t, c)) == 2 * t * c * 8 * 2
 
 
 @pytest.mark.parametrize("blueprint", CNN_BLUEPRINTS)
 def test_cnn_counts_agree_with_torch_flop_counter(blueprint):
     assert host_flops("digits").forward == counted_by_torch(build_host("digits").eval(), torch.zeros(1, 1, 8, 8))
-    assert seed_flops(blueprint, Topology.CNN, (16, 4, 4)) == counted_by_torch(build_seed(blueprint, 16), torch.zeros(1, 16, 4, 4))
+    assert seed_flops(blueprint, Topology.CNN, (16, 4, 4)) == counted_by_torch(
+        build_seed(blueprint, 16), torch.zeros(1, 16, 4, 4)
+    )
 
 
 def test_transformer_counts_agree_with_torch_flop_counter_apart_from_attention():
@@ -62,9 +69,12 @@ def test_transformer_counts_agree_with_torch_flop_counter_apart_from_attention()
     t, c, layers = 64, 64, 3
     attention = 2 * (2 * t * t * c)
     assert host_flops("text").forward - layers * attention == counted_by_torch(
-        build_host("text").eval(), torch.zeros(1, t, dtype=torch.long))
+        build_host("text").eval(), torch.zeros(1, t, dtype=torch.long)
+    )
     seed = build_seed(Blueprint.ATTENTION, c, Topology.TRANSFORMER)
-    assert seed_flops(Blueprint.ATTENTION, Topology.TRANSFORMER, (t, c)) - attention == counted_by_torch(seed, torch.zeros(1, t, c))
+    assert seed_flops(Blueprint.ATTENTION, Topology.TRANSFORMER, (t, c)) - attention == counted_by_torch(
+        seed, torch.zeros(1, t, c)
+    )
 
 
 def test_epoch_flops_count_trained_seeds_three_times_and_share_the_validation_prefix():
@@ -79,7 +89,10 @@ def test_epoch_flops_count_trained_seeds_three_times_and_share_the_validation_pr
     assert counter.train_epoch(germinated.seed_slots(), rows) == (rows * 3 * HOST_HAND, 0)  # not run yet
     model = model_with_seed_in(Stage.HOLDING)
     slot = model.slot("r0c1")
-    assert counter.train_epoch(model.seed_slots(), rows) == (rows * 3 * (HOST_HAND + CONV_HEAVY_HAND), rows * 3 * CONV_HEAVY_HAND)
+    assert counter.train_epoch(model.seed_slots(), rows) == (
+        rows * 3 * (HOST_HAND + CONV_HEAVY_HAND),
+        rows * 3 * CONV_HEAVY_HAND,
+    )
     plan = build_plan(model)  # main, off:r0c1
     assert plan.names == ("main", "off:r0c1")
     main, extra = counter.validation(model.seed_slots(), plan.alphas, rows)

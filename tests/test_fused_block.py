@@ -20,7 +20,9 @@ from tests.morpho_helpers import drive_to, make_model
 
 def images(preset: str = "cifar10", batch: int = 6, seed: int = 1) -> torch.Tensor:
     cfg = HOST_PRESETS[preset]
-    return torch.randn(batch, cfg.in_channels, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(
+        batch, cfg.in_channels, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_a_block_asked_to_pool_equals_the_block_then_max_pool():
@@ -95,8 +97,19 @@ def test_the_fused_training_function_does_what_a_training_block_does(pool):
     x = torch.randn(4, 8, 16, 16)
     expected = block(x, pool=pool)
     norm = twin.norm
-    got = fused_block.conv_bn_relu(x, twin.conv.weight, norm.weight, norm.bias, norm.running_mean, norm.running_var,
-                                   norm.num_batches_tracked, padding=1, momentum=norm.momentum, eps=norm.eps, pool=pool)
+    got = fused_block.conv_bn_relu(
+        x,
+        twin.conv.weight,
+        norm.weight,
+        norm.bias,
+        norm.running_mean,
+        norm.running_var,
+        norm.num_batches_tracked,
+        padding=1,
+        momentum=norm.momentum,
+        eps=norm.eps,
+        pool=pool,
+    )
     torch.testing.assert_close(got, expected)
     expected.square().sum().backward()
     got.square().sum().backward()
@@ -132,13 +145,23 @@ def test_every_batch_of_an_epoch_but_the_last_may_run_fused(monkeypatch):
     model = make_model(["r0c1"], preset="digits")
     optimizer = torch.optim.SGD(model.host.parameters(), lr=0.01)
     shard = DeviceShard(torch.randn(50, 1, 8, 8), torch.arange(50) % 10, torch.device("cpu"))
-    stats = train_epoch(model, optimizer, shard, batch_size=16, generator=torch.Generator().manual_seed(0),
-                        prepare=lambda x: x, precision=Precision(), max_grad_norm=1.0)
+    stats = train_epoch(
+        model,
+        optimizer,
+        shard,
+        batch_size=16,
+        generator=torch.Generator().manual_seed(0),
+        prepare=lambda x: x,
+        precision=Precision(),
+        max_grad_norm=1.0,
+    )
     assert stats.batches == 4 and asked == [True, True, True, False]
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available() or not fused_block.available(),
-                          reason="the compiled blocks run on CUDA (gpu_check.sh runs this)")
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or not fused_block.available(),
+    reason="the compiled blocks run on CUDA (gpu_check.sh runs this)",
+)
 
 
 @cuda

@@ -42,9 +42,16 @@ def record_episode(env: MorphogeneticEnv, *, terminated: bool, rollback: bool = 
         Columns.STATE_OUT: {"h": np.zeros((T, cell), np.float32), "c": np.zeros((T, cell), np.float32)},
     }
     episode = SingleAgentEpisode(
-        observations=observations, actions=actions, rewards=REWARDS, infos=infos, extra_model_outputs=extra,
-        terminated=terminated, truncated=not terminated, observation_space=env.observation_space,
-        action_space=env.action_space, len_lookback_buffer=0,
+        observations=observations,
+        actions=actions,
+        rewards=REWARDS,
+        infos=infos,
+        extra_model_outputs=extra,
+        terminated=terminated,
+        truncated=not terminated,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        len_lookback_buffer=0,
     )
     return episode.to_numpy()
 
@@ -61,14 +68,26 @@ def hand_gae(values: list[float], *, bootstrap: bool, rewards: list[float] = REW
 
 
 def value_targets(normalize: bool, clawback: bool = False, rollback: bool = False):
-    cfg = TrainConfig(max_epochs=T, envs=1, learners=0, gamma=GAMMA, gae_lambda=LAMBDA, reward_normalization=normalize,
-                      rollback_clawback=clawback)
+    cfg = TrainConfig(
+        max_epochs=T,
+        envs=1,
+        learners=0,
+        gamma=GAMMA,
+        gae_lambda=LAMBDA,
+        reward_normalization=normalize,
+        rollback_clawback=clawback,
+    )
     env = MorphogeneticEnv(cfg.env_config(shard=0, num_shards=6))
-    spaces = {"__env__": (env.observation_space, env.action_space), "default_policy": (env.observation_space, env.action_space)}
+    spaces = {
+        "__env__": (env.observation_space, env.action_space),
+        "default_policy": (env.observation_space, env.action_space),
+    }
     learner = build_ppo_config(cfg).build_learner(spaces=spaces)  # PPOLearner.build() adds AddOneTs... and GAE
     episodes = [record_episode(env, terminated=False), record_episode(env, terminated=True, rollback=rollback)]
     observations = [e.get_observations() for e in episodes]  # before the connector appends its phantom step
-    batch = learner._learner_connector(rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics)
+    batch = learner._learner_connector(
+        rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=learner.metrics
+    )
     return learner, batch, observations
 
 
@@ -113,7 +132,7 @@ def test_forfeiting_rewards_sets_each_as_an_array_of_the_reward_space_s_shape():
         warnings.simplefilter("always")
         _, batch, _ = value_targets(normalize=False, clawback=True, rollback=True)
     assert [str(w.message) for w in caught if "Casting" in str(w.message)] == []
-    assert batch["default_policy"][Columns.REWARDS][1, :T - 1].tolist() == [0.0] * (T - 1)
+    assert batch["default_policy"][Columns.REWARDS][1, : T - 1].tolist() == [0.0] * (T - 1)
 
 
 def test_running_std_merges_batches_like_one_pass():
@@ -140,6 +159,8 @@ def test_a_rollback_forfeits_the_episodes_earlier_rewards_and_keeps_its_penalty(
     _, batch, _ = value_targets(normalize=False, clawback=True, rollback=True)
     rewards = batch["default_policy"][Columns.REWARDS]
     assert rewards[0, :T].tolist() == pytest.approx(REWARDS)  # the cut episode keeps its rewards
-    assert rewards[1, :T].tolist() == pytest.approx([0.0] * (T - 1) + [REWARDS[-1]])  # the rolled-back one: only its last
+    assert rewards[1, :T].tolist() == pytest.approx(
+        [0.0] * (T - 1) + [REWARDS[-1]]
+    )  # the rolled-back one: only its last
     _, untouched, _ = value_targets(normalize=False, clawback=True, rollback=False)
     assert untouched["default_policy"][Columns.REWARDS][1, :T].tolist() == pytest.approx(REWARDS)

@@ -74,8 +74,14 @@ def test_the_one_visible_gpu_names_a_processs_card_and_none_for_none_or_several(
 def ray_four_gpus(tmp_path_factory):
     """A local Ray that declares 4 GPUs; its workers keep their ledger in a temp folder of this test."""
     tmp = tmp_path_factory.mktemp("ledger-tmp")
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TMPDIR": str(tmp)}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TMPDIR": str(tmp)}},
+    )
     yield tmp
     ray.shutdown()
 

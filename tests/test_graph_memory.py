@@ -16,11 +16,18 @@ from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.policy.baselines import wait_action
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)"
+)
 
-DIGITS = {"task": "digits", "max_epochs": 8, "num_shards": 2, "device": "cuda", "batch_size": 48,
-          "min_training_epochs": 1}
+DIGITS = {
+    "task": "digits",
+    "max_epochs": 8,
+    "num_shards": 2,
+    "device": "cuda",
+    "batch_size": 48,
+    "min_training_epochs": 1,
+}
 
 
 def episode(env: MorphogeneticEnv, seed: int) -> list[float]:

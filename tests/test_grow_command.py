@@ -19,8 +19,15 @@ from esper_ray.train.commands.grow_command import TASK_BOUND_ENV_KEYS, default_s
 
 PLUGIN = "tests.plugin_parts"
 TOY_HOST = "tests.plugin_parts:ToyMLP"
-CHECKPOINT_ENV = {"task": "digits-impaired", "plugins": [], "slots": ["r0c0", "r0c1", "r0c2"], "max_epochs": 3,
-                  "seed": 0, "batch_size": 512, "host_lr": 0.02}
+CHECKPOINT_ENV = {
+    "task": "digits-impaired",
+    "plugins": [],
+    "slots": ["r0c0", "r0c1", "r0c2"],
+    "max_epochs": 3,
+    "seed": 0,
+    "batch_size": 512,
+    "host_lr": 0.02,
+}
 """The env settings a digits-impaired checkpoint passes on (TrainConfig.env_config), with task-bound ones set."""
 
 
@@ -32,8 +39,15 @@ def help_of(capsys) -> str:
 
 def test_grow_help_says_it_grows_one_host_run_without_rl_and_keeps_the_network(capsys):
     text = help_of(capsys)
-    for said in ("ONE host training run", "trains no controller", "Unlike `eval`", "esper_ray.load_grown(DIR)",
-                 "package.module:HostClass", "--sample", "numbered past any that exists"):
+    for said in (
+        "ONE host training run",
+        "trains no controller",
+        "Unlike `eval`",
+        "esper_ray.load_grown(DIR)",
+        "package.module:HostClass",
+        "--sample",
+        "numbered past any that exists",
+    ):
         assert said in text, said
 
 
@@ -54,11 +68,14 @@ def test_a_plugin_host_grows_every_slot_it_declares_on_the_task_it_is_registered
     assert by_import["host_preset"] == TOY_HOST and by_import["slots"] == ["h0", "h1", "h2"]
 
 
-@pytest.mark.parametrize("host, task, match", [
-    ("nope", None, r"--host='nope': unknown; choose one of \[.*'digits'.*'toy-mlp'"),
-    (TOY_HOST, None, r"--host tests.plugin_parts:ToyMLP: no registered task lists it .*with --task"),
-    ("digits", "nope", r"--task: task='nope': unknown; choose one of \[.*'digits-impaired'"),
-])
+@pytest.mark.parametrize(
+    "host, task, match",
+    [
+        ("nope", None, r"--host='nope': unknown; choose one of \[.*'digits'.*'toy-mlp'"),
+        (TOY_HOST, None, r"--host tests.plugin_parts:ToyMLP: no registered task lists it .*with --task"),
+        ("digits", "nope", r"--task: task='nope': unknown; choose one of \[.*'digits-impaired'"),
+    ],
+)
 def test_an_unknown_host_or_task_is_one_line_listing_what_is_registered(host, task, match):
     with pytest.raises(ValueError, match=match) as err:
         grow_env_config(CHECKPOINT_ENV, CHECKPOINT_ENV["slots"], host, task, [PLUGIN], {}, None)
@@ -72,8 +89,9 @@ SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "results" / "transfer" 
 def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, capsys):
     """docs/results/transfer/controllers/seedS are checkpoints `grow` and `eval` take with no copy or added file."""
     folder = tmp_path / "net"
-    code, out, err = grow(capsys, str(SHIPPED), "--host", "digits", "--save", str(folder), "--env", "max_epochs=2",
-                          "--env", "device=cpu")
+    code, out, err = grow(
+        capsys, str(SHIPPED), "--host", "digits", "--save", str(folder), "--env", "max_epochs=2", "--env", "device=cpu"
+    )
     assert code == 0, err
     assert f"checkpoint {SHIPPED} (round 120) grows host digits" in out
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
@@ -85,16 +103,36 @@ def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, c
 
 
 def episode(index: int, test: float, params_added: int) -> EpisodeSummary:
-    return EpisodeSummary(episode=index, steps=3, episode_return=0.0, initial_accuracy=0.1, final_accuracy=0.5,
-                          host_params=160, params_added=params_added, germinated=1, fossilized=1, pruned=0, rollbacks=0,
-                          refused=0, train_flops=1, seed_train_flops=0, validation_flops=1, counterfactual_flops=0,
-                          rolled_back=False, seconds=1.0, test_accuracy=test, test_loss=1.0)
+    return EpisodeSummary(
+        episode=index,
+        steps=3,
+        episode_return=0.0,
+        initial_accuracy=0.1,
+        final_accuracy=0.5,
+        host_params=160,
+        params_added=params_added,
+        germinated=1,
+        fossilized=1,
+        pruned=0,
+        rollbacks=0,
+        refused=0,
+        train_flops=1,
+        seed_train_flops=0,
+        validation_flops=1,
+        counterfactual_flops=0,
+        rolled_back=False,
+        seconds=1.0,
+        test_accuracy=test,
+        test_loss=1.0,
+    )
 
 
 def test_eval_ends_with_the_mean_test_accuracy_and_committed_params_over_its_episodes():
     line = mean_line([episode(0, 0.70, 0), episode(1, 0.80, 600), episode(2, 0.75, 300)])
-    assert line == ("mean over 3 episodes: test acc 75.00% (min 70.00%, max 80.00%), params kept 300 "
-                    "(committed network 460 params in all)")
+    assert line == (
+        "mean over 3 episodes: test acc 75.00% (min 70.00%, max 80.00%), params kept 300 "
+        "(committed network 460 params in all)"
+    )
 
 
 def test_a_shipped_controllers_network_goes_under_the_current_folder_not_beside_the_controller(tmp_path, monkeypatch):
@@ -109,8 +147,28 @@ def test_a_shipped_controllers_network_goes_under_the_current_folder_not_beside_
 def checkpoint(ray_local, tmp_path_factory) -> Path:
     """A 1-round digits-impaired checkpoint (3 slots, 3 epochs an episode)."""
     run = tmp_path_factory.mktemp("grow") / "run"
-    assert main(["train", "--rounds", "1", "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3",
-                 "--episodes-per-env", "1", "--env", "batch_size=512", "--output", str(run)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--rounds",
+                "1",
+                "--envs",
+                "1",
+                "--cpus-per-env",
+                "0.5",
+                "--max-epochs",
+                "3",
+                "--episodes-per-env",
+                "1",
+                "--env",
+                "batch_size=512",
+                "--output",
+                str(run),
+            ]
+        )
+        == 0
+    )
     return run / "checkpoints" / "round_00001"
 
 
@@ -131,7 +189,9 @@ def test_grow_saves_a_builtin_hosts_network_naming_the_host_and_the_checkpoint(c
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
     assert architecture["host"] == "digits" and architecture["run"]["task"] == "digits"
     assert architecture["run"]["checkpoint"] == shared_name(checkpoint) == "run/checkpoints/round_00001"
-    assert shared_name(checkpoint) in architecture["run"]["controller"] and "greedy" in architecture["run"]["controller"]
+    assert (
+        shared_name(checkpoint) in architecture["run"]["controller"] and "greedy" in architecture["run"]["controller"]
+    )
     assert {p.name for p in folder.iterdir()} == {"weights.pt", ARCHITECTURE_FILE, "summary.md", "accuracy.png"}
     network = esper_ray.load_grown(folder)
     assert network(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
@@ -157,8 +217,20 @@ def test_without_save_each_network_goes_to_a_new_folder_of_the_run_and_none_is_o
 @pytest.mark.expensive
 def test_grow_saves_a_plugin_host_given_by_its_import_string(checkpoint, tmp_path, capsys):
     folder = tmp_path / "toy"
-    code, out, err = grow(capsys, str(checkpoint), "--host", TOY_HOST, "--task", "toy-blobs", "--plugins", PLUGIN,
-                          "--save", str(folder), "--env", "device=cpu")
+    code, out, err = grow(
+        capsys,
+        str(checkpoint),
+        "--host",
+        TOY_HOST,
+        "--task",
+        "toy-blobs",
+        "--plugins",
+        PLUGIN,
+        "--save",
+        str(folder),
+        "--env",
+        "device=cpu",
+    )
     assert code == 0, err
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
     assert architecture["host"] == TOY_HOST and architecture["topology"] == "vector"
@@ -176,8 +248,10 @@ def test_what_grow_cannot_run_is_refused_in_one_line_before_the_host_trains(chec
     (used / "mine.txt").write_text("mine")
     for args, said in (
         (["--host", "nope"], "--host='nope': unknown; choose one of ["),
-        (["--host", "toy-mlp-9", "--task", "toy-blobs", "--plugins", PLUGIN, "--save", str(new)],
-         "host 'toy-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 (choose fewer with `slots`)"),
+        (
+            ["--host", "toy-mlp-9", "--task", "toy-blobs", "--plugins", PLUGIN, "--save", str(new)],
+            "host 'toy-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 (choose fewer with `slots`)",
+        ),
         (["--host", "digits", "--save", str(used)], f"--save {used}: already exists and is not an empty folder"),
     ):
         code, out, err = grow(capsys, str(checkpoint), *args)

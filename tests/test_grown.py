@@ -68,7 +68,9 @@ def test_saved_network_computes_the_committed_models_forward_bit_for_bit(build, 
         assert not loaded.training
         assert torch.equal(loaded(x), reference)
     kept = {s.slot: (s.stage, s.blend.name, s.alpha) for s in loaded.seed_specs}
-    assert kept == {"r0c0": (Stage.FOSSILIZED, "GATE", 1.0)}  # the blending and the training seed are on probation: dropped
+    assert kept == {
+        "r0c0": (Stage.FOSSILIZED, "GATE", 1.0)
+    }  # the blending and the training seed are on probation: dropped
     architecture = json.loads((tmp_path / "net" / ARCHITECTURE_FILE).read_text())
     host_params = sum(p.numel() for p in model.host.parameters())
     seed_params = sum(p.numel() for p in model.slot("r0c0").seed_parameters())
@@ -95,11 +97,26 @@ class ScenarioController:
 def test_the_metric_the_saved_network_and_the_reward_agree_on_what_the_run_kept(tmp_path):
     """The end of a host run keeps the committed model: the test metric, the saved network and the reward's last
     step all read host + fossils, and the seeds still on probation (one blending, one training) are left out."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 2, "device": "cpu", "auto_forward": False,
-                            "reward_mode": "committed", "param_cost_pp": 0.0, "committed_stage_weight": 0.0})
+    env = MorphogeneticEnv(
+        {
+            "task": "digits-impaired",
+            "max_epochs": 2,
+            "device": "cpu",
+            "auto_forward": False,
+            "reward_mode": "committed",
+            "param_cost_pp": 0.0,
+            "committed_stage_weight": 0.0,
+        }
+    )
     folder = tmp_path / "grown"
-    [summary] = run_episodes(env, ScenarioController(env), 1, progress=False, measure_test=True,
-                             on_episode_end=saver(folder, "a scripted scenario"))
+    [summary] = run_episodes(
+        env,
+        ScenarioController(env),
+        1,
+        progress=False,
+        measure_test=True,
+        on_episode_end=saver(folder, "a scripted scenario"),
+    )
     model = env.model
     assert summary.params_added == model.slot("r0c0").seed_params  # kept: the fossil only
     assert summary.params_on_probation == model.slot("r0c1").seed_params + model.slot("r0c2").seed_params
@@ -118,7 +135,12 @@ def test_the_metric_the_saved_network_and_the_reward_agree_on_what_the_run_kept(
     assert architecture["run"]["test_accuracy"] == summary.test_accuracy
     assert {s["slot"]: (s["stage"], s["alpha"]) for s in architecture["seeds"]} == {"r0c0": ("FOSSILIZED", 1.0)}
     assert architecture["slots"]["r0c1"]["in_network"] is False and architecture["slots"]["r0c2"] == {
-        "stage": "TRAINING", "blueprint": "norm", "in_network": False, "germinated_epoch": 1, "fossilized_epoch": None}
+        "stage": "TRAINING",
+        "blueprint": "norm",
+        "in_network": False,
+        "germinated_epoch": 1,
+        "fossilized_epoch": None,
+    }
     summary_md = (folder / "summary.md").read_text()
     assert f"{100 * summary.test_accuracy:.2f} %" in summary_md and "| r0c1 | depthwise | BLENDING | no |" in summary_md
     assert "were dropped" in summary_md
@@ -131,14 +153,18 @@ def test_the_metric_the_saved_network_and_the_reward_agree_on_what_the_run_kept(
     while not done:
         obs, _, done, _, info = env.step(controller.act(obs))
     assert info["committed_seed_params"] == summary.params_added and info["seed_params"] > info["committed_seed_params"]
-    assert info["reward/end_of_run"] == pytest.approx(env.reward_config.gamma * 100 * (info["committed_accuracy"] - info["val_accuracy"]))
+    assert info["reward/end_of_run"] == pytest.approx(
+        env.reward_config.gamma * 100 * (info["committed_accuracy"] - info["val_accuracy"])
+    )
 
 
 def test_loading_needs_no_ray(tmp_path):
     model, _ = cnn_model()
     save_grown_network(tmp_path / "net", grown_from(model), {})
-    code = (f"import sys, esper_ray; net = esper_ray.load_grown({str(tmp_path / 'net')!r}); "
-            "assert 'ray' not in sys.modules, 'ray was imported'; print(type(net).__name__, net.training)")
+    code = (
+        f"import sys, esper_ray; net = esper_ray.load_grown({str(tmp_path / 'net')!r}); "
+        "assert 'ray' not in sys.modules, 'ray was imported'; print(type(net).__name__, net.training)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["GrownNetwork", "False"]
@@ -176,14 +202,29 @@ def test_partial_or_damaged_folders_name_the_file(tmp_path):
 def test_history_dates_each_slots_current_seed():
     history = EpisodeHistory()
     stages = [  # (r0c0, r0c1) after reset and after each step
-        ("DORMANT", "DORMANT"), ("TRAINING", "DORMANT"), ("TRAINING", "TRAINING"), ("BLENDING", "PRUNED"),
-        ("HOLDING", "EMBARGOED"), ("FOSSILIZED", "RESETTING"), ("FOSSILIZED", "DORMANT"), ("FOSSILIZED", "TRAINING"),
+        ("DORMANT", "DORMANT"),
+        ("TRAINING", "DORMANT"),
+        ("TRAINING", "TRAINING"),
+        ("BLENDING", "PRUNED"),
+        ("HOLDING", "EMBARGOED"),
+        ("FOSSILIZED", "RESETTING"),
+        ("FOSSILIZED", "DORMANT"),
+        ("FOSSILIZED", "TRAINING"),
     ]
     for epoch, (a, b) in enumerate(stages):
-        history.record({"epoch": epoch, "episode_seed": 7, "val_accuracy": epoch / 10, "stages": {"r0c0": a, "r0c1": b},
-                        **({"train_accuracy": epoch / 20} if epoch else {})})
+        history.record(
+            {
+                "epoch": epoch,
+                "episode_seed": 7,
+                "val_accuracy": epoch / 10,
+                "stages": {"r0c0": a, "r0c1": b},
+                **({"train_accuracy": epoch / 20} if epoch else {}),
+            }
+        )
     assert history.seeds["r0c0"].germinated_epoch == 1 and history.seeds["r0c0"].fossilized_epoch == 5
-    assert history.seeds["r0c1"].germinated_epoch == 7 and history.seeds["r0c1"].fossilized_epoch is None  # the second seed
+    assert (
+        history.seeds["r0c1"].germinated_epoch == 7 and history.seeds["r0c1"].fossilized_epoch is None
+    )  # the second seed
     assert history.val_accuracy == [e / 10 for e in range(8)] and history.train_accuracy[0] is None
 
 
@@ -202,7 +243,10 @@ def test_save_refuses_a_used_folder_or_several_episodes_before_training(tmp_path
 
 def test_heuristic_save_writes_a_loadable_network(tmp_path, capsys):
     folder = tmp_path / "grown"
-    assert main(["heuristic", "--task", "digits", "--max-epochs", "2", "--device", "cpu", "--save", str(folder), "--json"]) == 0
+    assert (
+        main(["heuristic", "--task", "digits", "--max-epochs", "2", "--device", "cpu", "--save", str(folder), "--json"])
+        == 0
+    )
     captured = capsys.readouterr()
     [row] = json.loads(captured.out)
     assert f"grown network: {folder}" in captured.err
@@ -246,9 +290,11 @@ def test_an_architecture_file_that_describes_another_network_is_refused(tmp_path
     save_grown_network(tmp_path / "net", grown_from(model), {})
     architecture = tmp_path / "net" / ARCHITECTURE_FILE
     described = json.loads(architecture.read_text())
-    for field, value, match in (("host_config", {**described["host_config"], "heads": 2}, "describes no network.*heads"),
-                                ("seeds", [{**described["seeds"][0], "stage": "TRAINING"}], "stage=.TRAINING.*expected one of"),
-                                ("seeds", [{**described["seeds"][0], "blueprint": "mlp"}], "not available for CNN hosts")):
+    for field, value, match in (
+        ("host_config", {**described["host_config"], "heads": 2}, "describes no network.*heads"),
+        ("seeds", [{**described["seeds"][0], "stage": "TRAINING"}], "stage=.TRAINING.*expected one of"),
+        ("seeds", [{**described["seeds"][0], "blueprint": "mlp"}], "not available for CNN hosts"),
+    ):
         architecture.write_text(json.dumps({**described, field: value}))
         with pytest.raises(ValueError, match=match):
             load_grown(tmp_path / "net")
@@ -301,23 +347,26 @@ def _damaged(tmp_path: Path, case: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("empty weights", "weights.pt: empty (0 bytes)"),
-    ("crafted pickle", "weights.pt: refused, it holds more than tensors"),
-    ("compressed weights", "is compressed"),
-    ("80 GB asked", "describes"),
-    ("deep nesting", "not valid JSON (RecursionError"),
-    ("oversized file", "more than an architecture file holds"),
-    ("topology=3", "topology=3"),
-    ('seeds="r0c1"', "seeds='r0c1'; expected a list"),
-    ("seeds=[1]", "seeds[0]=1; expected a mapping"),
-    ("host_config=[8]", "host_config=[8]; expected a mapping"),
-    ('host_config.base_channels="8"', "host_config.base_channels='8'; expected an integer"),
-    ("host_config.blocks=100000", "host_config.blocks=100000; expected an integer in [0, 64]"),
-    ("params=3", "params=3; expected a mapping"),
-    ('seeds[0].alpha="x"', "alpha='x'; expected a number"),
-    ("seeds[0].slot=[1]", "describes no network"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("empty weights", "weights.pt: empty (0 bytes)"),
+        ("crafted pickle", "weights.pt: refused, it holds more than tensors"),
+        ("compressed weights", "is compressed"),
+        ("80 GB asked", "describes"),
+        ("deep nesting", "not valid JSON (RecursionError"),
+        ("oversized file", "more than an architecture file holds"),
+        ("topology=3", "topology=3"),
+        ('seeds="r0c1"', "seeds='r0c1'; expected a list"),
+        ("seeds=[1]", "seeds[0]=1; expected a mapping"),
+        ("host_config=[8]", "host_config=[8]; expected a mapping"),
+        ('host_config.base_channels="8"', "host_config.base_channels='8'; expected an integer"),
+        ("host_config.blocks=100000", "host_config.blocks=100000; expected an integer in [0, 64]"),
+        ("params=3", "params=3; expected a mapping"),
+        ('seeds[0].alpha="x"', "alpha='x'; expected a number"),
+        ("seeds[0].slot=[1]", "describes no network"),
+    ],
+)
 def test_a_damaged_or_hostile_network_folder_is_one_line_and_runs_no_code(tmp_path, case, expected):
     folder = _damaged(tmp_path, case)
     with pytest.raises(ValueError) as err:
@@ -339,7 +388,9 @@ def test_a_mask_the_weights_do_not_hold_is_bounded_before_it_is_built(tmp_path):
     save_grown_network(tmp_path / "net", empty_grown_network(Topology.TRANSFORMER, config, []), {})
     architecture = tmp_path / "net" / ARCHITECTURE_FILE
     described = json.loads(architecture.read_text())  # the mask is not persistent: the same weights fit a window
-    architecture.write_text(json.dumps({**described, "host_config": {**described["host_config"], "attention_window": 1}}))
+    architecture.write_text(
+        json.dumps({**described, "host_config": {**described["host_config"], "attention_window": 1}})
+    )
     assert (tmp_path / "net" / WEIGHTS_FILE).stat().st_size < 2**20
     with pytest.raises(ValueError) as err:
         load_grown(tmp_path / "net")
@@ -359,17 +410,46 @@ def summary_architecture(task: str, seeds: list[dict] | None = None) -> dict:
     registry.load_plugins(["tests.plugin_parts"])  # toy-blobs: a vector host's own features
     data = load_task_data(task)
     seeds = seeds or []
-    run = {"task": task, "host_preset": task, "controller": "test", "seed": 0, "max_epochs": 2, "epochs": 2,
-           "ended_by_rollback": False, "device": "cpu", "amp": "fp32", "test_accuracy": 0.5,
-           "test_accuracy_with_probation": 0.5, "params_dropped_on_probation": 0, "test_loss": 1.0,
-           "initial_val_accuracy": 0.1, "final_val_accuracy": 0.5,
-           "val_accuracy_by_epoch": [0.1, 0.3, 0.5], "train_accuracy_by_epoch": [None, 0.2, 0.4]}
-    slots = {s["slot"]: {"stage": "FOSSILIZED", "blueprint": "mlp", "in_network": True, "germinated_epoch": 1,
-                         "fossilized_epoch": 2} for s in seeds}
+    run = {
+        "task": task,
+        "host_preset": task,
+        "controller": "test",
+        "seed": 0,
+        "max_epochs": 2,
+        "epochs": 2,
+        "ended_by_rollback": False,
+        "device": "cpu",
+        "amp": "fp32",
+        "test_accuracy": 0.5,
+        "test_accuracy_with_probation": 0.5,
+        "params_dropped_on_probation": 0,
+        "test_loss": 1.0,
+        "initial_val_accuracy": 0.1,
+        "final_val_accuracy": 0.5,
+        "val_accuracy_by_epoch": [0.1, 0.3, 0.5],
+        "train_accuracy_by_epoch": [None, 0.2, 0.4],
+    }
+    slots = {
+        s["slot"]: {
+            "stage": "FOSSILIZED",
+            "blueprint": "mlp",
+            "in_network": True,
+            "germinated_epoch": 1,
+            "fossilized_epoch": 2,
+        }
+        for s in seeds
+    }
     kept = sum(s["params"] for s in seeds)
-    return {"topology": topology_of(task), "host": task, "contents": "the committed model", "seeds": seeds,
-            "params": {"host": 100, "seeds": kept, "total": 100 + kept}, "run": run,
-            "input": input_description(data, data.test_x[0]), "slots": slots}
+    return {
+        "topology": topology_of(task),
+        "host": task,
+        "contents": "the committed model",
+        "seeds": seeds,
+        "params": {"host": 100, "seeds": kept, "total": 100 + kept},
+        "run": run,
+        "input": input_description(data, data.test_x[0]),
+        "slots": slots,
+    }
 
 
 def use_it_block(task: str) -> str:
@@ -378,11 +458,14 @@ def use_it_block(task: str) -> str:
     return summary_markdown(Path("net"), summary_architecture(task)).split("## Use it")[1].split("```")[1]
 
 
-@pytest.mark.parametrize("task, said", [
-    ("digits", "x = (raw.float() / 16.0 - mean) / std  # raw: [B, 1, 8, 8] images as the task stores them"),
-    ("text", "logits = net(tokens)  # tokens: [B, T] int64 token ids (0..255), T <= 64; logits [B, T, 256]"),
-    ("toy-blobs", "x = raw.float() / 1.0  # raw: [B, 16] float features as the task stores them"),
-])
+@pytest.mark.parametrize(
+    "task, said",
+    [
+        ("digits", "x = (raw.float() / 16.0 - mean) / std  # raw: [B, 1, 8, 8] images as the task stores them"),
+        ("text", "logits = net(tokens)  # tokens: [B, T] int64 token ids (0..255), T <= 64; logits [B, T, 256]"),
+        ("toy-blobs", "x = raw.float() / 1.0  # raw: [B, 16] float features as the task stores them"),
+    ],
+)
 def test_summary_usage_feeds_each_kind_of_input_as_its_network_takes_it(task, said):
     """A CNN host's network takes normalised images, a text host's token ids, a vector host's float features."""
     block = use_it_block(task)

@@ -14,12 +14,16 @@ from esper_ray.contracts.actions import Blueprint, Op, decode_joint, topology_bl
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.observation import (
-    BASE_VAL_ACCURACY, SLOT_EPOCHS_IN_STAGE, EpochView, blueprint_ids, build_features, slot_offset,
+    BASE_VAL_ACCURACY,
+    SLOT_EPOCHS_IN_STAGE,
+    EpochView,
+    blueprint_ids,
+    build_features,
+    slot_offset,
 )
 from esper_ray.policy.heuristic import DEFAULT_ROTATION, HeuristicConfig, HeuristicController
 from esper_ray.train.commands.heuristic import run_heuristic
 from tests.morpho_helpers import drive_to
-
 
 AS_GIVEN = HeuristicConfig(reference_epochs=None)
 """The original's numbers, unscaled (the rules themselves are under test)."""
@@ -36,13 +40,26 @@ def test_a_heuristic_run_too_short_for_a_seeds_lifecycle_runs_the_host_alone_to_
         assert s.final_accuracy == s.final_accuracy_with_probation
 
 
-def flat_run_observation(env: MorphogeneticEnv, epoch: int, losses: list[float], accuracies: list[float],
-                         max_epochs: int = 40) -> dict:
+def flat_run_observation(
+    env: MorphogeneticEnv, epoch: int, losses: list[float], accuracies: list[float], max_epochs: int = 40
+) -> dict:
     """The observation of an epoch with this loss/accuracy history (the host's own numbers, no training needed)."""
-    view = EpochView(epoch=epoch, max_epochs=max_epochs, val_loss=losses[-1], val_accuracy=accuracies[-1], loss_history=losses,
-                     accuracy_history=accuracies, last_action_success=True, last_op=Op.WAIT)
+    view = EpochView(
+        epoch=epoch,
+        max_epochs=max_epochs,
+        val_loss=losses[-1],
+        val_accuracy=accuracies[-1],
+        loss_history=losses,
+        accuracy_history=accuracies,
+        last_action_success=True,
+        last_op=Op.WAIT,
+    )
     slots = env.model.seed_slots()
-    return {"features": build_features(view, slots, env.slot_descriptors), "blueprint_ids": blueprint_ids(slots), "action_mask": env._mask()}
+    return {
+        "features": build_features(view, slots, env.slot_descriptors),
+        "blueprint_ids": blueprint_ids(slots),
+        "action_mask": env._mask(),
+    }
 
 
 def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued():
@@ -61,7 +78,10 @@ def test_heuristic_germinates_only_after_the_host_has_stabilised_and_plateaued()
     ops = [op for (op, _), _ in decisions]
     assert ops[:6] == [Op.WAIT] * 6  # still falling, then not yet 3 flat epochs of both signals
     first = ops.index(Op.GERMINATE)
-    assert first == 6 and decisions[first] == ((Op.GERMINATE, 0), Blueprint.CONV_LIGHT)  # first slot, first of the rotation
+    assert first == 6 and decisions[first] == (
+        (Op.GERMINATE, 0),
+        Blueprint.CONV_LIGHT,
+    )  # first slot, first of the rotation
 
 
 @pytest.mark.parametrize(("topology", "germinates"), [("cnn", False), ("transformer", True)])
@@ -71,12 +91,15 @@ def test_a_language_models_slow_climb_counts_as_a_plateau_on_a_transformer_only(
     a CNN it is progress (0.5 pp), so the heuristic keeps waiting."""
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6})
     env.reset(seed=0)
-    controller = HeuristicController(env.slot_ids, 40, HeuristicConfig(rotation=(Blueprint.NORM,), reference_epochs=None),
-                                     topology=topology)
+    controller = HeuristicController(
+        env.slot_ids, 40, HeuristicConfig(rotation=(Blueprint.NORM,), reference_epochs=None), topology=topology
+    )
     losses = [2.0 * 0.985**e for e in range(9)]
     accuracies = [0.30 + 0.008 * e for e in range(9)]
-    ops = [decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]))[0]
-           for e in range(9)]
+    ops = [
+        decode_joint(int(controller.act(flat_run_observation(env, e, losses[: e + 1], accuracies[: e + 1]))[0]))[0]
+        for e in range(9)
+    ]
     assert (Op.GERMINATE in ops) is germinates, ops
     if germinates:
         assert ops.index(Op.GERMINATE) == 5  # epoch >= 5, with 3 stable and 3 plateau epochs behind it
@@ -109,7 +132,13 @@ def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_
     by 3 and per-epoch thresholds grow by 3. A seed planted on the observation of epoch e is germinated at step
     e + 1 and can be fossilized 16 steps later at the soonest, so the last epoch it plants at is 25 - 16 - 1 = 8."""
     cfg = HeuristicController(["r0c0", "r0c1"], 25).cfg
-    assert (cfg.min_epoch, cfg.stable_epochs, cfg.plateau_epochs, cfg.embargo_epochs, cfg.prune_patience) == (2, 1, 1, 2, 2)
+    assert (cfg.min_epoch, cfg.stable_epochs, cfg.plateau_epochs, cfg.embargo_epochs, cfg.prune_patience) == (
+        2,
+        1,
+        1,
+        2,
+        2,
+    )
     assert cfg.stable_band == pytest.approx((-0.15, 0.09)) and cfg.plateau_threshold == pytest.approx(0.015)
     assert HeuristicController(["r0c0"], 75).cfg.min_epoch == 5  # the original's own run length: unchanged
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 25, "num_shards": 6})
@@ -117,8 +146,12 @@ def test_heuristic_numbers_scale_with_the_run_and_it_plants_nothing_that_cannot_
     flat = [1.0] * 30, [0.5] * 30  # stabilised and flat from the start: it would plant at any epoch it may
     for epoch, plants in ((8, True), (9, False), (20, False)):
         controller = HeuristicController(env.slot_ids, 25)
-        ops = [decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]))[0]
-               for e in range(epoch - 2, epoch + 1)]
+        ops = [
+            decode_joint(int(controller.act(flat_run_observation(env, e, flat[0][: e + 1], flat[1][: e + 1], 25))[0]))[
+                0
+            ]
+            for e in range(epoch - 2, epoch + 1)
+        ]
         assert (ops[-1] is Op.GERMINATE) is plants, (epoch, ops)
 
 
@@ -127,10 +160,20 @@ def test_heuristic_plants_at_the_last_step_whose_seed_the_env_can_still_fossiliz
     """The env's gates are the oracle for the planting deadline. Told to plant as soon as it may (epoch 2, step 3),
     the heuristic does so in a 19-epoch run, and the env lets that seed be fossilized at step 3 + 16 = 19, the last
     one; in an 18-epoch run the same seed could not be, so it plants nothing (and no other epoch is later legal)."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3})
-    eager = HeuristicConfig(reference_epochs=None, min_epoch=2, plateau_threshold=1.0, plateau_epochs=1, stable_epochs=1,
-                            stable_band=(-1.0, 1.0), fossilize_contribution=-1.0, prune_drop=1.0,
-                            ransomware_contribution=1.0)  # nothing pruned: any seed that reaches HOLDING is kept
+    env = MorphogeneticEnv(
+        {"task": "digits-impaired", "max_epochs": max_epochs, "device": "cpu", "batch_size": 1024, "seed": 3}
+    )
+    eager = HeuristicConfig(
+        reference_epochs=None,
+        min_epoch=2,
+        plateau_threshold=1.0,
+        plateau_epochs=1,
+        stable_epochs=1,
+        stable_band=(-1.0, 1.0),
+        fossilize_contribution=-1.0,
+        prune_drop=1.0,
+        ransomware_contribution=1.0,
+    )  # nothing pruned: any seed that reaches HOLDING is kept
     assert eager.lifecycle_epochs == 16
     controller = HeuristicController(env.slot_ids, max_epochs, eager)
     obs, _ = env.reset(seed=0)
@@ -148,13 +191,17 @@ def test_heuristic_plants_at_the_last_step_whose_seed_the_env_can_still_fossiliz
         assert germinated_at == [] and info["count/germinated"] == 0
 
 
-@pytest.mark.parametrize(("epochs_in_stage", "accuracy_change", "expected"), [
-    (7, -0.03, Op.PRUNE),  # 7 epochs in TRAINING (the patience here) and 3 pp lost since it began: pruned
-    (7, -0.01, Op.ADVANCE),  # 1 pp lost: within prune_drop (2 pp); advanced, as any TRAINING seed the rule spares
-    (6, -0.03, Op.ADVANCE),  # 3 pp lost, one epoch short of the patience (the env would let it go: age 6 >= 5)
-])
-def test_heuristic_prunes_a_training_seed_that_cost_accuracy_only_after_its_patience(epochs_in_stage, accuracy_change,
-                                                                                      expected):
+@pytest.mark.parametrize(
+    ("epochs_in_stage", "accuracy_change", "expected"),
+    [
+        (7, -0.03, Op.PRUNE),  # 7 epochs in TRAINING (the patience here) and 3 pp lost since it began: pruned
+        (7, -0.01, Op.ADVANCE),  # 1 pp lost: within prune_drop (2 pp); advanced, as any TRAINING seed the rule spares
+        (6, -0.03, Op.ADVANCE),  # 3 pp lost, one epoch short of the patience (the env would let it go: age 6 >= 5)
+    ],
+)
+def test_heuristic_prunes_a_training_seed_that_cost_accuracy_only_after_its_patience(
+    epochs_in_stage, accuracy_change, expected
+):
     """Issue 30 (a baseline that never ends a seed's lifecycle is a second `none`): the rule's other exit, by a
     constructed observation (any machine gives the same numbers)."""
     env = MorphogeneticEnv({"task": "digits", "max_epochs": 40, "num_shards": 6, "auto_forward": False})
@@ -223,7 +270,9 @@ def test_the_heuristic_command_and_the_ab_heuristic_arm_run_the_same_env_setting
     monkeypatch.setattr(heuristic_command, "run_heuristic", lambda config, *a, **k: given.append(dict(config)) or [])
     assert main(["heuristic"]) == 0 and main(["heuristic", "--no-commit-horizon"]) == 0
     arm = evaluation_episodes(TrainConfig(envs=1), 1)[0].env_config  # the A/B heuristic arm's env, one shard
-    assert EnvConfig.from_mapping(given[0]) == EnvConfig.from_mapping(arm) and EnvConfig.from_mapping(arm).commit_horizon
+    assert (
+        EnvConfig.from_mapping(given[0]) == EnvConfig.from_mapping(arm) and EnvConfig.from_mapping(arm).commit_horizon
+    )
     assert not EnvConfig.from_mapping(given[1]).commit_horizon
 
 
@@ -231,8 +280,11 @@ def test_the_heuristic_command_warns_in_one_line_when_its_runs_are_too_short_to_
     assert main(["heuristic", "--max-epochs", "3", "--batch-size", "1024"]) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("esper-ray heuristic: warning: no seed can be kept in a run of "
-                                                         "max_epochs=3") and "max_epochs >= 15" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and warnings[0].startswith("esper-ray heuristic: warning: no seed can be kept in a run of max_epochs=3")
+        and "max_epochs >= 15" in warnings[0]
+    )
 
 
 def test_the_heuristics_planting_deadline_follows_the_envs_lifecycle():

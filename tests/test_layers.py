@@ -10,7 +10,21 @@ from pathlib import Path
 import esper_ray
 
 PACKAGE = Path(esper_ray.__file__).parent
-LAYER = {"formatting": 0, "cli_args": 6, "deferred_interrupt": 6, "cli": 7, "entry": 8, "contracts": 0, "morpho": 1, "data": 1, "rewards": 1, "env": 2, "policy": 3, "train": 4, "experiments": 5}
+LAYER = {
+    "formatting": 0,
+    "cli_args": 6,
+    "deferred_interrupt": 6,
+    "cli": 7,
+    "entry": 8,
+    "contracts": 0,
+    "morpho": 1,
+    "data": 1,
+    "rewards": 1,
+    "env": 2,
+    "policy": 3,
+    "train": 4,
+    "experiments": 5,
+}
 RAY_ALLOWED = {"policy", "train", "experiments", "cli", "cli_args"}
 
 
@@ -81,8 +95,10 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                               for a in node.names)
+                targets.update(
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                )
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 

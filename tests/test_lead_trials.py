@@ -97,15 +97,24 @@ def test_leads_must_be_a_count():
 
 
 def test_the_ab_tune_config_leads_with_its_ppo_trials_and_keeps_the_cap():
-    spec = ExperimentSpec.from_mapping({
-        "name": "t", "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"},
-                              "heuristic": {"controller": "heuristic"}},
-        "compare": [["ppo", "none"]], "seeds": [0, 1, 2], "rounds": 1, "max_concurrent_trials": 4,
-    })
+    spec = ExperimentSpec.from_mapping(
+        {
+            "name": "t",
+            "arms": {
+                "ppo": {"controller": "ppo"},
+                "none": {"controller": "none"},
+                "heuristic": {"controller": "heuristic"},
+            },
+            "compare": [["ppo", "none"]],
+            "seeds": [0, 1, 2],
+            "rounds": 1,
+            "max_concurrent_trials": 4,
+        }
+    )
     ordered = start_order(spec.trials(), order_seed=5)
     alg = tune_config(spec, ordered).search_alg
     assert isinstance(alg, LeadTrialsFirst)
-    assert alg.leads == 3 and all(t.controller is ControllerKind.PPO for t in ordered[:alg.leads])
+    assert alg.leads == 3 and all(t.controller is ControllerKind.PPO for t in ordered[: alg.leads])
     assert alg.max_concurrent == 4
 
 
@@ -125,15 +134,19 @@ def _timed(config):
 def test_tune_runs_every_trial_once_its_leads_first(ray_one_gpu, tmp_path):
     """Leads ask half the GPU (two at a time), the later trials an eighth: Tune asks the generator again after it
     held a trial back, runs every trial once, and starts no later trial before the last lead."""
-    trials = [{"i": i, "lead": True, "seconds": 1.0} for i in range(4)] + \
-             [{"i": 4 + i, "lead": False, "seconds": 0.2} for i in range(4)]
+    trials = [{"i": i, "lead": True, "seconds": 1.0} for i in range(4)] + [
+        {"i": 4 + i, "lead": False, "seconds": 0.2} for i in range(4)
+    ]
 
     def resources(config):
         return tune.PlacementGroupFactory([{"CPU": 0.2, "GPU": 0.5 if config["t"]["lead"] else 0.125}])
 
-    tuner = tune.Tuner(tune.with_resources(_timed, resources), param_space={"t": tune.grid_search(trials)},
-                       tune_config=tune.TuneConfig(num_samples=1, search_alg=LeadTrialsFirst(leads=4)),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0))
+    tuner = tune.Tuner(
+        tune.with_resources(_timed, resources),
+        param_space={"t": tune.grid_search(trials)},
+        tune_config=tune.TuneConfig(num_samples=1, search_alg=LeadTrialsFirst(leads=4)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
     frame = tuner.fit().get_dataframe()
     assert sorted(frame["config/t/i"]) == list(range(8))
     started = dict(zip(frame["config/t/i"], frame["started_at"]))

@@ -18,11 +18,18 @@ from tests.morpho_helpers import drive_to, give_healthy_gradients, make_model
 # The transition table of DOMAIN.md section 1, written out independently of esper_ray.contracts.stages.
 DOMAIN_TRANSITIONS = {
     ("DORMANT", "GERMINATED"),
-    ("GERMINATED", "TRAINING"), ("GERMINATED", "PRUNED"),
-    ("TRAINING", "BLENDING"), ("TRAINING", "PRUNED"),
-    ("BLENDING", "HOLDING"), ("BLENDING", "PRUNED"),
-    ("HOLDING", "FOSSILIZED"), ("HOLDING", "BLENDING"), ("HOLDING", "PRUNED"),
-    ("PRUNED", "EMBARGOED"), ("EMBARGOED", "RESETTING"), ("RESETTING", "DORMANT"),
+    ("GERMINATED", "TRAINING"),
+    ("GERMINATED", "PRUNED"),
+    ("TRAINING", "BLENDING"),
+    ("TRAINING", "PRUNED"),
+    ("BLENDING", "HOLDING"),
+    ("BLENDING", "PRUNED"),
+    ("HOLDING", "FOSSILIZED"),
+    ("HOLDING", "BLENDING"),
+    ("HOLDING", "PRUNED"),
+    ("PRUNED", "EMBARGOED"),
+    ("EMBARGOED", "RESETTING"),
+    ("RESETTING", "DORMANT"),
 }
 DIGITS_SLOTS = ["r0c0", "r0c1", "r0c2", "r1c0", "r1c1"]
 
@@ -33,11 +40,22 @@ def snapshot(model: torch.nn.Module) -> object:
     flags = {k: p.requires_grad for k, p in model.named_parameters()}
     slots = []
     for s in model.seed_slots():
-        slots.append((
-            s.stage, s.blueprint, s.algorithm, s.pruning, s.embargo_left, s.tempo_epochs, s.initial_target,
-            dataclasses.asdict(s.alpha), dataclasses.asdict(s.metrics), id(s.optimizer), id(s.seed),
-            float(s.alpha_value),
-        ))
+        slots.append(
+            (
+                s.stage,
+                s.blueprint,
+                s.algorithm,
+                s.pruning,
+                s.embargo_left,
+                s.tempo_epochs,
+                s.initial_target,
+                dataclasses.asdict(s.alpha),
+                dataclasses.asdict(s.metrics),
+                id(s.optimizer),
+                id(s.seed),
+                float(s.alpha_value),
+            )
+        )
     return tensors, flags, slots
 
 
@@ -50,8 +68,11 @@ ACTIONS = st.one_of(
     # Ticks and gradient reports are listed several times so that random sequences reach late stages.
     *[st.tuples(st.just("tick"), st.integers(1, 6))] * 5,
     *[st.tuples(st.just("gradients"))] * 2,
-    st.tuples(st.just("germinate"), st.sampled_from([b.key for b in Blueprint] + ["conv_small"] * 6),
-              st.sampled_from(list(Style))),
+    st.tuples(
+        st.just("germinate"),
+        st.sampled_from([b.key for b in Blueprint] + ["conv_small"] * 6),
+        st.sampled_from(list(Style)),
+    ),
     st.tuples(st.just("advance")),
     st.tuples(st.just("fossilize")),
     st.tuples(st.just("prune"), st.sampled_from(list(AlphaSpeed))),
@@ -134,8 +155,15 @@ def test_unknown_blueprint_raises_and_lists_the_available_ones():
     assert slot.stage is Stage.DORMANT and slot.seed is None
 
 
-@pytest.mark.parametrize("bad, match", [("slot1", "bad slot name 'slot1'"), ("r2c0", "bad slot name"),
-                                        ("r0c7", "does not exist in this host"), ("r1c2", "does not exist")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("slot1", "bad slot name 'slot1'"),
+        ("r2c0", "bad slot name"),
+        ("r0c7", "does not exist in this host"),
+        ("r1c2", "does not exist"),
+    ],
+)
 def test_bad_slot_name_raises_a_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):
         make_model([bad])
@@ -288,8 +316,13 @@ def test_a_run_too_short_for_any_seed_to_be_kept_is_warned_in_one_line_naming_th
     assert LifecycleConfig().min_epochs_to_keep() == 15 and LifecycleConfig().min_epochs_to_keep(Tempo.STANDARD) == 17
     line = EnvConfig(max_epochs=12).short_run_warning()
     assert line is not None and "\n" not in line
-    for part in ("no seed can be kept in a run of max_epochs=12", "fossilized at epoch 15", "min_training_epochs=10",
-                 "3-epoch blend", "set max_epochs >= 15 or min_training_epochs <= 7"):
+    for part in (
+        "no seed can be kept in a run of max_epochs=12",
+        "fossilized at epoch 15",
+        "min_training_epochs=10",
+        "3-epoch blend",
+        "set max_epochs >= 15 or min_training_epochs <= 7",
+    ):
         assert part in line
     assert TrainConfig(max_epochs=12).short_run_warning() == line  # every command's runs: the same line
     assert EnvConfig(max_epochs=15).short_run_warning() is None  # long enough

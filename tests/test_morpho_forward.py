@@ -19,7 +19,9 @@ from tests.morpho_helpers import drive_to, make_model, perturbed_for_eval, separ
 
 def images(preset: str, batch: int = 6, seed: int = 1) -> torch.Tensor:
     cfg = HOST_PRESETS[preset]
-    return torch.randn(batch, cfg.in_channels, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(
+        batch, cfg.in_channels, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @pytest.mark.parametrize("slot_id", ["r0c0", "r0c2", "r1c1"])
@@ -142,7 +144,9 @@ def test_fused_forward_runs_what_the_configurations_share_once():
     alphas = torch.tensor([[0.7, 1.0], [0.7, 0.0], [0.7, 0.4]])  # r0c0 the same in all: they part at r0c2
     seen = _batch_sizes_seen(model)
     for slot_id in slots:  # each seed's input batch, in the order they run
-        model.slot(slot_id).seed.register_forward_pre_hook(lambda m, args, s=slot_id: seen.append((s, args[0].shape[0])))
+        model.slot(slot_id).seed.register_forward_pre_hook(
+            lambda m, args, s=slot_id: seen.append((s, args[0].shape[0]))
+        )
     with torch.no_grad():
         fused = model.fused_forward(x, alphas)
         # r0c2's seed runs once on the 5 samples; only its blend, and what follows it, runs for 3 configurations
@@ -177,7 +181,9 @@ def test_counterfactual_plan_switches_off_each_blending_seed_and_pair_and_keeps_
     assert plan.alphas.tolist() == [[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
     drive_to(model.slot("r1c0"), Stage.HOLDING)
     plan = build_plan(model)
-    assert plan.names == ("main", "off:r0c0", "off:r1c0", "off:r0c0+r1c0", "all_off") and plan.pairs == (("r0c0", "r1c0"),)
+    assert plan.names == ("main", "off:r0c0", "off:r1c0", "off:r0c0+r1c0", "all_off") and plan.pairs == (
+        ("r0c0", "r1c0"),
+    )
     assert plan.alphas[plan.committed_index].tolist() == [0.0, 1.0, 0.0, 0.0]
     with_fossils = build_plan(model, ablate_fossils=True)  # basic_plus measures what each fossil still brings
     assert with_fossils.ablated_slots == ("r0c0", "r0c1", "r1c0") and len(with_fossils.pairs) == 3

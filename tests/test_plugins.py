@@ -32,9 +32,11 @@ TOY = {"task": "toy-blobs", "plugins": [PLUGIN], "slots": ["h0", "h1", "h2"]}
 
 # ------------------------------------------------------------------------------------------- the registry
 def test_unknown_names_list_the_registered_ones_in_one_line():
-    for lookup, match in ((lambda: registry.task("nope"), "task='nope': unknown; choose one of .*'digits'"),
-                          (lambda: registry.host("nope"), "host='nope': unknown; choose one of .*'cifar10'"),
-                          (lambda: registry.blueprint("vector", "conv_heavy"), "not available for vector hosts; available: .*mlp")):
+    for lookup, match in (
+        (lambda: registry.task("nope"), "task='nope': unknown; choose one of .*'digits'"),
+        (lambda: registry.host("nope"), "host='nope': unknown; choose one of .*'cifar10'"),
+        (lambda: registry.blueprint("vector", "conv_heavy"), "not available for vector hosts; available: .*mlp"),
+    ):
         with pytest.raises(ValueError, match=match) as err:
             lookup()
         assert "\n" not in str(err.value)
@@ -132,19 +134,27 @@ def test_a_task_given_as_arrays_or_as_datasets_gives_the_same_data():
 
     splits = blob_splits()
     as_arrays = task_data_from("blobs", splits)
-    datasets = {k: torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for k, (x, y) in splits.items()}
+    datasets = {
+        k: torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)) for k, (x, y) in splits.items()
+    }
     as_datasets = task_data_from("blobs", datasets)
     assert as_arrays.train_x.dtype == torch.float32 and as_arrays.num_classes == 4
     assert torch.equal(as_arrays.train_x, as_datasets.train_x) and torch.equal(as_arrays.test_y, as_datasets.test_y)
     assert torch.equal(as_arrays.prepare(as_arrays.val_x[:3]), as_arrays.val_x[:3])  # features as they are
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda s: {k: v for k, v in s.items() if k != "test"}, r"expected TaskData or a mapping with the splits"),
-    (lambda s: {**s, "train": (s["train"][0], s["train"][1][:10])}, "x has 256 rows and y 10"),
-    (lambda s: {**s, "train": (s["train"][0], s["train"][1].astype(float))}, "y is torch.float64; labels are integers"),
-    (lambda s: {**s, "num_classes": 2}, "num_classes=2; must be an integer above the largest label 3"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda s: {k: v for k, v in s.items() if k != "test"}, r"expected TaskData or a mapping with the splits"),
+        (lambda s: {**s, "train": (s["train"][0], s["train"][1][:10])}, "x has 256 rows and y 10"),
+        (
+            lambda s: {**s, "train": (s["train"][0], s["train"][1].astype(float))},
+            "y is torch.float64; labels are integers",
+        ),
+        (lambda s: {**s, "num_classes": 2}, "num_classes=2; must be an integer above the largest label 3"),
+    ],
+)
 def test_bad_task_data_is_one_line_naming_the_task_and_split(change, match):
     from tests.plugin_parts import blob_splits
 
@@ -175,10 +185,14 @@ def test_an_env_grows_the_plugin_host_on_the_plugin_task_with_the_vector_bluepri
 
 
 def test_a_plugin_host_on_a_builtin_task_and_a_task_without_a_host_name_what_fits():
-    with pytest.raises(ValueError, match=r"host_preset=None: task toy-blobs-nohost takes one of \[\] or a plug-in's host"):
+    with pytest.raises(
+        ValueError, match=r"host_preset=None: task toy-blobs-nohost takes one of \[\] or a plug-in's host"
+    ):
         esper_ray.register_task("toy-blobs-nohost", "tests.plugin_parts:load_blobs")
         EnvConfig(task="toy-blobs-nohost", plugins=(PLUGIN,), slots=("h0",))
-    with pytest.raises(ValueError, match=r"host_preset='text-gpu': task digits takes one of \['digits'\] or a plug-in's host"):
+    with pytest.raises(
+        ValueError, match=r"host_preset='text-gpu': task digits takes one of \['digits'\] or a plug-in's host"
+    ):
         EnvConfig(task="digits", host_preset="text-gpu", plugins=(PLUGIN,))
     with pytest.raises(ValueError, match="mask_cut_off=True: needs slots named r{row}c{col}"):
         MorphogeneticEnv({**TOY, "mask_cut_off": True})
@@ -193,7 +207,10 @@ def test_a_saved_network_of_a_plugin_host_and_seed_reloads_bit_for_bit_in_a_fres
     EnvConfig(**TOY)
     torch.manual_seed(0)
     seeds = {}
-    for slot, blueprint, blend in (("h1", Blueprint.BOTTLENECK, BlendAlgorithm.ADD), ("h2", Blueprint.MLP, BlendAlgorithm.GATE)):
+    for slot, blueprint, blend in (
+        ("h1", Blueprint.BOTTLENECK, BlendAlgorithm.ADD),
+        ("h2", Blueprint.MLP, BlendAlgorithm.GATE),
+    ):
         spec = GrownSeedSpec(slot, blueprint, blend, 0.75, Stage.FOSSILIZED)
         seed = build_seed(blueprint, 16, Topology.VECTOR)
         for p in seed.parameters():
@@ -209,11 +226,14 @@ def test_a_saved_network_of_a_plugin_host_and_seed_reloads_bit_for_bit_in_a_fres
     x = torch.randn(3, 16)
     torch.save(network(x).detach(), tmp_path / "expected.pt")
     torch.save(x, tmp_path / "x.pt")
-    check = ("import sys, torch, esper_ray; net = esper_ray.load_grown(sys.argv[1] + '/net', plugins=[sys.argv[2]]); "
-             "x = torch.load(sys.argv[1] + '/x.pt'); assert torch.equal(net(x), torch.load(sys.argv[1] + '/expected.pt')); "
-             "print(type(net.host).__name__)")
-    done = subprocess.run([sys.executable, "-c", check, str(tmp_path), PLUGIN], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)  # the caller names the plug-in it trusts: the file's list is never imported
+    check = (
+        "import sys, torch, esper_ray; net = esper_ray.load_grown(sys.argv[1] + '/net', plugins=[sys.argv[2]]); "
+        "x = torch.load(sys.argv[1] + '/x.pt'); assert torch.equal(net(x), torch.load(sys.argv[1] + '/expected.pt')); "
+        "print(type(net.host).__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check, str(tmp_path), PLUGIN], cwd=REPO, capture_output=True, text=True, timeout=120
+    )  # the caller names the plug-in it trusts: the file's list is never imported
     assert done.returncode == 0 and done.stdout.strip() == "ToyMLP", done.stderr[-2000:]
 
 
@@ -226,23 +246,72 @@ def _yaml(path: Path, content: dict) -> Path:
 @pytest.mark.expensive
 def test_a_plugin_reaches_rays_workers_in_train_eval_and_ab_and_its_network_reloads(ray_local, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--slots", "h0", "h1", "h2", "--rounds", "1",
-                 "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3", "--episodes-per-env", "1",
-                 "--output", str(run)]) == 0  # the env runner is a Ray actor: it imported the plugin to build its env
+    assert (
+        main(
+            [
+                "train",
+                "--plugins",
+                PLUGIN,
+                "--task",
+                "toy-blobs",
+                "--slots",
+                "h0",
+                "h1",
+                "h2",
+                "--rounds",
+                "1",
+                "--envs",
+                "1",
+                "--cpus-per-env",
+                "0.5",
+                "--max-epochs",
+                "3",
+                "--episodes-per-env",
+                "1",
+                "--output",
+                str(run),
+            ]
+        )
+        == 0
+    )  # the env runner is a Ray actor: it imported the plugin to build its env
     capsys.readouterr()
     assert json.loads((run / "config.json").read_text())["plugins"] == [PLUGIN]
     assert main(["eval", "--checkpoint", str(run), "--save", str(tmp_path / "grown"), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     architecture = json.loads((tmp_path / "grown" / "architecture.json").read_text())
-    assert architecture["host"] == "toy-mlp" and architecture["plugins"] == [PLUGIN] and architecture["topology"] == "vector"
+    assert (
+        architecture["host"] == "toy-mlp"
+        and architecture["plugins"] == [PLUGIN]
+        and architecture["topology"] == "vector"
+    )
     network = esper_ray.load_grown(tmp_path / "grown")
     assert network(torch.zeros(2, 16)).shape == (2, 4) and architecture["run"]["test_accuracy"] == row["test_accuracy"]
     # ab: the plugin named in the experiment file's training settings reaches every trial and its env runners
-    experiment = _yaml(tmp_path / "toy.yaml", {
-        "name": "toy", "arms": {"ppo": {"controller": "ppo"}, "heuristic": {"controller": "heuristic"}}, "seeds": [0],
-        "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "metric": "test_accuracy", "alpha": 0.05, "order_seed": 1,
-        "training": {"task": "toy-blobs", "plugins": [PLUGIN], "slots": ["h0", "h1", "h2"], "max_epochs": 3, "envs": 1,
-                     "learners": 0, "cpus_per_env": 0.5, "driver_cpus": 0.5, "learner_cpus": 0.5}})
+    experiment = _yaml(
+        tmp_path / "toy.yaml",
+        {
+            "name": "toy",
+            "arms": {"ppo": {"controller": "ppo"}, "heuristic": {"controller": "heuristic"}},
+            "seeds": [0],
+            "rounds": 1,
+            "last_rounds": 1,
+            "eval_episodes": 1,
+            "metric": "test_accuracy",
+            "alpha": 0.05,
+            "order_seed": 1,
+            "training": {
+                "task": "toy-blobs",
+                "plugins": [PLUGIN],
+                "slots": ["h0", "h1", "h2"],
+                "max_epochs": 3,
+                "envs": 1,
+                "learners": 0,
+                "cpus_per_env": 0.5,
+                "driver_cpus": 0.5,
+                "learner_cpus": 0.5,
+            },
+        },
+    )
     assert main(["ab", str(experiment), "--output", str(tmp_path / "ab")]) == 0
     trials = {t["arm"]: t for t in json.loads((tmp_path / "ab" / "results.json").read_text())["trials"]}
     assert sorted(trials) == ["heuristic", "ppo"]
@@ -256,8 +325,13 @@ def test_a_plugin_reaches_rays_workers_in_train_eval_and_ab_and_its_network_relo
 @pytest.mark.expensive
 @pytest.mark.parametrize("example", ["grow_mlp.py", "grow_cnn.py"])
 def test_the_examples_grow_their_own_host_at_small_settings(example, tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "examples" / example), "--small", "--output", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / example), "--small", "--output", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reloaded the grown network" in done.stdout
     assert "esper-ray train: warning: no seed can be kept in a run of max_epochs=3" in done.stderr  # --small says so
@@ -269,8 +343,10 @@ def test_a_plugin_module_in_the_folder_the_command_runs_in_is_found(tmp_path):
     bin folder, not the working one (docs/plugins.md shows that command). sys.path as the console script has it."""
     parts = (REPO / "tests" / "plugin_parts.py").read_text().replace("tests.plugin_parts:", "my_mod:")  # its own name
     (tmp_path / "my_mod.py").write_text(parts)
-    code = ("import os, sys\nsys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
-            "from esper_ray.cli import main\nsys.exit(main(['host', '--plugins', 'my_mod', '--task', 'toy-blobs']))")
+    code = (
+        "import os, sys\nsys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
+        "from esper_ray.cli import main\nsys.exit(main(['host', '--plugins', 'my_mod', '--task', 'toy-blobs']))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "host toy-mlp (vector)" in done.stdout and "slots h0, h1, h2" in done.stdout
@@ -283,8 +359,10 @@ def test_a_plugin_that_raises_on_import_is_one_line_naming_it_and_where_with_exi
         main(["host", "--plugins", "raising_plugin_74"])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert ("plugins: 'raising_plugin_74' raised RuntimeError on import: no licence file (at "
-            f"{tmp_path / 'raising_plugin_74.py'}:2)") in err
+    assert (
+        "plugins: 'raising_plugin_74' raised RuntimeError on import: no licence file (at "
+        f"{tmp_path / 'raising_plugin_74.py'}:2)"
+    ) in err
 
 
 def test_slots_default_to_the_plugin_hosts_own_and_ab_names_training_slots(tmp_path):
@@ -292,15 +370,22 @@ def test_slots_default_to_the_plugin_hosts_own_and_ab_names_training_slots(tmp_p
     from esper_ray.cli import build_parser, train_config_from_args
     from esper_ray.experiments.spec import ExperimentSpec
 
-    args = build_parser().parse_args(["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--output", str(tmp_path / "r")])
+    args = build_parser().parse_args(
+        ["train", "--plugins", PLUGIN, "--task", "toy-blobs", "--output", str(tmp_path / "r")]
+    )
     assert train_config_from_args(args)[0].slots == ("h0", "h1", "h2")
     args = build_parser().parse_args(["train", "--output", str(tmp_path / "r")])  # a built-in host keeps the default
     assert train_config_from_args(args)[0].slots == ("r0c0", "r0c1", "r0c2")
-    experiment = {"name": "t", "arms": {"a": {"controller": "none"}, "b": {"controller": "heuristic"}}, "seeds": [0, 1],
-                  "training": {"task": "toy-blobs", "plugins": [PLUGIN]}}
+    experiment = {
+        "name": "t",
+        "arms": {"a": {"controller": "none"}, "b": {"controller": "heuristic"}},
+        "seeds": [0, 1],
+        "training": {"task": "toy-blobs", "plugins": [PLUGIN]},
+    }
     assert {tuple(t.train["slots"]) for t in ExperimentSpec.from_mapping(experiment).trials()} == {("h0", "h1", "h2")}
     with pytest.raises(ValueError, match=r"^training\.slots=\['r0c0'\]: slot 'r0c0' does not exist in this host"):
         ExperimentSpec.from_mapping({**experiment, "training": {**experiment["training"], "slots": ["r0c0"]}})
     with pytest.raises(ValueError, match=r"^arms\.b\.slots=\['h9'\]: slot 'h9' does not exist"):
-        ExperimentSpec.from_mapping({**experiment, "arms": {"a": {"controller": "none"},
-                                                            "b": {"controller": "heuristic", "slots": ["h9"]}}})
+        ExperimentSpec.from_mapping(
+            {**experiment, "arms": {"a": {"controller": "none"}, "b": {"controller": "heuristic", "slots": ["h9"]}}}
+        )

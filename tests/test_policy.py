@@ -96,23 +96,27 @@ def test_the_blueprint_bonus_is_the_blueprint_heads_read_weighted_entropy_and_mo
     dist = CausalFactoredDistribution.from_logits(logits, input_lens=NVEC, relevance=relevance_matrix())
     blueprint = HEAD_NAMES.index("blueprint")
     start = sum(NVEC[:blueprint])  # the heads' logits are concatenated in HEAD_NAMES order
-    expected = dist.read_probability()[blueprint - 1] * torch.distributions.Categorical(
-        logits=logits[start:start + NVEC[blueprint]]).entropy()
+    expected = (
+        dist.read_probability()[blueprint - 1]
+        * torch.distributions.Categorical(logits=logits[start : start + NVEC[blueprint]]).entropy()
+    )
     bonus = dist.argument_entropy("blueprint")
     assert float(bonus.detach()) == pytest.approx(float(expected.detach()))
     bonus.backward()
     grad = logits.grad
-    outside = torch.cat([grad[:start], grad[start + NVEC[blueprint]:]])
+    outside = torch.cat([grad[:start], grad[start + NVEC[blueprint] :]])
     assert torch.count_nonzero(outside) == 0  # P(read) is held constant: the op's choice is not pushed
-    assert torch.count_nonzero(grad[start:start + NVEC[blueprint]]) > 0
+    assert torch.count_nonzero(grad[start : start + NVEC[blueprint]]) > 0
     with pytest.raises(ValueError, match="joint head"):
         dist.argument_entropy(HEAD_NAMES[0])
 
 
 def test_the_learners_blueprint_bonus_is_the_coefficient_times_the_masked_mean_and_off_at_zero():
     dist = CausalFactoredDistribution.from_logits(
-        torch.randn(2, 3, sum(NVEC), generator=torch.Generator().manual_seed(5)), input_lens=NVEC,
-        relevance=relevance_matrix())
+        torch.randn(2, 3, sum(NVEC), generator=torch.Generator().manual_seed(5)),
+        input_lens=NVEC,
+        relevance=relevance_matrix(),
+    )
     mask = torch.tensor([[True, True, False], [True, False, False]])  # padded steps never count
     per_step = dist.argument_entropy("blueprint")
     expected = 0.3 * (per_step[0, 0] + per_step[0, 1] + per_step[1, 0]) / 3
@@ -131,7 +135,8 @@ def _module(**config: float) -> tuple[MorphoPolicyModule, MorphogeneticEnv]:
     env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6, "slots": ["r0c0", "r1c0"]})
     torch.manual_seed(0)
     module = MorphoPolicyModule(
-        observation_space=env.observation_space, action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+        observation_space=env.observation_space,
+        action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
         model_config=dict(MODEL_PRESETS["cpu"], max_seq_len=6, **config),
     )
     return module, env
@@ -173,7 +178,10 @@ def test_the_fossilize_prior_makes_an_untrained_policy_commit_a_holding_seed_e_t
 
 def _batch(obs: dict[str, np.ndarray], module: MorphoPolicyModule, batch: int = 1, time: int = 1) -> dict:
     state = {k: torch.as_tensor(v)[None].repeat(batch, 1) for k, v in module.get_initial_state().items()}
-    tensors = {k: torch.as_tensor(np.asarray(v))[None, None].repeat(batch, time, *([1] * np.asarray(v).ndim)) for k, v in obs.items()}
+    tensors = {
+        k: torch.as_tensor(np.asarray(v))[None, None].repeat(batch, time, *([1] * np.asarray(v).ndim))
+        for k, v in obs.items()
+    }
     return {Columns.OBS: tensors, Columns.STATE_IN: state}
 
 
@@ -200,7 +208,10 @@ def test_acting_needs_no_eval_mode_because_no_layer_depends_on_the_mode():
     obs, _ = env.reset(seed=0)
     module.train()
     with torch.no_grad():
-        acting = [module.forward_exploration(_batch(obs, module, batch=2)), module.forward_inference(_batch(obs, module, batch=2))]
+        acting = [
+            module.forward_exploration(_batch(obs, module, batch=2)),
+            module.forward_inference(_batch(obs, module, batch=2)),
+        ]
         assert module.training  # acting did not switch it
         module.eval()
         want = module._forward(_batch(obs, module, batch=2))
@@ -218,9 +229,11 @@ def test_one_step_at_a_time_gives_what_the_whole_sequence_gives(preset):
     Both must give the same outputs and carried state (to float tolerance: the kernels differ)."""
     env = MorphogeneticEnv({"max_epochs": 5, "num_shards": 6, "slots": ["r0c0", "r1c0"]})
     torch.manual_seed(1)
-    module = MorphoPolicyModule(observation_space=env.observation_space,
-                                action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
-                                model_config=dict(MODEL_PRESETS[preset], max_seq_len=6))
+    module = MorphoPolicyModule(
+        observation_space=env.observation_space,
+        action_space=gym.spaces.MultiDiscrete(env.action_space.nvec),
+        model_config=dict(MODEL_PRESETS[preset], max_seq_len=6),
+    )
     obs, _ = env.reset(seed=0)
     observations = [obs]
     for _ in range(4):
@@ -232,8 +245,9 @@ def test_one_step_at_a_time_gives_what_the_whole_sequence_gives(preset):
         whole = module.forward_train({Columns.OBS: sequence, Columns.STATE_IN: initial})
         state, steps = initial, []
         for t in range(len(observations)):
-            out = module.forward_exploration({Columns.OBS: {k: v[:, t : t + 1] for k, v in sequence.items()},
-                                              Columns.STATE_IN: state})
+            out = module.forward_exploration(
+                {Columns.OBS: {k: v[:, t : t + 1] for k, v in sequence.items()}, Columns.STATE_IN: state}
+            )
             steps.append(out[Columns.ACTION_DIST_INPUTS])
             state = out[Columns.STATE_OUT]
     torch.testing.assert_close(torch.cat(steps, dim=1), whole[Columns.ACTION_DIST_INPUTS], rtol=1e-5, atol=1e-5)

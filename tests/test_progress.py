@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from esper_ray.formatting import counted, duration
 from esper_ray.train.output import progress
 from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY, StepReporter, start_step_counter
-from esper_ray.formatting import counted, duration
 from esper_ray.train.output.progress_lines import EPOCH_LINE_SECONDS, EpisodeProgress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +105,10 @@ def test_slow_epochs_get_a_line_each_and_every_episode_one_with_the_time_left():
     assert printed[0] == "[  0m00s] heuristic: 2 episodes of up to 4 epochs (results at the end)"
     assert printed[1] == "[  0m10s] heuristic: episode 0 (1 of 2), epoch 1/4: val acc 25.0%; about 1m10s left"
     assert printed[3] == "[  0m30s] heuristic: episode 0 (1 of 2), epoch 3/4: val acc 25.0%; about 50s left"
-    assert printed[4] == "[  0m40s] heuristic: episode 0 (1 of 2) done in 40s: final acc 50.0%, params kept 1,234; about 40s left"
+    assert (
+        printed[4]
+        == "[  0m40s] heuristic: episode 0 (1 of 2) done in 40s: final acc 50.0%, params kept 1,234; about 40s left"
+    )
     assert printed[-1] == "[  1m20s] heuristic: episode 1 (2 of 2) done in 40s: final acc 50.0%, params kept 1,234"
     assert len(printed) == 1 + 2 * (3 + 1)  # the last epoch of an episode has the episode's line, not its own
 
@@ -118,7 +121,9 @@ def test_fast_epochs_get_no_line_of_their_own_and_the_estimate_counts_an_early_e
         lines.epoch(epoch, {"val_accuracy": 0.5})
     lines.episode_end(0.1, 0, 2.5)  # counted as 25 of 75 epochs in 2.5 s
     printed = out.getvalue().splitlines()
-    assert len(printed) == 2 and printed[1].endswith("episode 0 (1 of 3) done in 2s: final acc 10.0%, params kept 0; about 5s left")
+    assert len(printed) == 2 and printed[1].endswith(
+        "episode 0 (1 of 3) done in 2s: final acc 10.0%, params kept 0; about 5s left"
+    )
 
 
 def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_lines_and_clean_json(tmp_path):
@@ -126,8 +131,25 @@ def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_line
     a line per episode on stderr with the time left, and nothing else there: no Ray warning, no ANSI code."""
     stdout, stderr = tmp_path / "out.json", tmp_path / "err.log"
     with stdout.open("w") as out, stderr.open("w") as err:
-        run = subprocess.run([sys.executable, "-m", "esper_ray.cli", "heuristic", "--task", "digits", "--max-epochs", "2",
-                              "--episodes", "2", "--json"], cwd=REPO, stdout=out, stderr=err, timeout=300)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "esper_ray.cli",
+                "heuristic",
+                "--task",
+                "digits",
+                "--max-epochs",
+                "2",
+                "--episodes",
+                "2",
+                "--json",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            timeout=300,
+        )
     log = stderr.read_text()
     assert run.returncode == 0, log
     assert [row["episode"] for row in json.loads(stdout.read_text())] == [0, 1]
@@ -135,7 +157,11 @@ def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_line
     assert sum(warning in line for line in log.splitlines()) == 1, log
     lines = [line for line in log.splitlines() if warning not in line]
     assert lines[0].endswith("heuristic: 2 episodes of up to 2 epochs (results at the end), torch threads: 1")
-    assert "heuristic: episode 0 (1 of 2) done in " in lines[-2] and lines[-2].endswith(" left") and "; about " in lines[-2]
+    assert (
+        "heuristic: episode 0 (1 of 2) done in " in lines[-2]
+        and lines[-2].endswith(" left")
+        and "; about " in lines[-2]
+    )
     assert "heuristic: episode 1 (2 of 2) done in " in lines[-1]
     assert all(line.startswith("[") for line in lines), log  # progress lines only
     assert "Warning" not in log and "\x1b[" not in log
@@ -144,8 +170,12 @@ def test_the_heuristic_command_with_its_output_in_log_files_writes_progress_line
 def fake_trial(arm: str, seed: int, status: str, last_result: dict | None = None) -> Any:
     from esper_ray.experiments.trial_keys import TRIAL_KEY
 
-    return SimpleNamespace(config={TRIAL_KEY: {"arm": arm, "seed": seed}}, trial_id=f"{arm}{seed}", status=status,
-                           last_result=last_result or {})
+    return SimpleNamespace(
+        config={TRIAL_KEY: {"arm": arm, "seed": seed}},
+        trial_id=f"{arm}{seed}",
+        status=status,
+        last_result=last_result or {},
+    )
 
 
 def ab_events(monkeypatch) -> tuple[list[float], list[str], Any]:
@@ -157,8 +187,12 @@ def ab_events(monkeypatch) -> tuple[list[float], list[str], Any]:
     clock = [1000.0]
     monkeypatch.setattr(runner.time, "time", lambda: clock[0])
     printed: list[str] = []
-    events = TrialEvents(2, 2, {("ppo", 0): TrialWork(2, 2), ("none", 0): TrialWork(0, 2)},
-                         print_fn=lambda text, flush: printed.append(text))
+    events = TrialEvents(
+        2,
+        2,
+        {("ppo", 0): TrialWork(2, 2), ("none", 0): TrialWork(0, 2)},
+        print_fn=lambda text, flush: printed.append(text),
+    )
     return clock, printed, events
 
 
@@ -184,10 +218,13 @@ def test_ab_lines_estimate_the_time_left_from_the_episodes_done_since_the_first_
     ppo.last_result = result  # as Tune keeps it
     events.on_trial_result(1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4})  # a trial's first result has its setup
     assert printed[-1] == "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s; about 1m00s left"
-    events.on_trial_result(1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4, RUNNERS_UP_SECONDS: 20.2,
-                                           RUNNER_INIT_SECONDS: 8.6})  # and its env runners' part of it
-    assert printed[-1] == ("[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s (env runners up "
-                           "after 20 s, then built in 9 s); about 1m00s left")
+    events.on_trial_result(
+        1, [ppo], ppo, {**result, SETUP_SECONDS: 31.4, RUNNERS_UP_SECONDS: 20.2, RUNNER_INIT_SECONDS: 8.6}
+    )  # and its env runners' part of it
+    assert printed[-1] == (
+        "[  0m20s]          ppo/seed0 round 1/2: rollout acc 50.0%; its setup 31 s (env runners up "
+        "after 20 s, then built in 9 s); about 1m00s left"
+    )
     none = fake_trial("none", 0, "TERMINATED")
     clock[0] += 10
     events.on_trial_complete(2, [ppo, none], none)  # 2 + 2 of 8 after 30 s
@@ -287,8 +324,20 @@ def test_a_resumed_ab_run_says_how_many_trials_it_runs_at_once(tmp_path, capsys,
     monkeypatch.setattr(runner.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(runner, "check_tune_folder", lambda *args: True)  # a run Tune left to continue
     monkeypatch.setattr(runner.tune.Tuner, "restore", lambda *args, **kwargs: SimpleNamespace(fit=lambda: None))
-    assert main(["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out), "--resume",
-                 "--max-concurrent-trials", "3"]) == 0
+    assert (
+        main(
+            [
+                "ab",
+                str(REPO / "tune_configs" / "smoke.yaml"),
+                "--output",
+                str(out),
+                "--resume",
+                "--max-concurrent-trials",
+                "3",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "(1 PPO round, then 2 evaluation episodes each)" in printed  # counts with their own plural
     assert "trials at once on 2 CPU: 2 ppo trials at once (1 CPU each)" in printed
@@ -301,10 +350,24 @@ def test_ab_announces_ppo_rounds_only_when_an_arm_trains(tmp_path, capsys, monke
     from esper_ray.experiments import runner
 
     experiment = tmp_path / "baselines.yaml"
-    experiment.write_text(json.dumps({"name": "b", "arms": {"none": {"controller": "none"}, "heuristic": {
-        "controller": "heuristic"}}, "seeds": [0], "rounds": 10, "eval_episodes": 2}))
-    monkeypatch.setattr(runner, "run_experiment", lambda spec, output, **kw: runner.ExperimentOutcome(
-        output, interrupted=True, terminated=False, failed=[], done=0, total=2))
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "b",
+                "arms": {"none": {"controller": "none"}, "heuristic": {"controller": "heuristic"}},
+                "seeds": [0],
+                "rounds": 10,
+                "eval_episodes": 2,
+            }
+        )
+    )
+    monkeypatch.setattr(
+        runner,
+        "run_experiment",
+        lambda spec, output, **kw: runner.ExperimentOutcome(
+            output, interrupted=True, terminated=False, failed=[], done=0, total=2
+        ),
+    )
     assert main(["ab", str(experiment), "--output", str(tmp_path / "out")]) == 130
     printed = capsys.readouterr().out
     assert "(2 evaluation episodes each, no training)" in printed and "PPO round" not in printed, printed

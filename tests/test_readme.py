@@ -28,21 +28,29 @@ SMALL_RUN = {"--envs": "1", "--cpus-per-env": "0.5", "--max-epochs": "2", "--epi
 """A new training run: one env runner, 2-epoch host runs, one episode a round, one round."""
 SMALL_ENV = ["--env", "batch_size=512"]
 SMALL_EPISODES = {"--episodes": "1"}
-TINY_TRAINING = {"task": "digits-impaired", "max_epochs": 2, "envs": 1, "learners": 0, "cpus_per_env": 0.5,
-                 "driver_cpus": 0.5, "learner_cpus": 0.5, "env": {"batch_size": 512}}
+TINY_TRAINING = {
+    "task": "digits-impaired",
+    "max_epochs": 2,
+    "envs": 1,
+    "learners": 0,
+    "cpus_per_env": 0.5,
+    "driver_cpus": 0.5,
+    "learner_cpus": 0.5,
+    "env": {"batch_size": 512},
+}
 
 
 def bash_block(heading: str) -> list[str]:
     """The command lines of the first ```bash block under `## heading`."""
-    section = README[README.index(f"\n## {heading}\n"):]
-    block = section[section.index("```bash\n") + len("```bash\n"):]
-    return [line for line in block[:block.index("```")].splitlines() if line.strip()]
+    section = README[README.index(f"\n## {heading}\n") :]
+    block = section[section.index("```bash\n") + len("```bash\n") :]
+    return [line for line in block[: block.index("```")].splitlines() if line.strip()]
 
 
 def use_table() -> list[str]:
     """The commands of the Use section's table (its first column), in order."""
-    section = README[README.index("\n## Use\n"):]
-    section = section[:section.index("\n## ", 1)]
+    section = README[README.index("\n## Use\n") :]
+    section = section[: section.index("\n## ", 1)]
     return [m.group(1) for m in re.finditer(r"^\| `(esper-ray [^`]+)` \|", section, flags=re.M)]
 
 
@@ -84,8 +92,15 @@ def write_tiny_experiments(folder: Path) -> None:
     """tune_configs/controllers.yaml and smoke.yaml in `folder`, under the names (and experiment names) of the
     repository's, with two seeds, one round and one 2-epoch evaluation episode; smoke keeps its PPO arm."""
     (folder / "tune_configs").mkdir()
-    controllers = {"name": "controllers", "arms": {"heuristic": {"controller": "heuristic"}, "none": {"controller": "none"}},
-                   "seeds": [0, 1], "rounds": 1, "eval_episodes": 1, "max_concurrent_trials": 2, "training": TINY_TRAINING}
+    controllers = {
+        "name": "controllers",
+        "arms": {"heuristic": {"controller": "heuristic"}, "none": {"controller": "none"}},
+        "seeds": [0, 1],
+        "rounds": 1,
+        "eval_episodes": 1,
+        "max_concurrent_trials": 2,
+        "training": TINY_TRAINING,
+    }
     smoke = yaml.safe_load((REPO / "tune_configs" / "smoke.yaml").read_text())
     smoke.update(eval_episodes=1, training={**smoke["training"], **TINY_TRAINING})
     for name, spec in (("controllers", controllers), ("smoke", smoke)):
@@ -103,7 +118,9 @@ def test_the_use_block_acts_only_on_what_the_quick_start_or_an_earlier_line_writ
         if argv[0] == "report":
             reads.append(argv[1])
         for folder in reads:
-            assert folder in written, f"{line!r} reads {folder}, which neither the quick start nor an earlier line writes"
+            assert folder in written, (
+                f"{line!r} reads {folder}, which neither the quick start nor an earlier line writes"
+            )
         if "--output" in argv:
             written.add(argv[argv.index("--output") + 1])
         if argv[0] == "ab":
@@ -114,15 +131,19 @@ def test_the_use_block_acts_only_on_what_the_quick_start_or_an_earlier_line_writ
 
 
 def test_the_readme_lists_every_task_and_every_other_host_of_a_task():
-    tasks = README[README.index("\nTasks ("):]
-    tasks = tasks[:tasks.index("\n\n")]
+    tasks = README[README.index("\nTasks (") :]
+    tasks = tasks[: tasks.index("\n\n")]
     named = set(re.findall(r"`([a-z0-9-]+)`", tasks))
     others = {preset for presets in HOST_PRESET_CHOICES.values() for preset in presets}
-    assert set(TASKS) | others <= named, f"the README's Tasks paragraph leaves out {sorted(set(TASKS) | others - named)}"
+    assert set(TASKS) | others <= named, (
+        f"the README's Tasks paragraph leaves out {sorted(set(TASKS) | others - named)}"
+    )
 
 
 @pytest.mark.expensive
-def test_the_readmes_commands_run_in_order_in_a_fresh_folder_and_git_ignores_what_they_write(ray_local, tmp_path, monkeypatch, capsys):
+def test_the_readmes_commands_run_in_order_in_a_fresh_folder_and_git_ignores_what_they_write(
+    ray_local, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     write_tiny_experiments(tmp_path)
     commands = [bash_block("Quick start")[0].split("&&")[-1]] + use_table()
@@ -130,7 +151,9 @@ def test_the_readmes_commands_run_in_order_in_a_fresh_folder_and_git_ignores_wha
         argv = small(argv_of(line))
         code = main(argv)
         printed = capsys.readouterr()
-        assert code == 0, f"`esper-ray {shlex.join(argv)}` (README: {line.strip()}) exited {code}:\n{printed.out}\n{printed.err}"
+        assert code == 0, (
+            f"`esper-ray {shlex.join(argv)}` (README: {line.strip()}) exited {code}:\n{printed.out}\n{printed.err}"
+        )
     # The README's Python example, on the network the Use block saved
     assert 'esper_ray.load_grown("grown/")' in README
     assert not esper_ray.load_grown("grown/").training
@@ -140,9 +163,13 @@ def test_the_readmes_commands_run_in_order_in_a_fresh_folder_and_git_ignores_wha
     git = shutil.which("git")
     if git is None or not (REPO / ".git").exists():
         pytest.skip("no git here to ask what the repository ignores")
-    written = [p.relative_to(tmp_path) for p in tmp_path.iterdir() if p.name != "tune_configs"]  # ours, not the README's
+    written = [
+        p.relative_to(tmp_path) for p in tmp_path.iterdir() if p.name != "tune_configs"
+    ]  # ours, not the README's
     assert written
     for path in written:
         inside = next(f for f in (tmp_path / path).rglob("*") if f.is_file()).relative_to(tmp_path)
-        ignored = subprocess.run([git, "-C", str(REPO), "check-ignore", "-q", "--no-index", str(inside)]).returncode == 0
+        ignored = (
+            subprocess.run([git, "-C", str(REPO), "check-ignore", "-q", "--no-index", str(inside)]).returncode == 0
+        )
         assert ignored, f"{inside}, written by the README's commands, is not ignored by .gitignore"

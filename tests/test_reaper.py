@@ -14,11 +14,21 @@ from esper_ray.train.process import reaper
 def test_the_watcher_ends_a_killed_commands_descendants_and_needs_no_ray():
     """The watcher runs with its stderr discarded, so a watcher that cannot start (psutil not importable without Ray
     imported first, as with Ray's vendored copy) would leave every Ray process of a `kill -9`ed command running."""
-    command = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
-                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                                "time.sleep(120)"])
-    watcher = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "esper_ray.train.process.reaper", str(command.pid)],
-                               stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "time.sleep(120)",
+        ]
+    )
+    watcher = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "esper_ray.train.process.reaper", str(command.pid)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 30

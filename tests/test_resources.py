@@ -21,12 +21,17 @@ def test_dashboard_line_says_how_to_sign_in_when_the_cluster_asks_for_a_token():
 def test_native_stderr_is_passed_on_without_rays_log_level_notice(capfd):
     with native_stderr_without(LOG_LEVEL_NOTICE):
         # as the core worker writes it: straight to file descriptor 2, not through sys.stderr
-        os.write(2, b"[2026-01-01 I 1 1] logging.cc:303: " + LOG_LEVEL_NOTICE.encode() + b" RAY_BACKEND_LOG_LEVEL to 3\n")
+        os.write(
+            2, b"[2026-01-01 I 1 1] logging.cc:303: " + LOG_LEVEL_NOTICE.encode() + b" RAY_BACKEND_LOG_LEVEL to 3\n"
+        )
         os.write(2, b"a real error from C++\n")
         print("python's own warning", file=sys.stderr)
     err = capfd.readouterr().err
     assert "logging.cc" not in err and LOG_LEVEL_NOTICE not in err
-    assert sorted(err.splitlines()) == ["a real error from C++", "python's own warning"]  # (capfd takes sys.stderr apart)
+    assert sorted(err.splitlines()) == [
+        "a real error from C++",
+        "python's own warning",
+    ]  # (capfd takes sys.stderr apart)
     os.write(2, b"after\n")  # file descriptor 2 is the terminal's again
     assert capfd.readouterr().err == "after\n"
 
@@ -46,8 +51,10 @@ def test_no_address_starts_a_local_ray_even_where_a_cluster_is_recorded_or_named
         os.makedirs(os.path.join(temp, "ray"))
         with open(os.path.join(temp, "ray", "ray_current_cluster"), "w") as f:
             f.write("127.0.0.1:1")
-        code = ("from esper_ray.train.process.resources import connect_ray; import ray; connect_ray(None, log=lambda line: None); "
-                "print('CPUs', int(ray.cluster_resources()['CPU'])); ray.shutdown()")
+        code = (
+            "from esper_ray.train.process.resources import connect_ray; import ray; connect_ray(None, log=lambda line: None); "
+            "print('CPUs', int(ray.cluster_resources()['CPU'])); ray.shutdown()"
+        )
         for extra in ({}, {"RAY_ADDRESS": "127.0.0.1:1"}):
             env = {**os.environ, "RAY_TMPDIR": temp, "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled", **extra}
             run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

@@ -22,18 +22,40 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def slot(**kw) -> SlotSignal:
-    base = dict(slot_id="r0c1", stage_before=Stage.HOLDING, stage_after=Stage.HOLDING, epochs_in_stage_before=6,
-                epochs_in_stage_after=7, age=20, contribution=0.03, accuracy_at_germination=0.60, seed_params=500,
-                alpha_before=1.0, alpha_after=1.0)
+    base = dict(
+        slot_id="r0c1",
+        stage_before=Stage.HOLDING,
+        stage_after=Stage.HOLDING,
+        epochs_in_stage_before=6,
+        epochs_in_stage_after=7,
+        age=20,
+        contribution=0.03,
+        accuracy_at_germination=0.60,
+        seed_params=500,
+        alpha_before=1.0,
+        alpha_after=1.0,
+    )
     base.update(kw)
     return SlotSignal(**base)
 
 
 def signal(**kw) -> StepSignal:
-    base = dict(epoch=30, max_epochs=100, op=Op.WAIT, target_slot=None, action_success=True, val_accuracy=0.70,
-                prev_val_accuracy=0.69, initial_val_accuracy=0.10, val_loss=1.0, prev_val_loss=1.1,
-                random_guess_loss=math.log(10), committed_accuracy=0.67, host_params=6000,
-                slots=(slot(),))
+    base = dict(
+        epoch=30,
+        max_epochs=100,
+        op=Op.WAIT,
+        target_slot=None,
+        action_success=True,
+        val_accuracy=0.70,
+        prev_val_accuracy=0.69,
+        initial_val_accuracy=0.10,
+        val_loss=1.0,
+        prev_val_loss=1.1,
+        random_guess_loss=math.log(10),
+        committed_accuracy=0.67,
+        host_params=6000,
+        slots=(slot(),),
+    )
     base.update(kw)
     return StepSignal(**base)
 
@@ -49,25 +71,47 @@ def test_loss_family_rewards_a_falling_loss_above_a_rising_one():
 
 def test_shaped_fossilizing_a_helpful_seed_beats_pruning_it():
     cfg = RewardConfig(mode="shaped")
-    fossilize = signal(op=Op.FOSSILIZE, target_slot="r0c1", slots=(slot(stage_after=Stage.FOSSILIZED, epochs_in_stage_after=0),))
-    prune = signal(op=Op.PRUNE, target_slot="r0c1",
-                   slots=(slot(stage_after=Stage.PRUNED, epochs_in_stage_after=0, alpha_after=0.0),))
+    fossilize = signal(
+        op=Op.FOSSILIZE, target_slot="r0c1", slots=(slot(stage_after=Stage.FOSSILIZED, epochs_in_stage_after=0),)
+    )
+    prune = signal(
+        op=Op.PRUNE,
+        target_slot="r0c1",
+        slots=(slot(stage_after=Stage.PRUNED, epochs_in_stage_after=0, alpha_after=0.0),),
+    )
     assert compute_reward(fossilize, cfg).total > compute_reward(prune, cfg).total + 1.0
 
 
 def test_shaped_pruning_a_harmful_seed_beats_fossilizing_it():
     cfg = RewardConfig(mode="shaped")
     harmful = dict(contribution=-0.02)
-    fossilize = signal(op=Op.FOSSILIZE, target_slot="r0c1", committed_accuracy=0.72,
-                       slots=(slot(stage_after=Stage.FOSSILIZED, epochs_in_stage_after=0, **harmful),))
-    prune = signal(op=Op.PRUNE, target_slot="r0c1", committed_accuracy=0.72,
-                   slots=(slot(stage_after=Stage.PRUNED, epochs_in_stage_after=0, alpha_after=0.0, **harmful),))
+    fossilize = signal(
+        op=Op.FOSSILIZE,
+        target_slot="r0c1",
+        committed_accuracy=0.72,
+        slots=(slot(stage_after=Stage.FOSSILIZED, epochs_in_stage_after=0, **harmful),),
+    )
+    prune = signal(
+        op=Op.PRUNE,
+        target_slot="r0c1",
+        committed_accuracy=0.72,
+        slots=(slot(stage_after=Stage.PRUNED, epochs_in_stage_after=0, alpha_after=0.0, **harmful),),
+    )
     assert compute_reward(prune, cfg).total > compute_reward(fossilize, cfg).total
 
 
 def test_pbrs_matches_a_hand_computation():
     cfg = RewardConfig(mode="simplified", gamma=0.9)
-    s = signal(slots=(slot(stage_before=Stage.TRAINING, stage_after=Stage.BLENDING, epochs_in_stage_before=10, epochs_in_stage_after=0),))
+    s = signal(
+        slots=(
+            slot(
+                stage_before=Stage.TRAINING,
+                stage_after=Stage.BLENDING,
+                epochs_in_stage_before=10,
+                epochs_in_stage_after=0,
+            ),
+        )
+    )
     # Phi(TRAINING, 10 epochs) = 2.0 + min(3.0, 2.0) = 4.0 ; Phi(BLENDING, 0) = 3.5
     assert potential(Stage.TRAINING, 10) == 4.0 and potential(Stage.BLENDING, 0) == 3.5
     assert compute_reward(s, cfg).components["pbrs"] == pytest.approx(0.3 * (0.9 * 3.5 - 4.0))
@@ -84,8 +128,14 @@ def test_sparse_is_zero_until_the_last_step_then_committed_accuracy_minus_parame
 def test_basic_terminal_pays_the_improvement_since_the_episode_began():
     cfg = RewardConfig(mode="basic")
     empty = (slot(stage_before=Stage.DORMANT, stage_after=Stage.DORMANT, seed_params=0, contribution=None),)
-    last = signal(epoch=100, val_accuracy=0.70, prev_val_accuracy=0.70, initial_val_accuracy=0.10, committed_accuracy=0.70,
-                  slots=empty)
+    last = signal(
+        epoch=100,
+        val_accuracy=0.70,
+        prev_val_accuracy=0.70,
+        initial_val_accuracy=0.10,
+        committed_accuracy=0.70,
+        slots=empty,
+    )
     assert compute_reward(last, cfg).components["terminal"] == pytest.approx(5.0 * 0.60)
 
 
@@ -95,7 +145,9 @@ def test_terminal_rewards_score_the_committed_model_not_the_seeds_on_probation(m
     cfg = RewardConfig(mode=mode)
     holding = signal(epoch=100, val_accuracy=0.70, committed_accuracy=0.40)
     committed = signal(epoch=100, val_accuracy=0.40, committed_accuracy=0.40)
-    assert compute_reward(holding, cfg).components["terminal"] == pytest.approx(compute_reward(committed, cfg).components["terminal"])
+    assert compute_reward(holding, cfg).components["terminal"] == pytest.approx(
+        compute_reward(committed, cfg).components["terminal"]
+    )
 
 
 def test_escrow_pays_credit_changes_and_takes_back_unfossilized_credit_at_the_end():
@@ -114,13 +166,17 @@ def test_escrow_pays_credit_changes_and_takes_back_unfossilized_credit_at_the_en
     final = compute_reward(signal(epoch=100, slots=(held,)), cfg)
     assert final.components["escrow_forfeit"] == pytest.approx(-math.sqrt(30.0))
     assert final.escrow_credits["r0c1"] == 0.0
-    pruned = compute_reward(signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(escrow_credit=3.0, stage_after=Stage.PRUNED),)), cfg)
+    pruned = compute_reward(
+        signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(escrow_credit=3.0, stage_after=Stage.PRUNED),)), cfg
+    )
     assert pruned.components["escrow_delta"] == pytest.approx(-2.0) and pruned.escrow_credits["r0c1"] == 1.0
 
 
 @pytest.mark.parametrize("mode", ["simplified", "sparse", "basic", "escrow"])
 def test_loss_family_with_a_non_shaped_mode_fails_at_config_time(mode):
-    with pytest.raises(ValueError, match=f"reward_family='loss' works only with reward_mode='shaped', got reward_mode='{mode}'"):
+    with pytest.raises(
+        ValueError, match=f"reward_family='loss' works only with reward_mode='shaped', got reward_mode='{mode}'"
+    ):
         RewardConfig(mode=mode, family="loss")
 
 
@@ -131,8 +187,12 @@ def test_reward_config_is_frozen():
 
 def test_minimal_is_sparse_plus_a_cost_for_pruning_a_young_seed():
     cfg = RewardConfig(mode="minimal")
-    young = compute_reward(signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=3, stage_after=Stage.EMBARGOED),)), cfg)
-    old = compute_reward(signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=8, stage_after=Stage.EMBARGOED),)), cfg)
+    young = compute_reward(
+        signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=3, stage_after=Stage.EMBARGOED),)), cfg
+    )
+    old = compute_reward(
+        signal(op=Op.PRUNE, target_slot="r0c1", slots=(slot(age=8, stage_after=Stage.EMBARGOED),)), cfg
+    )
     assert young.total == pytest.approx(-0.1) and old.total == 0.0  # not terminal: sparse pays nothing yet
     end = compute_reward(signal(epoch=100), cfg)
     assert end.total == pytest.approx(compute_reward(signal(epoch=100), RewardConfig(mode="sparse")).total)
@@ -140,19 +200,27 @@ def test_minimal_is_sparse_plus_a_cost_for_pruning_a_young_seed():
 
 def test_basic_plus_pays_30_percent_of_the_fossilize_bonus_then_drips_the_rest_for_contribution():
     cfg = RewardConfig(mode="basic_plus")
-    fossilizing = signal(op=Op.FOSSILIZE, target_slot="r0c1", slots=(slot(stage_after=Stage.FOSSILIZED, contribution=0.03),))
+    fossilizing = signal(
+        op=Op.FOSSILIZE, target_slot="r0c1", slots=(slot(stage_after=Stage.FOSSILIZED, contribution=0.03),)
+    )
     full_bonus = compute_reward(fossilizing, RewardConfig(mode="basic")).components["fossilize"]
     paid = compute_reward(fossilizing, cfg)
     assert full_bonus > 0 and paid.components["fossilize"] == pytest.approx(0.3 * full_bonus)
     pool = paid.drip_pools["r0c1"]
     assert pool == pytest.approx(0.7 * full_bonus) and paid.components["drip"] == 0.0
     # an epoch later (70 left): drip_scale = pool / 70, times the fossil's contribution in pp (2), clipped at +0.1
-    later = signal(epoch=30, slots=(slot(stage_before=Stage.FOSSILIZED, stage_after=Stage.FOSSILIZED, drip_pool=pool,
-                                         contribution_after=0.02),))
+    later = signal(
+        epoch=30,
+        slots=(
+            slot(stage_before=Stage.FOSSILIZED, stage_after=Stage.FOSSILIZED, drip_pool=pool, contribution_after=0.02),
+        ),
+    )
     dripped = compute_reward(later, cfg)
     assert dripped.components["drip"] == pytest.approx(min(pool / 70 * 2.0, 0.1))
     assert dripped.drip_pools["r0c1"] == pytest.approx(pool - pool / 70)
-    hurting = compute_reward(dataclasses.replace(later, slots=(dataclasses.replace(later.slots[0], contribution_after=-0.5),)), cfg)
+    hurting = compute_reward(
+        dataclasses.replace(later, slots=(dataclasses.replace(later.slots[0], contribution_after=-0.5),)), cfg
+    )
     assert hurting.components["drip"] == pytest.approx(-0.05)  # a fossil that hurts loses a little, clipped
 
 
@@ -168,9 +236,16 @@ def test_shaped_pays_a_synergy_bonus_for_positive_pair_interactions():
 HOST_CURVE = (0.20, 0.24, 0.27, 0.29, 0.30, 0.31, 0.32, 0.33, 0.33, 0.34, 0.34, 0.35, 0.35)
 
 
-def committed_episode(fossilize_at: int | None, *, host=HOST_CURVE,
-                      gain: float = 0.10, planted_at: int = 1, blends_at: int = 3, host_params: int = 160,
-                      seed_params: int = 320) -> list[StepSignal]:
+def committed_episode(
+    fossilize_at: int | None,
+    *,
+    host=HOST_CURVE,
+    gain: float = 0.10,
+    planted_at: int = 1,
+    blends_at: int = 3,
+    host_params: int = 160,
+    seed_params: int = 320,
+) -> list[StepSignal]:
     """A constructed run of len(host) steps: the host's own accuracy curve `host`; a seed planted by step
     `planted_at` that adds `gain` from step `blends_at` on (alpha 1), fossilized at step `fossilize_at` or left
     holding. A seed left on probation is dropped at the end: the committed model is the host alone, which has
@@ -191,14 +266,32 @@ def committed_episode(fossilize_at: int | None, *, host=HOST_CURVE,
         val = host[t] + (gain if alpha > 0 else 0.0)
         prev = host[t - 1] + (gain if before_alpha > 0 else 0.0)
         committed = val if stage is Stage.FOSSILIZED or alpha == 0 else host[t] - gain
-        steps.append(signal(
-            epoch=t, max_epochs=T, op=op, target_slot=target, val_accuracy=val, prev_val_accuracy=prev,
-            initial_val_accuracy=host[0], committed_accuracy=committed, host_params=host_params,
-            slots=(slot(stage_before=before_stage, stage_after=stage, epochs_in_stage_before=before_in_stage,
-                        epochs_in_stage_after=in_stage, alpha_before=before_alpha, alpha_after=alpha,
+        steps.append(
+            signal(
+                epoch=t,
+                max_epochs=T,
+                op=op,
+                target_slot=target,
+                val_accuracy=val,
+                prev_val_accuracy=prev,
+                initial_val_accuracy=host[0],
+                committed_accuracy=committed,
+                host_params=host_params,
+                slots=(
+                    slot(
+                        stage_before=before_stage,
+                        stage_after=stage,
+                        epochs_in_stage_before=before_in_stage,
+                        epochs_in_stage_after=in_stage,
+                        alpha_before=before_alpha,
+                        alpha_after=alpha,
                         seed_params=seed_params if stage is not Stage.DORMANT else 0,
-                        contribution=gain if before_alpha > 0 else None, accuracy_at_germination=host[0]),),
-        ))
+                        contribution=gain if before_alpha > 0 else None,
+                        accuracy_at_germination=host[0],
+                    ),
+                ),
+            )
+        )
     return steps
 
 
@@ -238,7 +331,9 @@ def test_the_default_reward_pays_at_least_as_much_for_a_fossilized_contributing_
     probation = discounted_return(committed_episode(None, gain=gain), cfg)
     assert fossilized >= probation + 100 * gain  # at least the seed's contribution, which the end of the run drops
     shaped = RewardConfig(mode="shaped")  # the reward this replaced paid for never committing
-    assert discounted_return(committed_episode(4, gain=gain), shaped) < discounted_return(committed_episode(None, gain=gain), shaped)
+    assert discounted_return(committed_episode(4, gain=gain), shaped) < discounted_return(
+        committed_episode(None, gain=gain), shaped
+    )
 
 
 def test_committed_end_of_run_takes_back_exactly_what_the_seeds_on_probation_add():
@@ -252,9 +347,25 @@ def test_reward_terms_measurement_runs_and_under_committed_a_fossil_is_worth_mor
     """measurements/reward_terms.py (issue 30's "measure first"), at small settings: it prints a table per mode and
     writes its figures. The fixed seed fossilizes at step 17, so 19 epochs leave it two epochs in the run."""
     out = tmp_path / "terms.json"
-    run = subprocess.run([sys.executable, "measurements/reward_terms.py", "--episodes", "1", "--max-epochs", "19",
-                          "--modes", "committed", "shaped", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "measurements/reward_terms.py",
+            "--episodes",
+            "1",
+            "--max-epochs",
+            "19",
+            "--modes",
+            "committed",
+            "shaped",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "## committed" in run.stdout and "## shaped" in run.stdout
     figures = json.loads(out.read_text())
@@ -267,9 +378,33 @@ def test_blueprint_returns_measurement_pairs_every_plan_with_the_bare_host_on_th
     plan runs the same episodes, on the shard each episode is given, and its table reads gains against the bare host.
     Episodes too short for a lifecycle: a plan that cannot fossilize keeps nothing, and its gain is measured anyway."""
     out = tmp_path / "returns.json"
-    run = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--task", "digits-impaired", "--max-epochs", "2",
-                          "--episodes", "4", "--num-shards", "2", "--epochs", "0", "1", "--slot", "r0c1", "--workers", "1",
-                          "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "measurements/blueprint_returns.py",
+            "--task",
+            "digits-impaired",
+            "--max-epochs",
+            "2",
+            "--episodes",
+            "4",
+            "--num-shards",
+            "2",
+            "--epochs",
+            "0",
+            "1",
+            "--slot",
+            "r0c1",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(out.read_text())
     plans = {r["plan"] for r in figures["rows"]}
@@ -307,9 +442,32 @@ def test_blueprint_returns_with_a_first_seed_plants_it_in_every_plan_but_the_bar
     the table has it alone, and the bare host stays bare. Two epochs: the first seed is still in TRAINING, so no
     second one can be planted (one seed in TRAINING at a time) and every plan with it equals it alone."""
     out = tmp_path / "returns.json"
-    run = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--task", "digits-impaired", "--max-epochs", "2",
-                          "--episodes", "2", "--epochs", "0", "--slot", "r0c2", "--first", "conv_heavy@r0c1", "--workers", "1",
-                          "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "measurements/blueprint_returns.py",
+            "--task",
+            "digits-impaired",
+            "--max-epochs",
+            "2",
+            "--episodes",
+            "2",
+            "--epochs",
+            "0",
+            "--slot",
+            "r0c2",
+            "--first",
+            "conv_heavy@r0c1",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     by_plan: dict[str, list[dict]] = {}
@@ -322,6 +480,14 @@ def test_blueprint_returns_with_a_first_seed_plants_it_in_every_plan_but_the_bar
     for plan, plan_rows in by_plan.items():
         if plan != "none":
             assert all(r["germinated"] == 1 and r["curve"] == alone[r["episode"]]["curve"] for r in plan_rows), plan
-    bad = subprocess.run([sys.executable, "measurements/blueprint_returns.py", "--slot", "r0c1", "--first", "conv_heavy@r0c1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--first conv_heavy@r0c1: must be BLUEPRINT@SLOT in a slot other than --slot r0c1" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, "measurements/blueprint_returns.py", "--slot", "r0c1", "--first", "conv_heavy@r0c1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        bad.returncode == 2
+        and "--first conv_heavy@r0c1: must be BLUEPRINT@SLOT in a slot other than --slot r0c1" in bad.stderr
+    )

@@ -12,8 +12,10 @@ from esper_ray.experiments.spec import ExperimentSpec
 
 
 def trial(seed: int, accuracy: list[float], status: str = FINISHED, arm: str = "ppo") -> TrialResult:
-    history = [{"round": float(r), "final_accuracy": a, "fossilized": 0.1 * seed, "pruned": float(r % 2)}
-               for r, a in enumerate(accuracy, start=1)]
+    history = [
+        {"round": float(r), "final_accuracy": a, "fossilized": 0.1 * seed, "pruned": float(r % 2)}
+        for r, a in enumerate(accuracy, start=1)
+    ]
     return TrialResult(arm, seed, seed, ControllerKind.PPO, status, history=history)
 
 
@@ -43,11 +45,19 @@ def test_a_curve_is_level_from_the_first_block_every_later_block_stays_near():
 
 
 def test_the_report_section_lists_ppo_arms_only_with_their_level():
-    spec = ExperimentSpec.from_mapping({"name": "t", "arms": {"ppo": {}, "none": {"controller": "none"}},
-                                        "seeds": [0, 1], "rounds": 40, "training": {"task": "digits-impaired"}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            "name": "t",
+            "arms": {"ppo": {}, "none": {"controller": "none"}},
+            "seeds": [0, 1],
+            "rounds": 40,
+            "training": {"task": "digits-impaired"},
+        }
+    )
     flat = [0.2] * 10 + [0.4] * 30
-    record = ExperimentRecord(spec, 1, False, [trial(0, flat), trial(1, flat),
-                                               TrialResult("none", 0, 2, ControllerKind.NONE, FINISHED)])
+    record = ExperimentRecord(
+        spec, 1, False, [trial(0, flat), trial(1, flat), TrialResult("none", 0, 2, ControllerKind.NONE, FINISHED)]
+    )
     text = "\n".join(block_lines(record))
     assert block_size(40) == 10 and block_size(12) == 4
     assert "**ppo**: level from rounds 11-20" in text and "**none**" not in text
@@ -58,20 +68,36 @@ def test_the_blueprint_planted_most_and_its_share_per_block():
     """Two trials that plant attention ever more often than mlp: per block the blueprint planted most and its share
     of the germinations (means over trials of per-trial means, as the other figures); runs without the record show
     no such row."""
+
     def planting(seed: int, attention: list[float], mlp: list[float]) -> TrialResult:
         t = trial(seed, [0.4] * len(attention))
         for row, a, b in zip(t.history, attention, mlp):
-            row.update({"by_blueprint/germinated_attention": a, "by_blueprint/germinated_mlp": b,
-                        "by_blueprint/fossilized_attention": 0.0})
+            row.update(
+                {
+                    "by_blueprint/germinated_attention": a,
+                    "by_blueprint/germinated_mlp": b,
+                    "by_blueprint/fossilized_attention": 0.0,
+                }
+            )
         return t
 
-    trials = [planting(0, [0.1, 0.1, 0.9, 0.9], [0.9, 0.9, 0.1, 0.1]), planting(1, [0.2, 0.4, 0.6, 1.0], [0.8, 0.6, 0.4, 0.0])]
+    trials = [
+        planting(0, [0.1, 0.1, 0.9, 0.9], [0.9, 0.9, 0.1, 0.1]),
+        planting(1, [0.2, 0.4, 0.6, 1.0], [0.8, 0.6, 0.4, 0.0]),
+    ]
     blocks = rollout_blocks(trials, rounds=4, size=2)
     assert blocks[0].planted == pytest.approx({"attention": np.mean([0.1, 0.3]), "mlp": np.mean([0.9, 0.7])})
     assert blocks[0].most_planted() == ("mlp", pytest.approx(0.8))  # 0.8 of 1.0 germination an episode
     assert blocks[1].most_planted() == ("attention", pytest.approx(np.mean([0.9, 0.8])))
-    spec = ExperimentSpec.from_mapping({"name": "t", "arms": {"ppo": {}, "none": {"controller": "none"}},
-                                        "seeds": [0, 1], "rounds": 4, "training": {"task": "digits-impaired"}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            "name": "t",
+            "arms": {"ppo": {}, "none": {"controller": "none"}},
+            "seeds": [0, 1],
+            "rounds": 4,
+            "training": {"task": "digits-impaired"},
+        }
+    )
     text = "\n".join(block_lines(ExperimentRecord(spec, 1, False, trials)))
     assert "| most planted (share of germinations) | mlp 0.80 | attention 0.85 |" in text
     assert "most planted" not in "\n".join(block_lines(ExperimentRecord(spec, 1, False, [trial(0, [0.4] * 4)])))

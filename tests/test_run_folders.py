@@ -29,8 +29,13 @@ def test_printed_resume_commands_are_shell_quoted(tmp_path, capsys, monkeypatch)
     experiment = folder / "my exp.yaml"
     shutil.copy(REPO / "tune_configs" / "smoke.yaml", experiment)
     output = folder / "my 'run'"
-    monkeypatch.setattr(runner, "run_experiment", lambda spec, output, **kw: runner.ExperimentOutcome(
-        output, interrupted=True, terminated=False, failed=[], done=0, total=4))
+    monkeypatch.setattr(
+        runner,
+        "run_experiment",
+        lambda spec, output, **kw: runner.ExperimentOutcome(
+            output, interrupted=True, terminated=False, failed=[], done=0, total=4
+        ),
+    )
     assert main(["ab", str(experiment), "--output", str(output)]) == 130
     [line] = [line for line in capsys.readouterr().err.splitlines() if "resume with: " in line]
     command = line.split("resume with: ", 1)[1]
@@ -91,10 +96,19 @@ def test_a_second_ab_on_a_run_folder_is_refused_naming_the_process_that_holds_it
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
     """kill -9 leaves run.lock behind, naming a process that no longer runs: the next command takes it over."""
     out = tmp_path / "run"
-    holder = subprocess.run([sys.executable, "-c", "import os, signal, sys; from pathlib import Path; "
-                             "from esper_ray.train.folders.run_lock import run_folder_lock; "
-                             "cm = run_folder_lock(Path(sys.argv[1])); cm.__enter__(); print(os.getpid(), flush=True); "
-                             "os.kill(os.getpid(), signal.SIGKILL)", str(out)], capture_output=True, text=True)
+    holder = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pathlib import Path; "
+            "from esper_ray.train.folders.run_lock import run_folder_lock; "
+            "cm = run_folder_lock(Path(sys.argv[1])); cm.__enter__(); print(os.getpid(), flush=True); "
+            "os.kill(os.getpid(), signal.SIGKILL)",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     dead = int(holder.stdout)
     assert holder.returncode == -signal.SIGKILL and (out / "run.lock").read_text().strip() == str(dead)
 
@@ -110,6 +124,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", ["train", "ab", "eval --save"])
 def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, capsys, monkeypatch, command):
     """--output below a file (or on a read-only file system) was a traceback after Ray started (issue 69, item 6)."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the command went on to start Ray")
 
@@ -117,9 +132,11 @@ def test_an_unusable_output_is_refused_in_one_line_before_ray_starts(tmp_path, c
     monkeypatch.setattr("esper_ray.experiments.runner.connect_ray", refuse)
     (tmp_path / "a file").write_text("not a folder")
     out = tmp_path / "a file" / "run"
-    args = {"train": ["train", "--task", "digits", "--output", str(out)],
-            "ab": ["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)],
-            "eval --save": ["eval", "--checkpoint", str(tmp_path / "no run"), "--save", str(out)]}[command]
+    args = {
+        "train": ["train", "--task", "digits", "--output", str(out)],
+        "ab": ["ab", str(REPO / "tune_configs" / "smoke.yaml"), "--output", str(out)],
+        "eval --save": ["eval", "--checkpoint", str(tmp_path / "no run"), "--save", str(out)],
+    }[command]
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
@@ -153,8 +170,10 @@ def test_a_folder_a_run_left_before_its_first_checkpoint_is_taken_by_a_new_run(t
         main(["train", "--resume", str(out), "--rounds", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1, err
-    assert f"the run there saved no checkpoint (it stopped before its first), so there is nothing to continue; start it " \
-           f"again with --output {out} (without --resume)" in err[0]
+    assert (
+        f"the run there saved no checkpoint (it stopped before its first), so there is nothing to continue; start it "
+        f"again with --output {out} (without --resume)" in err[0]
+    )
 
     def started(*args, **kwargs):
         raise RayWouldStart()

@@ -119,7 +119,9 @@ def test_hodges_lehmann_interval_is_the_set_of_shifts_the_exact_test_does_not_re
     d = np.array([0.031, -0.012, 0.054, 0.022, 0.047, 0.008, 0.066, 0.015])
     estimate, interval = hodges_lehmann(d)
     walsh = walsh_averages(d)
-    assert len(walsh) == 36 and estimate == pytest.approx(np.median([(x + y) / 2 for x, y in itertools.combinations_with_replacement(d, 2)]))
+    assert len(walsh) == 36 and estimate == pytest.approx(
+        np.median([(x + y) / 2 for x, y in itertools.combinations_with_replacement(d, 2)])
+    )
     assert interval.level == pytest.approx(1 - 2 * 5 / 256)  # n = 8: k = 3, P(T+ <= 3) = 5 / 256
     midpoints = (walsh[1:] + walsh[:-1]) / 2
     for theta in midpoints:

@@ -56,7 +56,12 @@ def _round_result(per_runner: list[list[BaseException]], lifetime: int, root: Me
     root.aggregate(leaves, key=m.ENV_RUNNERS)
     runners = {k: v.peek() for k, v in root.reduce()[m.ENV_RUNNERS].items()}
     runners[m.ENV_STEP_FAILURES] = lifetime
-    return {m.ENV_RUNNERS: runners, "training_iteration": 3, "time_this_iter_s": 1.0, "num_env_steps_sampled_lifetime": 10}
+    return {
+        m.ENV_RUNNERS: runners,
+        "training_iteration": 3,
+        "time_this_iter_s": 1.0,
+        "num_env_steps_sampled_lifetime": 10,
+    }
 
 
 def test_the_round_line_names_each_distinct_error_once_with_its_count():
@@ -103,7 +108,11 @@ def test_an_ab_trials_round_event_names_its_failed_steps():
     events.on_trial_result(0, [], trial, {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
     summary = summarize_round(_round_result([[], []], lifetime=1))
     events.on_trial_result(0, [], trial, {SUMMARY_PREFIX + k: v for k, v in summary.as_dict().items()})
-    assert "ppo/seed3 round 3/5" in printed[0] and "FAILED env steps 1" in printed[0] and "ValueError: bad blueprint" in printed[0]
+    assert (
+        "ppo/seed3 round 3/5" in printed[0]
+        and "FAILED env steps 1" in printed[0]
+        and "ValueError: bad blueprint" in printed[0]
+    )
     assert "FAILED" not in printed[1]
 
 

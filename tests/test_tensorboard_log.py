@@ -16,10 +16,17 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.policy.baselines import wait_action
 from esper_ray.policy.fixed import FixedSeedController
+from esper_ray.train.output.round_summary import flatten_numbers
+from esper_ray.train.output.tensorboard_log import (
+    DETAIL_GROUP,
+    NAMED,
+    PAGE_SIZE,
+    log_config,
+    log_round,
+    tensorboard_scalars,
+)
 from esper_ray.train.rllib.callbacks import MorphoMetrics
 from esper_ray.train.rllib.learner import ENTROPY_PREFIX
-from esper_ray.train.output.round_summary import flatten_numbers
-from esper_ray.train.output.tensorboard_log import DETAIL_GROUP, NAMED, PAGE_SIZE, log_config, log_round, tensorboard_scalars
 
 USER_GROUPS = ("host", "ppo", "ppo_entropy", "seeds", "seeds_kept", "seeds_planted", "speed")
 
@@ -27,20 +34,42 @@ USER_GROUPS = ("host", "ppo", "ppo_entropy", "seeds", "seeds_kept", "seeds_plant
 def rllib_result() -> dict:
     """A round's result shaped like RLlib 2.60's (a few of its ~240 figures), with its config riding along."""
     return {
-        "training_iteration": 3, "time_this_iter_s": 4.0, "timestamp": 1.7e9,
+        "training_iteration": 3,
+        "time_this_iter_s": 4.0,
+        "timestamp": 1.7e9,
         "config": {"_disable_execution_plan_api": -1, "lr": 3e-4, "model": {"fcnet_hiddens": [64]}, "env": "morpho"},
         m.ENV_RUNNERS: {
-            m.ENV_STEPS_SAMPLED: 24, m.FINAL_ACCURACY: 0.81, m.FINAL_ACCURACY_MIN: 0.7, m.FINAL_ACCURACY_MAX: 0.9,
-            m.EPISODE_RETURN: 1.5, m.SEEDS_FOSSILIZED: 0.5, m.SEEDS_GERMINATED: 1.0, m.SEEDS_PRUNED: 0.25,
-            m.PARAMS_ADDED: 729.0, m.HOST_PARAMS: 6400.0, m.FINAL_PARAMS: 7129.0, m.OP_COUNT_PREFIX + "wait": 20.0,
-            m.PHASE_TIME_PREFIX + "train": 0.12, m.FINAL_PERPLEXITY: math.nan, "episode_len_mean": 6.0,
-            m.BLUEPRINT_COUNT_PREFIX + "germinated_conv_heavy": 0.75, m.BLUEPRINT_COUNT_PREFIX + "fossilized_conv_heavy": 0.5,
+            m.ENV_STEPS_SAMPLED: 24,
+            m.FINAL_ACCURACY: 0.81,
+            m.FINAL_ACCURACY_MIN: 0.7,
+            m.FINAL_ACCURACY_MAX: 0.9,
+            m.EPISODE_RETURN: 1.5,
+            m.SEEDS_FOSSILIZED: 0.5,
+            m.SEEDS_GERMINATED: 1.0,
+            m.SEEDS_PRUNED: 0.25,
+            m.PARAMS_ADDED: 729.0,
+            m.HOST_PARAMS: 6400.0,
+            m.FINAL_PARAMS: 7129.0,
+            m.OP_COUNT_PREFIX + "wait": 20.0,
+            m.PHASE_TIME_PREFIX + "train": 0.12,
+            m.FINAL_PERPLEXITY: math.nan,
+            "episode_len_mean": 6.0,
+            m.BLUEPRINT_COUNT_PREFIX + "germinated_conv_heavy": 0.75,
+            m.BLUEPRINT_COUNT_PREFIX + "fossilized_conv_heavy": 0.5,
         },
-        m.LEARNERS: {m.DEFAULT_MODULE: {
-            "entropy_op_slot": 1.2, "entropy_blueprint": 0.9, "entropy": 2.0, "approx_kl": 0.01,
-            "value_explained_variance": 0.3, "vf_explained_var": 0.1, "policy_loss": -0.02, "vf_loss": 0.4,
-            "num_trainable_parameters": 5000,
-        }},
+        m.LEARNERS: {
+            m.DEFAULT_MODULE: {
+                "entropy_op_slot": 1.2,
+                "entropy_blueprint": 0.9,
+                "entropy": 2.0,
+                "approx_kl": 0.01,
+                "value_explained_variance": 0.3,
+                "vf_explained_var": 0.1,
+                "policy_loss": -0.02,
+                "vf_loss": 0.4,
+                "num_trainable_parameters": 5000,
+            }
+        },
         "timers": {"training_step": 3.9},
     }
 
@@ -51,10 +80,16 @@ def test_named_figures_land_in_their_groups_with_their_values():
     assert scalars["host/final_params"] == 7129.0 and scalars["host/initial_params"] == 6400.0  # grown, and as born
     assert scalars["seeds/fossilized_per_episode"] == 0.5 and scalars["seeds/params_added_per_episode"] == 729.0
     assert scalars["seeds/op_wait_per_episode"] == 20.0
-    assert scalars["seeds_planted/conv_heavy_per_episode"] == 0.75 and scalars["seeds_kept/conv_heavy_per_episode"] == 0.5
+    assert (
+        scalars["seeds_planted/conv_heavy_per_episode"] == 0.75 and scalars["seeds_kept/conv_heavy_per_episode"] == 0.5
+    )
     assert scalars["ppo/episode_return"] == 1.5 and scalars["ppo/approx_kl"] == 0.01
     assert scalars["ppo/loss_policy"] == -0.02 and scalars["ppo/loss_value"] == 0.4
-    assert scalars["ppo_entropy/op_slot"] == 1.2 and scalars["ppo_entropy/blueprint"] == 0.9 and scalars["ppo/entropy"] == 2.0
+    assert (
+        scalars["ppo_entropy/op_slot"] == 1.2
+        and scalars["ppo_entropy/blueprint"] == 0.9
+        and scalars["ppo/entropy"] == 2.0
+    )
     assert scalars["ppo/explained_variance"] == 0.3
     assert scalars["speed/env_steps_per_second"] == 24 / 4.0 and scalars["speed/seconds_per_round"] == 4.0
     assert scalars["speed/seconds_per_episode_train"] == 0.12
@@ -64,7 +99,9 @@ def test_config_is_never_a_chart_and_every_other_figure_is_charted_once():
     result = rllib_result()
     scalars = tensorboard_scalars(result)
     assert not any("config" in tag or "_disable_execution_plan_api" in tag for tag in scalars)
-    finite = {k: v for k, v in flatten_numbers({k: v for k, v in result.items() if k != "config"}).items() if math.isfinite(v)}
+    finite = {
+        k: v for k, v in flatten_numbers({k: v for k, v in result.items() if k != "config"}).items() if math.isfinite(v)
+    }
     derived = {"speed/env_steps_per_second"}
     assert len(scalars) == len(finite) + len(derived)  # each finite figure once, renamed or not
     assert sorted(v for t, v in scalars.items() if t not in derived) == sorted(finite.values())
@@ -144,8 +181,11 @@ def round_result(runners: dict[str, float]) -> dict[str, Any]:
     per action head."""
     learner = {path.split("/")[-1]: 0.5 for path in NAMED if path.startswith(f"{m.LEARNERS}/")}
     learner.update({ENTROPY_PREFIX + head: 1.0 for head in HEAD_NAMES})
-    return {"time_this_iter_s": 2.0, m.ENV_RUNNERS: {**runners, m.ENV_STEPS_SAMPLED: 8},
-            m.LEARNERS: {m.DEFAULT_MODULE: learner}}
+    return {
+        "time_this_iter_s": 2.0,
+        m.ENV_RUNNERS: {**runners, m.ENV_STEPS_SAMPLED: 8},
+        m.LEARNERS: {m.DEFAULT_MODULE: learner},
+    }
 
 
 SEED = FixedSeed(Blueprint.CONV_HEAVY, "r0c1")
@@ -155,8 +195,9 @@ SEED = FixedSeed(Blueprint.CONV_HEAVY, "r0c1")
 def fossilizing_episode() -> tuple[MorphogeneticEnv, dict[str, float]]:
     """digits-impaired with a conv_heavy seed planted in r0c1 at step 1 and fossilized at the first legal epoch
     (no epochs of TRAINING required, so at step 7 of 8)."""
-    env = MorphogeneticEnv({"task": "digits-impaired", "max_epochs": 8, "device": "cpu", "batch_size": 1024,
-                            "min_training_epochs": 0})
+    env = MorphogeneticEnv(
+        {"task": "digits-impaired", "max_epochs": 8, "device": "cpu", "batch_size": 1024, "min_training_epochs": 0}
+    )
     controller = FixedSeedController(env.slot_ids, 8, SEED, min_training_epochs=0)
     controller.reset()
     return env, logged_episode(env, controller.act)
@@ -169,7 +210,9 @@ def test_host_params_grow_with_a_fossilized_seed(fossilizing_episode):
     scalars = tensorboard_scalars(round_result(logged))
     assert scalars["host/initial_params"] == env.model.host_params == 160  # the host alone, as every episode starts
     assert scalars["host/final_params"] == 160 + seed  # what the run keeps: the host and its fossil
-    assert scalars["host/final_params_with_probation"] == 160 + seed and scalars["seeds/params_added_per_episode"] == seed
+    assert (
+        scalars["host/final_params_with_probation"] == 160 + seed and scalars["seeds/params_added_per_episode"] == seed
+    )
 
 
 def test_perplexity_is_charted_for_text_tasks_only(fossilizing_episode):
@@ -182,7 +225,9 @@ def test_perplexity_is_charted_for_text_tasks_only(fossilizing_episode):
     assert tensorboard_scalars(round_result(text))["host/final_perplexity"] == text[m.FINAL_PERPLEXITY]
 
 
-def test_every_figure_of_a_round_is_named_with_its_unit_and_each_group_fits_tensorboards_first_page(fossilizing_episode):
+def test_every_figure_of_a_round_is_named_with_its_unit_and_each_group_fits_tensorboards_first_page(
+    fossilizing_episode,
+):
     _, logged = fossilizing_episode
     scalars = tensorboard_scalars(round_result(logged))
     groups: dict[str, list[str]] = {}
@@ -193,11 +238,19 @@ def test_every_figure_of_a_round_is_named_with_its_unit_and_each_group_fits_tens
     assert sorted(groups) == sorted(USER_GROUPS) + [DETAIL_GROUP]
     assert sorted(groups.pop(DETAIL_GROUP)) == sorted(f"{m.ENV_RUNNERS}/{k}" for k in (m.EPISODES, m.ENV_STEPS_SAMPLED))
     for group, names in groups.items():
-        assert len(names) <= PAGE_SIZE, f"{group}/ has {len(names)} charts; TensorBoard pages after {PAGE_SIZE}: {sorted(names)}"
+        assert len(names) <= PAGE_SIZE, (
+            f"{group}/ has {len(names)} charts; TensorBoard pages after {PAGE_SIZE}: {sorted(names)}"
+        )
     assert {"loss_policy", "loss_value", "loss_total", "episode_return"} <= set(groups["ppo"])
     assert all(name.endswith("_per_episode") for name in groups["seeds"])  # counts of one unit, not per round
-    assert sorted(f"op_{op.name.lower()}_per_episode" for op in Op) == sorted(n for n in groups["seeds"] if n.startswith("op_"))
-    assert sum(scalars[f"seeds/op_{op.name.lower()}_per_episode"] for op in Op) == 8  # decisions of the one 8-step episode
+    assert sorted(f"op_{op.name.lower()}_per_episode" for op in Op) == sorted(
+        n for n in groups["seeds"] if n.startswith("op_")
+    )
+    assert (
+        sum(scalars[f"seeds/op_{op.name.lower()}_per_episode"] for op in Op) == 8
+    )  # decisions of the one 8-step episode
     # times and rates, and the captures that cost the first steps of each new structure their time
-    assert all(name.startswith("seconds_per_") or name.endswith("_per_second") or name == "graph_captures_per_episode"
-               for name in groups["speed"])
+    assert all(
+        name.startswith("seconds_per_") or name.endswith("_per_second") or name == "graph_captures_per_episode"
+        for name in groups["speed"]
+    )

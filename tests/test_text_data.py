@@ -108,7 +108,10 @@ def test_data_dir_reads_every_txt_file_in_sorted_order(tmp_path):
     data = load_text(str(tmp_path), 4)
     n = len(expected)
     assert sum(data.split_bytes) == n and data.source == str(tmp_path)
-    assert bytes(torch.cat([data.train_x[:1, 0], data.train_y.reshape(-1)]).tolist()) == expected[: 1 + data.tokens("train")]
+    assert (
+        bytes(torch.cat([data.train_x[:1, 0], data.train_y.reshape(-1)]).tolist())
+        == expected[: 1 + data.tokens("train")]
+    )
     assert bytes(data.test_x[0].tolist()) == expected[9 * n // 10 : 9 * n // 10 + 4]
     capped = load_text(str(tmp_path), 4, max_bytes=120)
     assert sum(capped.split_bytes) == 120

@@ -29,7 +29,9 @@ def test_a_process_gets_floor_of_its_cpus_and_at_least_one_thread():
 @pytest.mark.parametrize("controller", ["heuristic", "none"])
 def test_a_baseline_trial_evaluates_with_the_threads_of_its_cpus_and_reports_them(controller):
     cfg = TrainConfig.from_mapping({"task": "digits-impaired", "max_epochs": 2, "envs": 1, "cpus_per_env": 2})
-    config = {TRIAL_KEY: {"train": cfg.to_dict(), "controller": controller, "arm": controller, "seed": 0, "eval_episodes": 1}}
+    config = {
+        TRIAL_KEY: {"train": cfg.to_dict(), "controller": controller, "arm": controller, "seed": 0, "eval_episodes": 1}
+    }
     before = torch.get_num_threads()
     try:
         trial = MorphoTrial(config)  # outside Tune: its folder under the tests' own HOME
@@ -41,10 +43,33 @@ def test_a_baseline_trial_evaluates_with_the_threads_of_its_cpus_and_reports_the
 
 
 def test_the_heuristic_command_uses_its_threads_and_says_so_once():
-    run = subprocess.run([sys.executable, "-m", "esper_ray.cli", "heuristic", "--task", "digits-impaired", "--max-epochs", "1",
-                          "--episodes", "2", "--threads", "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "esper_ray.cli",
+            "heuristic",
+            "--task",
+            "digits-impaired",
+            "--max-epochs",
+            "1",
+            "--episodes",
+            "2",
+            "--threads",
+            "2",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert [row["torch_threads"] for row in json.loads(run.stdout)] == [2, 2]  # read inside the process, per episode
-    lines = [line for line in run.stderr.splitlines() if "warning: no seed can be kept" not in line]  # 1 epoch: too short
-    assert lines[0].endswith("heuristic: 2 episodes of up to 1 epoch (results at the end), torch threads: 2"), run.stderr
+    lines = [
+        line for line in run.stderr.splitlines() if "warning: no seed can be kept" not in line
+    ]  # 1 epoch: too short
+    assert lines[0].endswith("heuristic: 2 episodes of up to 1 epoch (results at the end), torch threads: 2"), (
+        run.stderr
+    )
     assert run.stderr.count("torch threads") == 1

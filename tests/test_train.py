@@ -21,15 +21,20 @@ from esper_ray.contracts.actions import CNN_BLUEPRINTS, Blueprint, Op, encode_jo
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import decode_action
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter, feature_filter_of
-from esper_ray.train.folders.checkpoints import checkpoint_dir, partial_checkpoint_dir, record_checkpoint, resolve_checkpoint
-from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
-from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
 from esper_ray.train.commands.evaluate import load_policy
+from esper_ray.train.commands.runner import run_training
+from esper_ray.train.folders.checkpoints import (
+    checkpoint_dir,
+    partial_checkpoint_dir,
+    record_checkpoint,
+    resolve_checkpoint,
+)
+from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
+from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.rllib.overlap import UPDATE_HIDDEN_TIMER
 from esper_ray.train.rllib.ppo_config import build_ppo_config
-from esper_ray.train.output.round_summary import summarize_round
 from esper_ray.train.rllib.rounds import train_round
-from esper_ray.train.commands.runner import run_training
 
 pytestmark = pytest.mark.expensive
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +44,18 @@ SMALL_ENV = {"batch_size": 512, "commit_horizon": False}
 
 
 def small(tmp_path, **kw) -> TrainConfig:
-    base = dict(task="digits", max_epochs=6, envs=2, cpus_per_env=0.5, learners=1, rounds=2, episodes_per_env=1,
-                output=str(tmp_path / "run"), checkpoint_every=1, env=SMALL_ENV)
+    base = dict(
+        task="digits",
+        max_epochs=6,
+        envs=2,
+        cpus_per_env=0.5,
+        learners=1,
+        rounds=2,
+        episodes_per_env=1,
+        output=str(tmp_path / "run"),
+        checkpoint_every=1,
+        env=SMALL_ENV,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -57,7 +72,9 @@ def _cudnn_deterministic(runner):
 
 def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics(ray_local, tmp_path):
     results = []
-    algo = build_ppo_config(small(tmp_path, blueprint_entropy_coeff=0.1)).build_algo()  # the blueprint bonus in the loss
+    algo = build_ppo_config(
+        small(tmp_path, blueprint_entropy_coeff=0.1)
+    ).build_algo()  # the blueprint bonus in the loss
     try:
         assert algo.learner_group.is_remote and algo.env_runner_group.num_remote_env_runners() == 2
         # Ray's dashboard lists each actor by its class: ours, named for what they are (not `..._WrappedExecutable`)
@@ -77,8 +94,17 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
     for result in results:
         runners = result[m.ENV_RUNNERS]
         learner = result[m.LEARNERS][m.DEFAULT_MODULE]
-        keys = [m.FINAL_ACCURACY, m.FINAL_ACCURACY_MIN, m.FINAL_ACCURACY_MAX, m.PARAMS_ADDED, m.SEEDS_FOSSILIZED,
-                m.SEEDS_PRUNED, m.EPISODE_RETURN, m.PHASE_TIME_PREFIX + "train", m.PHASE_TIME_PREFIX + "val"]
+        keys = [
+            m.FINAL_ACCURACY,
+            m.FINAL_ACCURACY_MIN,
+            m.FINAL_ACCURACY_MAX,
+            m.PARAMS_ADDED,
+            m.SEEDS_FOSSILIZED,
+            m.SEEDS_PRUNED,
+            m.EPISODE_RETURN,
+            m.PHASE_TIME_PREFIX + "train",
+            m.PHASE_TIME_PREFIX + "val",
+        ]
         keys += [m.OP_COUNT_PREFIX + op.name.lower() for op in Op]
         for key in keys:
             assert math.isfinite(float(runners[key])), key
@@ -89,7 +115,12 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
         assert runners[m.GRAPH_CAPTURES] == 0  # CUDA graphs only on a GPU
         assert 0 <= runners[m.SEED_EPOCHS] <= 6
         # each runner's sample call timed: the round's mean lies between its fastest and its slowest runner
-        assert 0 < runners[m.RUNNER_SAMPLE_SECONDS_MIN] <= runners[m.RUNNER_SAMPLE_SECONDS] <= runners[m.RUNNER_SAMPLE_SECONDS_MAX]
+        assert (
+            0
+            < runners[m.RUNNER_SAMPLE_SECONDS_MIN]
+            <= runners[m.RUNNER_SAMPLE_SECONDS]
+            <= runners[m.RUNNER_SAMPLE_SECONDS_MAX]
+        )
         # seeds by blueprint: every usable blueprint logged, summing to the seeds per episode; the round's summary has them
         by_blueprint = summarize_round(result).by_blueprint
         for outcome, total in (("germinated", m.SEEDS_GERMINATED), ("fossilized", m.SEEDS_FOSSILIZED)):
@@ -97,12 +128,21 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
             assert sum(counts.values()) == pytest.approx(runners[total])
             assert {k: by_blueprint[f"{outcome}_{k}"] for k in counts} == pytest.approx(counts)
         assert float(runners.get(m.ENV_STEP_FAILURES, 0)) == 0  # a masked action would fail the env step
-        for key in ["entropy_op_slot", "entropy_blueprint", "approx_kl", "value_explained_variance", "policy_loss", "vf_loss",
-                    "reward_std"]:
+        for key in [
+            "entropy_op_slot",
+            "entropy_blueprint",
+            "approx_kl",
+            "value_explained_variance",
+            "policy_loss",
+            "vf_loss",
+            "reward_std",
+        ]:
             assert math.isfinite(float(learner[key])), key
 
 
-def test_a_resume_restores_the_checkpoints_round_weights_and_filter_in_every_env_runner_and_goes_on(ray_local, tmp_path):
+def test_a_resume_restores_the_checkpoints_round_weights_and_filter_in_every_env_runner_and_goes_on(
+    ray_local, tmp_path
+):
     """The checkpoint of round 2 restores as round 2, with the saved module's weights in the learner and in every
     env runner, and the saved observation filter in each. RLlib's restore sends filters then weights fire-and-forget
     and skips the second for a runner that has not answered the first: before the fix, resumes often sampled their
@@ -121,13 +161,17 @@ def test_a_resume_restores_the_checkpoints_round_weights_and_filter_in_every_env
             assert algo.iteration == 2
             learner = {k: torch.as_tensor(v) for k, v in algo.learner_group.get_weights()[m.DEFAULT_MODULE].items()}
             assert learner.keys() == saved.keys() and all(torch.equal(learner[k], saved[k]) for k in learner)
-            held = algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(inference_only=True),
-                                                             local_env_runner=False)
+            held = algo.env_runner_group.foreach_env_runner(
+                lambda r: r.module.get_state(inference_only=True), local_env_runner=False
+            )
             filters = algo.env_runner_group.foreach_env_runner(
-                lambda r: feature_filter_of(r._env_to_module, "runner").get_state(), local_env_runner=False)
+                lambda r: feature_filter_of(r._env_to_module, "runner").get_state(), local_env_runner=False
+            )
             assert len(held) == len(filters) == cfg.envs
             for state in held:
-                assert all(torch.equal(torch.as_tensor(np.array(state[k])), learner[k]) for k in state)  # a copy: read-only arrays
+                assert all(
+                    torch.equal(torch.as_tensor(np.array(state[k])), learner[k]) for k in state
+                )  # a copy: read-only arrays
             local = feature_filter_of(algo.env_runner._env_to_module, "local").get_state()
             assert saved_filter.get_state()[None]["running_stats"] == local[None]["running_stats"]
             assert all(f[None]["running_stats"] == local[None]["running_stats"] for f in filters)
@@ -165,7 +209,9 @@ def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_th
         assert result[m.DRIVER_SAMPLING_SECONDS] >= result[m.ENV_RUNNERS][m.RUNNER_SAMPLE_SECONDS_MAX] > 0
         assert result[m.DRIVER_WEIGHT_SYNC_SECONDS] >= 0
 
-    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None)
+    resumed = run_training(
+        cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None
+    )
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
     assert [r.round for r in resumed.rounds] == [4, 5]
     for replayed, original in zip(resumed.rounds, whole.rounds[3:]):
@@ -173,7 +219,8 @@ def test_overlapped_learner_trains_on_the_previous_round_and_a_resume_replays_th
 
 
 def test_leading_runners_sample_each_round_with_the_state_sent_two_rounds_before_and_a_resume_replays_the_run(
-        ray_local, tmp_path):
+    ray_local, tmp_path
+):
     """lead=True: a runner done with round k samples round k+1 at once, with the state it holds (the weights and
     filter sent after round k-1; what the driver sends meanwhile is held until round k+1 is handed over), except
     into the round after a save. The filter still counts each observation once, and a resume from the save
@@ -190,7 +237,9 @@ def test_leading_runners_sample_each_round_with_the_state_sent_two_rounds_before
     _, saved_filter = load_policy(whole.checkpoint)  # the merged statistics: 5 rounds x 2 runners x (6 steps + 1 reset)
     assert whole.checkpoint.name == "round_00005" and saved_filter._filters[None].running_stats.n == 5 * 2 * (6 + 1)
 
-    resumed = run_training(cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None)
+    resumed = run_training(
+        cfg, tmp_path / "again", resume=Path(cfg.output) / "checkpoints" / "round_00003", log=lambda _: None
+    )
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
     assert [r.round for r in resumed.rounds] == [4, 5]
     for replayed, original in zip(resumed.rounds, whole.rounds[3:]):
@@ -229,14 +278,25 @@ def test_ppo_learns_the_one_rewarded_action_of_a_constructed_env_on_every_seed(r
     head's most probable entry, no draw) is the rewarded action on most steps. Whether PPO learns to grow real hosts
     is an A/B claim (docs/results/studies/committed_reward): one seed's 16-round prune rate on digits-impaired fell to
     0.12-0.88 of its start over 12 seeds, too spread for a unit test."""
-    cfg = TrainConfig(seed=seed, rounds=8, cpus_per_env=0.5, output=str(tmp_path / "known"), checkpoint_every=0,
-                      env={"commit_horizon": False})  # the mask never changes (the docstring's odds)
+    cfg = TrainConfig(
+        seed=seed,
+        rounds=8,
+        cpus_per_env=0.5,
+        output=str(tmp_path / "known"),
+        checkpoint_every=0,
+        env={"commit_horizon": False},
+    )  # the mask never changes (the docstring's odds)
     config = build_ppo_config(cfg).environment(KnownAnswerEnv, env_config=cfg.env_config())
     algo = config.build_algo()
     try:
         shares = [algo.train()[m.ENV_RUNNERS][m.EPISODE_RETURN] / cfg.max_epochs for _ in range(cfg.rounds)]
-        greedy = [e.get_return() / len(e) for episodes in algo.env_runner_group.foreach_env_runner(
-            lambda runner: runner.sample(num_episodes=1, explore=False), local_env_runner=False) for e in episodes]
+        greedy = [
+            e.get_return() / len(e)
+            for episodes in algo.env_runner_group.foreach_env_runner(
+                lambda runner: runner.sample(num_episodes=1, explore=False), local_env_runner=False
+            )
+            for e in episodes
+        ]
     finally:
         algo.stop()
     assert shares[0] < 0.3, shares  # the untrained policy rarely finds it
@@ -264,24 +324,49 @@ def test_episodes_store_exactly_the_normalised_observations_the_policy_acted_on(
         feature_filter = next(c for c in runner._env_to_module.connectors if isinstance(c, FeatureMeanStdFilter))
         raw_final = runner.env.unwrapped.envs[0].unwrapped._observation()["features"]
         assert not np.allclose(raw_final, stored[-1])  # the final observation is normalised too ...
-        assert np.allclose(feature_filter.normalize(raw_final, update=False), stored[-1], atol=1e-5)  # ... by the same filter
+        assert np.allclose(
+            feature_filter.normalize(raw_final, update=False), stored[-1], atol=1e-5
+        )  # ... by the same filter
     finally:
         algo.stop()
 
 
 def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     out = tmp_path / "cli"
-    code = main(["train", "--rounds", "1", "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "3",
-                 "--episodes-per-env", "1", "--env", "batch_size=512", "--output", str(out)])
+    code = main(
+        [
+            "train",
+            "--rounds",
+            "1",
+            "--envs",
+            "1",
+            "--cpus-per-env",
+            "0.5",
+            "--max-epochs",
+            "3",
+            "--episodes-per-env",
+            "1",
+            "--env",
+            "batch_size=512",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
-    assert "round 1/1 | env steps 3" in printed and "checkpoint:" in printed and "TensorBoard: tensorboard --logdir" in printed
+    assert (
+        "round 1/1 | env steps 3" in printed
+        and "checkpoint:" in printed
+        and "TensorBoard: tensorboard --logdir" in printed
+    )
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["round"] == 1
     moved = tmp_path / "copied"
     out.rename(moved)  # rsync-down, then eval: a moved run folder still finds its own checkpoint
     assert main(["eval", "--checkpoint", str(moved), "--episodes", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == 2 and all(r["steps"] == 3 and 0 <= r["final_accuracy"] <= 1 and 0 < r["test_accuracy"] <= 1 for r in rows)
+    assert len(rows) == 2 and all(
+        r["steps"] == 3 and 0 <= r["final_accuracy"] <= 1 and 0 < r["test_accuracy"] <= 1 for r in rows
+    )
     # --save keeps one episode's grown network (the first of the evaluation above: same env seed)
     assert main(["eval", "--checkpoint", str(moved), "--save", str(tmp_path / "grown"), "--json"]) == 0
     [saved] = json.loads(capsys.readouterr().out)
@@ -293,12 +378,31 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     # the progress lines on stderr either way; and the process uses the torch threads it is given (its default: 1)
     for verbose, threads in (([], 2), (["--verbose"], 1)):
         given = ["--threads", "2"] if threads == 2 else []
-        run = subprocess.run([sys.executable, "-m", "esper_ray.cli", *verbose, "eval", "--checkpoint", str(moved),
-                              "--episodes", "1", "--json", *given], cwd=REPO, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "esper_ray.cli",
+                *verbose,
+                "eval",
+                "--checkpoint",
+                str(moved),
+                "--episodes",
+                "1",
+                "--json",
+                *given,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0 and [r["torch_threads"] for r in json.loads(run.stdout)] == [threads], run.stderr
         assert "eval: episode 0 (1 of 1) done in" in run.stderr
         assert f"(results at the end), torch threads: {threads}" in run.stderr
-        assert ("DeprecationWarning: `RLModule(config=[RLModuleConfig object])`" in run.stderr) == bool(verbose), run.stderr
+        assert ("DeprecationWarning: `RLModule(config=[RLModuleConfig object])`" in run.stderr) == bool(verbose), (
+            run.stderr
+        )
     # --rounds is the total: 1 round is done, so --rounds 1 has nothing to do and says so
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--resume", str(moved), "--rounds", "1"])
@@ -332,12 +436,18 @@ def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_onl
     sampled = []
     algo = build_ppo_config(cfg).build_algo()
     try:
-        for entries, logit in (([germinate[cfg.slots.index("r0c1")]], GERMINATE_LOGIT), (germinate, NO_GERMINATION_LOGIT)):
+        for entries, logit in (
+            ([germinate[cfg.slots.index("r0c1")]], GERMINATE_LOGIT),
+            (germinate, NO_GERMINATION_LOGIT),
+        ):
             # The same change to the learner's module (what a checkpoint saves) and to each env runner's (what
             # samples): RLlib's weight sync skips weights of an update number a runner already has.
-            algo.learner_group.foreach_learner(lambda learner: add_to_op_logits(learner.module[m.DEFAULT_MODULE], entries, logit))
-            algo.env_runner_group.foreach_env_runner(lambda runner: add_to_op_logits(runner.module, entries, logit),
-                                                     local_env_runner=False)
+            algo.learner_group.foreach_learner(
+                lambda learner: add_to_op_logits(learner.module[m.DEFAULT_MODULE], entries, logit)
+            )
+            algo.env_runner_group.foreach_env_runner(
+                lambda runner: add_to_op_logits(runner.module, entries, logit), local_env_runner=False
+            )
             sampled.append(train_round(algo)[m.ENV_RUNNERS])  # episodes with sampled actions, as in every round
             partial = partial_checkpoint_dir(out, algo.iteration)
             algo.save_to_path(str(partial))
@@ -365,10 +475,30 @@ def test_a_used_output_folder_is_never_written_into(ray_local, tmp_path, capsys,
     default = tmp_path / "esper_runs" / "train"
     default.mkdir(parents=True)
     (default / "config.json").write_text("{}")
-    assert main(["train", "--rounds", "1", "--envs", "1", "--cpus-per-env", "0.5", "--max-epochs", "2",
-                 "--episodes-per-env", "1", "--env", "batch_size=512"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--rounds",
+                "1",
+                "--envs",
+                "1",
+                "--cpus-per-env",
+                "0.5",
+                "--max-epochs",
+                "2",
+                "--episodes-per-env",
+                "1",
+                "--env",
+                "batch_size=512",
+            ]
+        )
+        == 0
+    )
     assert "output " + str(tmp_path / "esper_runs" / "train-2") in capsys.readouterr().out
-    assert (tmp_path / "esper_runs" / "train-2" / "metrics.jsonl").is_file() and (default / "config.json").read_text() == "{}"
+    assert (tmp_path / "esper_runs" / "train-2" / "metrics.jsonl").is_file() and (
+        default / "config.json"
+    ).read_text() == "{}"
 
 
 def test_a_run_that_does_not_fit_is_refused_with_what_fits(ray_local, tmp_path, capsys):
@@ -379,12 +509,15 @@ def test_a_run_that_does_not_fit_is_refused_with_what_fits(ray_local, tmp_path, 
     assert not (tmp_path / "big").exists()
 
 
-@pytest.mark.parametrize("settings, match", [
-    ({"learners": 2, "learner_gpus": 0.5}, "DDP learners need a whole GPU each"),
-    ({"gpus_per_env": 1.5}, "a fraction must be < 1"),
-    ({"placement": "STRICT"}, "placement='STRICT'"),
-    ({"env": {"batch_size": 0}}, "batch_size=0: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"learners": 2, "learner_gpus": 0.5}, "DDP learners need a whole GPU each"),
+        ({"gpus_per_env": 1.5}, "a fraction must be < 1"),
+        ({"placement": "STRICT"}, "placement='STRICT'"),
+        ({"env": {"batch_size": 0}}, "batch_size=0: must be an integer >= 1"),
+    ],
+)
 def test_bad_training_settings_name_the_setting(settings, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**settings)
@@ -405,11 +538,17 @@ def test_train_config_file_is_strict(tmp_path, capsys):
 
 # SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/process/termination.py), so from there both signals take one path:
 # each signal is run once, and the overlapped learner's stop (it learns the waiting batch) rides on one of them.
-@pytest.mark.parametrize("stop, overlap, code, said", [
-    ("SIGINT", [], 130, "interrupted after 1 round"),
-    ("SIGTERM", ["--overlap"], 143, "terminated (SIGTERM) after 1 round"),  # a job manager's stop, `ray job stop`
-], ids=["ctrl-c", "sigterm-overlap"])
-def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finished_round(tmp_path, stop, overlap, code, said):
+@pytest.mark.parametrize(
+    "stop, overlap, code, said",
+    [
+        ("SIGINT", [], 130, "interrupted after 1 round"),
+        ("SIGTERM", ["--overlap"], 143, "terminated (SIGTERM) after 1 round"),  # a job manager's stop, `ray job stop`
+    ],
+    ids=["ctrl-c", "sigterm-overlap"],
+)
+def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finished_round(
+    tmp_path, stop, overlap, code, said
+):
     """What is awaited is an event, not a time: the line of round 1 (round 2 has then begun). The stop is measured
     against round 1's own duration on the same machine under the same load: a round takes about 25 s on 2 cores
     alone (more beside another test), the stop (kill the env runners, learn the waiting batch with --overlap, save
@@ -424,10 +563,33 @@ def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finis
     out = tmp_path / "interrupted"
     # one round is 1 env x 1 episode of 500 epochs; the signal comes once round 1's line is printed
     proc = subprocess.Popen(
-        [sys.executable, "-m", "esper_ray.cli", "train", "--rounds", "50", "--envs", "1", "--cpus-per-env", "1",
-         "--max-epochs", "500", "--episodes-per-env", "1", "--env", "batch_size=1024", "--checkpoint-every", "0",
-         "--output", str(out), *overlap],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "esper_ray.cli",
+            "train",
+            "--rounds",
+            "50",
+            "--envs",
+            "1",
+            "--cpus-per-env",
+            "1",
+            "--max-epochs",
+            "500",
+            "--episodes-per-env",
+            "1",
+            "--env",
+            "batch_size=1024",
+            "--checkpoint-every",
+            "0",
+            "--output",
+            str(out),
+            *overlap,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
         # a shell's background job ignores SIGINT, and a child inherits that: give the command Ctrl-C as a terminal would
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -455,7 +617,9 @@ def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finis
     assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
-def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file_and_the_one_before(ray_local, tmp_path):
+def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file_and_the_one_before(
+    ray_local, tmp_path
+):
     """Seen before: a truncated learner state made the learner actor fail to unpickle it, and the resume hung."""
     import subprocess
     import sys
@@ -466,8 +630,12 @@ def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file
     state = run / "checkpoints" / "round_00002" / "learner_group" / "learner" / "state.pkl"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # an interrupted copy, a full disk
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "esper_ray.cli", "train", "--resume", str(run), "--rounds", "6"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "esper_ray.cli", "train", "--resume", str(run), "--rounds", "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     took = time.monotonic() - started
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     line = done.stderr.strip().splitlines()[-1]
@@ -477,4 +645,7 @@ def test_a_damaged_newest_checkpoint_fails_the_resume_in_seconds_naming_the_file
     # end even where latest.json named round 2 already (checkpoint_every=0: no save inside the loop)
     resumed = train(small(tmp_path, rounds=2, checkpoint_every=0), resume=run / "checkpoints" / "round_00001")
     assert [r.round for r in resumed.rounds] == [2] and resolve_checkpoint(run) == run / "checkpoints" / "round_00002"
-    assert [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]  # each once
+    assert [json.loads(line)["round"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+    ]  # each once

@@ -25,7 +25,9 @@ def test_train_config_declares_no_env_setting_of_its_own():
 
 def test_run_level_settings_given_at_the_top_level_are_the_env_s_own():
     cfg = TrainConfig(task="digits", max_epochs=7, seed=3, slots=["r0c1"], env={"batch_size": 32})
-    assert cfg.env == EnvConfig(task="digits", max_epochs=7, seed=3, slots=("r0c1",), batch_size=32, **TRAINING_ENV_DEFAULTS)
+    assert cfg.env == EnvConfig(
+        task="digits", max_epochs=7, seed=3, slots=("r0c1",), batch_size=32, **TRAINING_ENV_DEFAULTS
+    )
     assert (cfg.task, cfg.max_epochs, cfg.seed, cfg.slots) == ("digits", 7, 3, ("r0c1",))
     assert TrainConfig.from_mapping(cfg.to_dict()) == cfg
 
@@ -54,7 +56,9 @@ def test_train_help_gives_each_run_level_flag_the_env_setting_s_own_words(capsys
     text = " ".join(capsys.readouterr().out.split())
     for f in dataclasses.fields(EnvConfig):
         if f.name in RUN_ENV_KEYS:
-            assert "--" + f.name.replace("_", "-") in text and " ".join(field_help(EnvConfig, f).split()) in text, f.name
+            assert "--" + f.name.replace("_", "-") in text and " ".join(field_help(EnvConfig, f).split()) in text, (
+                f.name
+            )
 
 
 def _stored_run(tmp_path: Path, env: dict) -> Path:

@@ -13,8 +13,7 @@ import torch
 
 from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, Blueprint, Op, Style, encode_joint
 from esper_ray.contracts.stages import Stage
-from esper_ray.env import MorphogeneticEnv
-from esper_ray.env import train_step
+from esper_ray.env import MorphogeneticEnv, train_step
 from esper_ray.env.train_step import Accumulators, Precision, StepGraphs, TrainStep
 from esper_ray.morpho.transformer_blueprints import AttentionSeed, FlexAttentionSeed, runs_in_cuda_graphs
 from esper_ray.policy.baselines import wait_action
@@ -101,7 +100,9 @@ def test_a_step_is_recaptured_exactly_when_its_code_path_changes():
         model = make_model(["r0c1"], auto_forward=False)  # the same host and seed init each time
         if stage is not Stage.DORMANT:
             drive_to(model.slot("r0c1"), stage)
-        keys[stage] = [part for part in _key(model)[0][0] if not isinstance(part, torch.nn.Module | torch.optim.Optimizer)]
+        keys[stage] = [
+            part for part in _key(model)[0][0] if not isinstance(part, torch.nn.Module | torch.optim.Optimizer)
+        ]
     assert keys[Stage.GERMINATED] == keys[Stage.DORMANT]
     assert keys[Stage.BLENDING] == keys[Stage.HOLDING] == keys[Stage.FOSSILIZED]
     assert len({repr(keys[s]) for s in (Stage.DORMANT, Stage.TRAINING, Stage.BLENDING)}) == 3
@@ -151,7 +152,9 @@ def text_episode_with_a_seed(env: MorphogeneticEnv, blueprint: Blueprint) -> tup
     assert slot.advance() and slot.stage is Stage.BLENDING
     for _ in range(2):
         step(wait_action())
-    assert slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.is_active and float(slot.alpha_value) > 0  # blended in
+    assert (
+        slot.stage in (Stage.BLENDING, Stage.HOLDING) and slot.is_active and float(slot.alpha_value) > 0
+    )  # blended in
     return captures, losses
 
 

@@ -16,26 +16,32 @@ from scipy import stats
 from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.families import family
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pair
 from esper_ray.experiments.plan_search import RandomPlanSearch, candidate_plans, run_search
-from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.runner import TrialWork, check_checkpoint
 from esper_ray.experiments.results import COMPUTE_COLUMNS, EVAL_COLUMNS, FINISHED, ExperimentRecord, TrialResult
+from esper_ray.experiments.runner import TrialWork, check_checkpoint
+from esper_ray.experiments.search_settings import SearchSettings
 from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
-from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.trainable import HostEvaluation, held_out_metrics, plan_on_host, validation_score
-from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.policy.layout import check_layout, saved_layout
+from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
 from esper_ray.train.rllib.rounds import MODULE_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
-BASE = {"name": "t", "seeds": [0, 1], "rounds": 1, "training": {"task": "digits-impaired", "max_epochs": 3},
-        "arms": {"ppo": {}, "none": {"controller": "none"}}, "held_out": HOSTS}
+BASE = {
+    "name": "t",
+    "seeds": [0, 1],
+    "rounds": 1,
+    "training": {"task": "digits-impaired", "max_epochs": 3},
+    "arms": {"ppo": {}, "none": {"controller": "none"}},
+    "held_out": HOSTS,
+}
 
 
 def spec_with(**change) -> ExperimentSpec:
@@ -43,36 +49,68 @@ def spec_with(**change) -> ExperimentSpec:
 
 
 # ------------------------------------------------------------------------------------------ the experiment file
-@pytest.mark.parametrize("change, match", [
-    ({"held_out": []}, r"held_out=\[\]: must be a non-empty list of hosts"),
-    ({"held_out": [{"name": "digits"}]}, r"held_out\[0\]=.*exactly `name` and `env`"),
-    ({"held_out": [{"name": "a/b", "env": {}}]}, r"held_out\[0\].name='a/b': the host name must be a plain folder name"),
-    ({"held_out": [{"name": "d", "env": 3}]}, r"held_out\[0\].env=3: must be a mapping"),
-    ({"held_out": [{"name": "d", "env": {"seed": 4}}]}, r"held_out\[0\].env: \['seed'\] are the run's"),
-    ({"held_out": HOSTS + [HOSTS[0]]}, r"held_out: host name\(s\) \['digits'\] given more than once"),
-    ({"held_out": [{"name": "d", "env": {"task": "tetris"}}]}, r"held_out host 'd' \(arm ppo\):.*tetris"),
-    ({"held_out": [{"name": "d", "env": {"colour": 1}}]}, r"held_out host 'd' \(arm ppo\):.*colour"),
-    ({"arms": {"a": {}, "s": {"controller": "search"}}}, r"arms.s: a `controller: search` arm needs `search`"),
-    ({"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 0}}}}, r"arms.s.search.budget=0: must be an integer in \[1"),
-    ({"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "algorithm": "bayes"}}}},
-     r"arms.s.search.algorithm='bayes': choose one of \['random'\]"),
-    ({"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "beam": 2}}}}, r"arms.s.search: unknown key\(s\) \['beam'\]"),
-    ({"arms": {"a": {}, "s": {"controller": "none", "search": {"budget": 4}}}}, r"arms.s: `search` belongs to a `controller: search` arm"),
-    ({"arms": {"a": {}, "c": {"controller": "checkpoint"}}}, r"arms.c: a `controller: checkpoint` arm needs `checkpoint`"),
-    ({"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": 5}}}, r"arms.c.checkpoint=5: must be the path"),
-    ({"arms": {"a": {}, "c": {"controller": "ppo", "checkpoint": "x"}}}, r"arms.c: `checkpoint` belongs to a `controller: checkpoint`"),
-    ({"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": "runs/{arm}/ck"}}},
-     r"arms.c.checkpoint='runs/\{arm\}/ck': the only field a checkpoint path may hold is \{seed\}"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"held_out": []}, r"held_out=\[\]: must be a non-empty list of hosts"),
+        ({"held_out": [{"name": "digits"}]}, r"held_out\[0\]=.*exactly `name` and `env`"),
+        (
+            {"held_out": [{"name": "a/b", "env": {}}]},
+            r"held_out\[0\].name='a/b': the host name must be a plain folder name",
+        ),
+        ({"held_out": [{"name": "d", "env": 3}]}, r"held_out\[0\].env=3: must be a mapping"),
+        ({"held_out": [{"name": "d", "env": {"seed": 4}}]}, r"held_out\[0\].env: \['seed'\] are the run's"),
+        ({"held_out": HOSTS + [HOSTS[0]]}, r"held_out: host name\(s\) \['digits'\] given more than once"),
+        ({"held_out": [{"name": "d", "env": {"task": "tetris"}}]}, r"held_out host 'd' \(arm ppo\):.*tetris"),
+        ({"held_out": [{"name": "d", "env": {"colour": 1}}]}, r"held_out host 'd' \(arm ppo\):.*colour"),
+        ({"arms": {"a": {}, "s": {"controller": "search"}}}, r"arms.s: a `controller: search` arm needs `search`"),
+        (
+            {"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 0}}}},
+            r"arms.s.search.budget=0: must be an integer in \[1",
+        ),
+        (
+            {"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "algorithm": "bayes"}}}},
+            r"arms.s.search.algorithm='bayes': choose one of \['random'\]",
+        ),
+        (
+            {"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "beam": 2}}}},
+            r"arms.s.search: unknown key\(s\) \['beam'\]",
+        ),
+        (
+            {"arms": {"a": {}, "s": {"controller": "none", "search": {"budget": 4}}}},
+            r"arms.s: `search` belongs to a `controller: search` arm",
+        ),
+        (
+            {"arms": {"a": {}, "c": {"controller": "checkpoint"}}},
+            r"arms.c: a `controller: checkpoint` arm needs `checkpoint`",
+        ),
+        (
+            {"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": 5}}},
+            r"arms.c.checkpoint=5: must be the path",
+        ),
+        (
+            {"arms": {"a": {}, "c": {"controller": "ppo", "checkpoint": "x"}}},
+            r"arms.c: `checkpoint` belongs to a `controller: checkpoint`",
+        ),
+        (
+            {"arms": {"a": {}, "c": {"controller": "checkpoint", "checkpoint": "runs/{arm}/ck"}}},
+            r"arms.c.checkpoint='runs/\{arm\}/ck': the only field a checkpoint path may hold is \{seed\}",
+        ),
+    ],
+)
 def test_bad_held_out_hosts_and_arms_fail_naming_the_field_and_value(change, match):
     with pytest.raises(ValueError, match=match):
         spec_with(**change)
 
 
 def test_every_trial_evaluates_on_each_held_out_host_with_the_arms_settings_and_the_hosts_on_top():
-    spec = spec_with(arms={"ppo": {"lr": 3e-4, "env": {"host_preset": "digits-impaired", "batch_size": 256}},
-                           "s": {"controller": "search", "search": {"budget": 5}},
-                           "c": {"controller": "checkpoint", "checkpoint": "runs/ck"}})
+    spec = spec_with(
+        arms={
+            "ppo": {"lr": 3e-4, "env": {"host_preset": "digits-impaired", "batch_size": 256}},
+            "s": {"controller": "search", "search": {"budget": 5}},
+            "c": {"controller": "checkpoint", "checkpoint": "runs/ck"},
+        }
+    )
     trials = {(t.arm, t.seed): t for t in spec.trials()}
     ppo = trials[("ppo", 1)]
     assert [name for name, _ in ppo.held_out] == ["digits", "wide"]
@@ -90,7 +128,9 @@ def test_every_trial_evaluates_on_each_held_out_host_with_the_arms_settings_and_
 def test_a_checkpoint_arm_with_seed_in_its_path_evaluates_each_seeds_own_controller():
     spec = spec_with(arms={"a": {}, "c": {"controller": "checkpoint", "checkpoint": "runs/seed{seed}/ck"}})
     paths = {t.seed: t.checkpoint for t in spec.trials() if t.arm == "c"}
-    assert paths == {s: str(Path(f"runs/seed{s}/ck").resolve()) for s in spec.seeds} and len(set(paths.values())) == len(spec.seeds)
+    assert paths == {s: str(Path(f"runs/seed{s}/ck").resolve()) for s in spec.seeds} and len(
+        set(paths.values())
+    ) == len(spec.seeds)
     assert ExperimentSpec.from_mapping(spec.to_dict()).to_dict() == spec.to_dict()  # results read it back the same
 
 
@@ -98,7 +138,8 @@ def test_a_plugins_family_can_be_the_held_out_one(tmp_path, monkeypatch):
     """The family is looked up after the run's plug-ins are imported (a module no other test imports)."""
     (tmp_path / "held_out_family_plugin.py").write_text(
         "from esper_ray.contracts.families import Member, register_family\n"
-        "register_family('plugin-held-out', [Member('short', {'max_epochs': 4})])\n")
+        "register_family('plugin-held-out', [Member('short', {'max_epochs': 4})])\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "held_out_family_plugin" not in sys.modules
     spec = spec_with(training={**BASE["training"], "plugins": ["held_out_family_plugin"]}, held_out="plugin-held-out")
@@ -107,8 +148,10 @@ def test_a_plugins_family_can_be_the_held_out_one(tmp_path, monkeypatch):
 
 
 def test_a_held_out_host_drops_the_family_the_arm_trains_on():
-    settings = host_settings({"task": "digits-impaired", "family": "digits-family", "env": {"family": "x", "amp": "off"}},
-                             HeldOutHost("d", {"task": "digits", "batch_size": 64}))
+    settings = host_settings(
+        {"task": "digits-impaired", "family": "digits-family", "env": {"family": "x", "amp": "off"}},
+        HeldOutHost("d", {"task": "digits", "batch_size": 64}),
+    )
     assert settings == {"task": "digits", "env": {"amp": "off", "batch_size": 64}}
 
 
@@ -123,7 +166,13 @@ def test_a_family_name_gives_its_members_as_hosts_and_an_unknown_one_is_refused_
 def test_transfer_yaml_compares_ppo_with_every_baseline_on_held_out_hosts_at_a_stated_budget():
     spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / "transfer.yaml")
     kinds = {spec.controller(a) for a in spec.arms}
-    assert kinds == {ControllerKind.PPO, ControllerKind.HEURISTIC, ControllerKind.NONE, ControllerKind.FIXED, ControllerKind.SEARCH}
+    assert kinds == {
+        ControllerKind.PPO,
+        ControllerKind.HEURISTIC,
+        ControllerKind.NONE,
+        ControllerKind.FIXED,
+        ControllerKind.SEARCH,
+    }
     assert sorted(spec.compared_pairs) == sorted(("ppo", a) for a in spec.arms if a != "ppo")
     assert spec.fixed_plan("fixed").label == "conv_heavy@r0c1" and spec.search_settings("search").budget == 16
     assert spec.held_out_hosts and len(spec.compared_pairs) * 2 / 2 ** len(spec.seeds) < spec.alpha
@@ -146,14 +195,34 @@ def test_the_search_proposes_each_plan_once_and_picks_the_best_by_validation():
     other = run_search(RandomPlanSearch(len(candidates), seed=1), candidates, 8, lambda plan: scores[plan.label])
     assert [p.label for p, _ in other.tried] != tried
     everything = run_search(RandomPlanSearch(len(candidates), seed=0), candidates, 100, lambda plan: scores[plan.label])
-    assert everything.runs == 21 and everything.best.label == max((k for k in scores if math.isfinite(scores[k])), key=scores.get)
+    assert everything.runs == 21 and everything.best.label == max(
+        (k for k in scores if math.isfinite(scores[k])), key=scores.get
+    )
 
 
 def summary(val: float, test: float, params: int = 200) -> EpisodeSummary:
-    return EpisodeSummary(episode=0, steps=3, episode_return=0.0, initial_accuracy=0.1, final_accuracy=val, host_params=160,
-                          params_added=params - 160, germinated=0, fossilized=0, pruned=0, rollbacks=0, refused=0,
-                          train_flops=1, seed_train_flops=0, validation_flops=1, counterfactual_flops=0, rolled_back=False,
-                          seconds=1.0, test_accuracy=test, test_loss=1.0)
+    return EpisodeSummary(
+        episode=0,
+        steps=3,
+        episode_return=0.0,
+        initial_accuracy=0.1,
+        final_accuracy=val,
+        host_params=160,
+        params_added=params - 160,
+        germinated=0,
+        fossilized=0,
+        pruned=0,
+        rollbacks=0,
+        refused=0,
+        train_flops=1,
+        seed_train_flops=0,
+        validation_flops=1,
+        counterfactual_flops=0,
+        rolled_back=False,
+        seconds=1.0,
+        test_accuracy=test,
+        test_loss=1.0,
+    )
 
 
 def test_a_search_ranks_by_validation_never_by_test():
@@ -164,12 +233,19 @@ def test_a_search_ranks_by_validation_never_by_test():
 def test_a_trial_reports_each_host_its_cost_there_and_the_mean_over_hosts():
     plan = FixedPlan.from_mapping({"blueprint": "norm", "slot": "r0c1"}, "x", topology="cnn", slots=["r0c1"])
     from esper_ray.experiments.plan_search import SearchOutcome
-    metrics = held_out_metrics({
-        "a": HostEvaluation([summary(0.5, 0.6), summary(0.5, 0.8)], search_runs=3, search=SearchOutcome(plan, 0.5, [])),
-        "b": HostEvaluation([summary(0.5, 0.2), summary(0.5, 0.4)]),
-        "c": HostEvaluation([], not_applicable="no slot r0c1"),
-    })
-    assert metrics["eval/test_accuracy/a"] == pytest.approx(0.7) and metrics["eval/test_accuracy/b"] == pytest.approx(0.3)
+
+    metrics = held_out_metrics(
+        {
+            "a": HostEvaluation(
+                [summary(0.5, 0.6), summary(0.5, 0.8)], search_runs=3, search=SearchOutcome(plan, 0.5, [])
+            ),
+            "b": HostEvaluation([summary(0.5, 0.2), summary(0.5, 0.4)]),
+            "c": HostEvaluation([], not_applicable="no slot r0c1"),
+        }
+    )
+    assert metrics["eval/test_accuracy/a"] == pytest.approx(0.7) and metrics["eval/test_accuracy/b"] == pytest.approx(
+        0.3
+    )
     assert metrics["eval/test_accuracy"] == pytest.approx(0.5)  # the mean over the hosts it ran on
     assert metrics["eval/host_runs/a"] == 5 and metrics["eval/host_runs/b"] == 2 and metrics["eval/host_runs"] == 3.5
     assert metrics["eval/not_applicable/c"] == 1.0 and "eval/test_accuracy/c" not in metrics
@@ -179,16 +255,24 @@ def test_a_trial_reports_each_host_its_cost_there_and_the_mean_over_hosts():
 
 
 def test_a_fixed_plan_a_held_out_host_cannot_take_is_not_applicable_there_in_one_line():
-    plan = FixedPlan.from_mapping({"blueprint": "conv_heavy", "slot": "r0c1"}, "x", topology="cnn", slots=["r0c0", "r0c1"])
+    plan = FixedPlan.from_mapping(
+        {"blueprint": "conv_heavy", "slot": "r0c1"}, "x", topology="cnn", slots=["r0c0", "r0c1"]
+    )
     assert plan_on_host(plan, TrainConfig(task="digits")) == plan
     missing_slot = plan_on_host(plan, TrainConfig(task="digits", slots=("r0c0", "r0c2")))
-    assert isinstance(missing_slot, str) and "slot='r0c1': not an enabled slot" in missing_slot and "\n" not in missing_slot
+    assert (
+        isinstance(missing_slot, str)
+        and "slot='r0c1': not an enabled slot" in missing_slot
+        and "\n" not in missing_slot
+    )
     missing_blueprint = plan_on_host(plan, TrainConfig(task="text", slots=("r0c1",)))
     assert isinstance(missing_blueprint, str) and "conv_heavy" in missing_blueprint
 
 
 # -------------------------------------------------------------------------------------------- the statistics
-def record_of(values: dict[str, dict[str, list[float]]], spec: ExperimentSpec, runs: dict[str, float]) -> ExperimentRecord:
+def record_of(
+    values: dict[str, dict[str, list[float]]], spec: ExperimentSpec, runs: dict[str, float]
+) -> ExperimentRecord:
     """Finished trials whose evaluation holds `values[arm][host][seed]` (NaN: not applicable there)."""
     trials = []
     for arm, by_host in values.items():
@@ -210,11 +294,23 @@ def record_of(values: dict[str, dict[str, list[float]]], spec: ExperimentSpec, r
 
 def test_per_host_and_pooled_pairs_match_scipys_exact_signed_rank_test_with_holm(tmp_path):
     seeds = list(range(7))
-    spec = ExperimentSpec.from_mapping({**BASE, "seeds": seeds, "compare": [["ppo", "none"], ["ppo", "fix"]], "arms": {
-        "ppo": {}, "none": {"controller": "none"}, "fix": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}}}})
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "seeds": seeds,
+            "compare": [["ppo", "none"], ["ppo", "fix"]],
+            "arms": {
+                "ppo": {},
+                "none": {"controller": "none"},
+                "fix": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}},
+            },
+        }
+    )
     rng = np.random.default_rng(3)
-    values = {arm: {h: list(np.round(rng.uniform(0.3, 0.9, len(seeds)), 3)) for h in ("digits", "wide")}
-              for arm in ("ppo", "none", "fix")}
+    values = {
+        arm: {h: list(np.round(rng.uniform(0.3, 0.9, len(seeds)), 3)) for h in ("digits", "wide")}
+        for arm in ("ppo", "none", "fix")
+    }
     values["fix"]["wide"] = [math.nan] * len(seeds)  # its plan does not fit that host
     stats_ = held_out_statistics(record_of(values, spec, {"ppo": 1.0, "none": 1.0, "fix": 1.0}))
     for host in ("digits", "wide"):
@@ -223,15 +319,21 @@ def test_per_host_and_pooled_pairs_match_scipys_exact_signed_rank_test_with_holm
         d = np.asarray(values["ppo"][host]) - np.asarray(values["none"][host])
         assert ppo_none.wilcoxon_p == pytest.approx(stats.wilcoxon(d, method="exact").pvalue)
     digits = stats_["per_host"]["digits"]["pairs"]
-    expected = holm([stats.wilcoxon(np.asarray(values["ppo"]["digits"]) - np.asarray(values[b]["digits"]), method="exact").pvalue
-                     for b in ("none", "fix")])
+    expected = holm(
+        [
+            stats.wilcoxon(np.asarray(values["ppo"]["digits"]) - np.asarray(values[b]["digits"]), method="exact").pvalue
+            for b in ("none", "fix")
+        ]
+    )
     assert [p.wilcoxon_p_holm for p in digits] == pytest.approx(expected)
     # pooled: per seed the mean over the hosts; ppo-fix only over the host both ran on
     pooled = stats_["pooled"]
     pooled_ppo = np.mean([values["ppo"]["digits"], values["ppo"]["wide"]], axis=0)
     pooled_none = np.mean([values["none"]["digits"], values["none"]["wide"]], axis=0)
     p_none = stats.wilcoxon(pooled_ppo - pooled_none, method="exact").pvalue
-    p_fix = stats.wilcoxon(np.asarray(values["ppo"]["digits"]) - np.asarray(values["fix"]["digits"]), method="exact").pvalue
+    p_fix = stats.wilcoxon(
+        np.asarray(values["ppo"]["digits"]) - np.asarray(values["fix"]["digits"]), method="exact"
+    ).pvalue
     assert [p.wilcoxon_p for p in pooled] == pytest.approx([p_none, p_fix])
     assert [p.wilcoxon_p_holm for p in pooled] == pytest.approx(holm([p_none, p_fix]))
     assert stats_["pooled_hosts"] == [["digits", "wide"], ["digits"]]
@@ -250,23 +352,44 @@ def test_pooling_uses_the_hosts_both_arms_ran_on():
 
 
 def test_the_report_has_a_table_per_host_a_pooled_table_and_the_cost_per_new_host(tmp_path):
-    spec = ExperimentSpec.from_mapping({**BASE, "seeds": [0, 1, 2], "arms": {
-        "ppo": {}, "none": {"controller": "none"}, "search": {"controller": "search", "search": {"budget": 4}}}})
-    values = {arm: {"digits": [0.5 + 0.1 * i, 0.6, 0.7], "wide": [0.4, 0.5 + 0.05 * i, 0.6]}
-              for i, arm in enumerate(("ppo", "none", "search"))}
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "seeds": [0, 1, 2],
+            "arms": {
+                "ppo": {},
+                "none": {"controller": "none"},
+                "search": {"controller": "search", "search": {"budget": 4}},
+            },
+        }
+    )
+    values = {
+        arm: {"digits": [0.5 + 0.1 * i, 0.6, 0.7], "wide": [0.4, 0.5 + 0.05 * i, 0.6]}
+        for i, arm in enumerate(("ppo", "none", "search"))
+    }
     results = write_report(tmp_path, record_of(values, spec, {"ppo": 1.0, "none": 1.0, "search": 5.0}))
     report = (tmp_path / "report.md").read_text()
-    for heading in ("## Held-out hosts", "### Cost per new host", "### Host `digits`", "### Host `wide`",
-                    "### Pooled over the held-out hosts"):
+    for heading in (
+        "## Held-out hosts",
+        "### Cost per new host",
+        "### Host `digits`",
+        "### Host `wide`",
+        "### Pooled over the held-out hosts",
+    ):
         assert heading in report
     cost = {row["arm"]: row for row in results["statistics"]["held_out"]["cost"]}
     assert cost["search"]["host_runs_per_new_host"] == 5 and cost["ppo"]["host_runs_per_new_host"] == 1
-    assert cost["ppo"]["one_off"].startswith("8 host runs of training per run seed")  # 1 round x 2 envs x 4 episodes (defaults)
+    assert cost["ppo"]["one_off"].startswith(
+        "8 host runs of training per run seed"
+    )  # 1 round x 2 envs x 4 episodes (defaults)
     # a grown network costs a controller one host run and the search its 4 candidates; this evaluation spent 5 there
     assert cost["search"]["host_runs_per_network"] == 4 and cost["ppo"]["host_runs_per_network"] == 1
     assert "| search | search | 4 | 5 | 4 |" in report and "| ppo | ppo | 1 | 1 | 0 |" in report
     gap = next(p for p in results["statistics"]["held_out"]["pooled"] if p["arm_b"] == "search")["hodges_lehmann"]
-    assert f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 25 % of its host runs per grown network" in report
+    assert (
+        f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 25 % of its host runs per grown network"
+        in report
+    )
     assert json.loads((tmp_path / "results.json").read_text())["statistics"]["held_out"]["hosts"] == ["digits", "wide"]
 
 
@@ -285,7 +408,9 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
     assert main(["ab", str(path), "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     hosts = [h["name"] for h in experiment["held_out"]]
-    assert all(t["status"] == "finished" for t in results["trials"]), [(t["arm"], t["error"]) for t in results["trials"]]
+    assert all(t["status"] == "finished" for t in results["trials"]), [
+        (t["arm"], t["error"]) for t in results["trials"]
+    ]
     for t in results["trials"]:
         e = t["evaluation"]
         per_host = [e[f"test_accuracy/{h}"] for h in hosts]
@@ -301,13 +426,20 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
 
     # the PPO trial's checkpoint, as a `checkpoint` arm: evaluated frozen on the same hosts, nothing trained
     checkpoint = sorted((out / "tune").glob("ppo_seed0_*/checkpoint_*"))[-1]
-    frozen = {**experiment, "name": "frozen", "compare": [["frozen", "none"]],
-              "arms": {"frozen": {"controller": "checkpoint", "checkpoint": str(checkpoint)}, "none": {"controller": "none"}}}
+    frozen = {
+        **experiment,
+        "name": "frozen",
+        "compare": [["frozen", "none"]],
+        "arms": {"frozen": {"controller": "checkpoint", "checkpoint": str(checkpoint)}, "none": {"controller": "none"}},
+    }
     path.write_text(yaml.safe_dump(frozen))
     assert main(["ab", str(path), "--output", str(tmp_path / "frozen")]) == 0
     results = json.loads((tmp_path / "frozen" / "results.json").read_text())
     assert all(t["status"] == "finished" and t["history"] == [] for t in results["trials"])
-    assert {row["arm"]: row["host_runs_per_new_host"] for row in results["statistics"]["held_out"]["cost"]} == {"frozen": 1, "none": 1}
+    assert {row["arm"]: row["host_runs_per_new_host"] for row in results["statistics"]["held_out"]["cost"]} == {
+        "frozen": 1,
+        "none": 1,
+    }
     assert "trained before this run" in (tmp_path / "frozen" / "report.md").read_text()
 
 
@@ -320,7 +452,9 @@ def test_transfer_starved_yaml_reads_controllers_this_code_loads(monkeypatch):
     assert sorted(t.seed for t in frozen) == list(range(8)) and len({t.checkpoint for t in frozen}) == 8
     for trial in frozen:
         check_checkpoint(trial.arm, trial.checkpoint)
-        check_layout(saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint)  # what load_policy checks first
+        check_layout(
+            saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint
+        )  # what load_policy checks first
 
 
 def test_the_kept_controllers_are_complete_checkpoints_with_the_transfer_runs_settings():
@@ -339,24 +473,45 @@ def test_a_searched_plan_no_evaluation_episode_planted_is_reported_as_not_plante
     """A 15-epoch held-out host: any seed could be kept at the fast tempo, but the search's candidates take the
     standard one (17 epochs), so what it ranks best there was never planted: the run warns naming the arm and the
     host, and the report marks each such plan, per host and seed, not planted (or not kept)."""
-    hosts = [{"name": "digits", "env": {"task": "digits", "max_epochs": 25}},
-             {"name": "short", "env": {"task": "digits", "max_epochs": 15}}]
-    spec = ExperimentSpec.from_mapping({**BASE, "seeds": [0, 1], "held_out": hosts, "training": {"task": "digits-impaired"},
-                                        "arms": {"none": {"controller": "none"},
-                                                 "search": {"controller": "search", "search": {"budget": 4}}}})
+    hosts = [
+        {"name": "digits", "env": {"task": "digits", "max_epochs": 25}},
+        {"name": "short", "env": {"task": "digits", "max_epochs": 15}},
+    ]
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "seeds": [0, 1],
+            "held_out": hosts,
+            "training": {"task": "digits-impaired"},
+            "arms": {"none": {"controller": "none"}, "search": {"controller": "search", "search": {"budget": 4}}},
+        }
+    )
     [warning] = spec.short_run_warnings()
-    assert warning.startswith("arm search on host short: no seed at tempo standard can be kept in a run of max_epochs=15")
-    record = record_of({arm: {"digits": [0.5, 0.6], "short": [0.4, 0.4]} for arm in ("none", "search")}, spec,
-                       {"none": 1.0, "search": 5.0})
+    assert warning.startswith(
+        "arm search on host short: no seed at tempo standard can be kept in a run of max_epochs=15"
+    )
+    record = record_of(
+        {arm: {"digits": [0.5, 0.6], "short": [0.4, 0.4]} for arm in ("none", "search")},
+        spec,
+        {"none": 1.0, "search": 5.0},
+    )
     for t in record.trials:
         if t.arm == "search":
             t.plans = {"digits": "conv_heavy@r0c1", "short": "norm@r0c0"}
-            t.evaluation.update({"germinated/digits": 1.0, "fossilized/digits": 1.0 if t.seed == 0 else 0.0,
-                                 "germinated/short": 0.0, "fossilized/short": 0.0})
+            t.evaluation.update(
+                {
+                    "germinated/digits": 1.0,
+                    "fossilized/digits": 1.0 if t.seed == 0 else 0.0,
+                    "germinated/short": 0.0,
+                    "fossilized/short": 0.0,
+                }
+            )
     results = write_report(tmp_path, record)
     report = (tmp_path / "report.md").read_text()
-    assert ("search on digits: 0: conv_heavy@r0c1, 1: conv_heavy@r0c1 (not kept); "
-            "search on short: 0: norm@r0c0 (not planted), 1: norm@r0c0 (not planted)") in report
+    assert (
+        "search on digits: 0: conv_heavy@r0c1, 1: conv_heavy@r0c1 (not kept); "
+        "search on short: 0: norm@r0c0 (not planted), 1: norm@r0c0 (not planted)"
+    ) in report
     assert "Plans the search picked" not in report and f"**Too short to keep a seed:** {warning}." in report
     notes = results["statistics"]["held_out"]["plan_notes"]["search"]
     assert notes == {"digits": {"1": "not kept"}, "short": {"0": "not planted", "1": "not planted"}}
@@ -366,5 +521,7 @@ def test_a_fixed_plan_not_planted_on_a_held_out_host_is_reported_per_host_and_se
     from esper_ray.experiments.held_out_report import plan_lines
 
     [_, line] = plan_lines({}, {"heavy": {"short": {0: "not planted", 1: "not planted", 2: "not kept"}}})
-    assert line == "Fixed plans the evaluation episodes did not plant or keep: heavy on short: not kept on seed(s) 2, " \
-                   "not planted on seed(s) 0, 1."
+    assert (
+        line == "Fixed plans the evaluation episodes did not plant or keep: heavy on short: not kept on seed(s) 2, "
+        "not planted on seed(s) 0, 1."
+    )

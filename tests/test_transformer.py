@@ -263,7 +263,9 @@ def test_the_flex_attention_seed_runs_eagerly_without_torch_s_unfused_notice(mon
     whichever caller is first in the process (a loaded network's forward, say)."""
     import torch.nn.attention.flex_attention as flex_module
 
-    monkeypatch.setattr(flex_module, "_WARNINGS_SHOWN", set())  # torch notices once per process: as if this were the first
+    monkeypatch.setattr(
+        flex_module, "_WARNINGS_SHOWN", set()
+    )  # torch notices once per process: as if this were the first
     seed = FlexAttentionSeed(32)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():  # no CPU backward (flex_attention_available)
         warnings.simplefilter("always")
@@ -307,7 +309,9 @@ def test_unknown_and_cnn_blueprints_are_rejected_with_the_transformer_list():
     with pytest.raises(ValueError, match=f"unknown blueprint 'lora_xl'; available: {available}"):
         resolve_transformer_blueprint("lora_xl")
     for cnn_only in set(CNN_BLUEPRINTS) - set(TRANSFORMER_BLUEPRINTS):
-        with pytest.raises(ValueError, match=f"'{cnn_only.key}' is not available for transformer hosts; available: {available}"):
+        with pytest.raises(
+            ValueError, match=f"'{cnn_only.key}' is not available for transformer hosts; available: {available}"
+        ):
             build_transformer_seed(cnn_only, 16)
     assert resolve_transformer_blueprint("LoRA") is Blueprint.LORA
     assert resolve_transformer_blueprint(Blueprint.MLP) is Blueprint.MLP
@@ -315,7 +319,9 @@ def test_unknown_and_cnn_blueprints_are_rejected_with_the_transformer_list():
 
 def test_seed_in_a_slot_hook_keeps_the_host_unchanged_at_birth():
     host = small_host()
-    seeds = {s: build_transformer_seed(b, host.slot_channels(s)) for s, b in zip(host.slot_ids, ("lora", "mlp", "attention"))}
+    seeds = {
+        s: build_transformer_seed(b, host.slot_channels(s)) for s, b in zip(host.slot_ids, ("lora", "mlp", "attention"))
+    }
     idx = tokens()
     with torch.no_grad():
         assert torch.equal(host(idx, at_slot=lambda s, h: seeds[s](h)), host(idx))

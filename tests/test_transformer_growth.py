@@ -88,8 +88,9 @@ def test_a_cnn_seed_stays_isolated_after_training():
 @pytest.mark.parametrize(("window", "changed"), [(None, list(range(6, 16))), (1, [6]), (3, [6, 7, 8])])
 def test_a_windowed_host_sees_only_the_last_bytes_of_its_window(window, changed):
     torch.manual_seed(0)
-    host = TransformerHost(TransformerHostConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=4, n_layers=1,
-                                                 attention_window=window)).eval()
+    host = TransformerHost(
+        TransformerHostConfig(vocab_size=256, seq_len=16, d_model=32, n_heads=4, n_layers=1, attention_window=window)
+    ).eval()
     idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     edited = idx.clone()
     edited[:, 6] = (edited[:, 6] + 1) % 256
@@ -113,7 +114,9 @@ def test_a_scripted_controller_fossilizes_a_transformer_seed_within_the_default_
     assert env.cfg.max_epochs == DEFAULT_MAX_EPOCHS
     stages: list[str] = []
     controller = FixedSeedController(env.slot_ids, env.cfg.max_epochs, FixedSeed(Blueprint.MLP, "r0c0"), 10)
-    summary = run_episode(env, controller, 0, reset_seed=0, on_step=lambda step, info: stages.append(info["stages"]["r0c0"]))
+    summary = run_episode(
+        env, controller, 0, reset_seed=0, on_step=lambda step, info: stages.append(info["stages"]["r0c0"])
+    )
     # germinated at the first decision, 10 epochs of TRAINING, the standard 5-epoch blend, kept at the first legal step
     first = {stage: stages.index(stage) + 1 for stage in dict.fromkeys(stages)}
     assert first == {"TRAINING": 1, "BLENDING": 11, "HOLDING": 16, "FOSSILIZED": 17}
@@ -135,11 +138,15 @@ def test_a_fossilized_transformer_seed_costs_the_host_no_accuracy_on_several_see
     for seed in (0, 1, 2):
         env = MorphogeneticEnv({**short, "seed": seed})
         kept = FixedSeed(Blueprint.MLP, "r0c0", style=Style.LINEAR_ADD, tempo=Tempo.FAST)
-        summary = run_episode(env, FixedSeedController(env.slot_ids, 10, kept, 2), 0, reset_seed=seed, measure_test=True)
+        summary = run_episode(
+            env, FixedSeedController(env.slot_ids, 10, kept, 2), 0, reset_seed=seed, measure_test=True
+        )
         assert summary.fossilized >= 1 and env.model.slot("r0c0").stage is Stage.FOSSILIZED
         grown.append(summary.test_accuracy)
         env = MorphogeneticEnv({**short, "seed": seed})
-        bare.append(run_episode(env, NoGrowthController(env.slot_ids), 0, reset_seed=seed, measure_test=True).test_accuracy)
+        bare.append(
+            run_episode(env, NoGrowthController(env.slot_ids), 0, reset_seed=seed, measure_test=True).test_accuracy
+        )
     print(f"test accuracy with a kept mlp seed {grown}, without growth {bare}")
     assert sum(grown) / 3 > sum(bare) / 3 - FOSSIL_MARGIN, (grown, bare)
 
@@ -154,12 +161,15 @@ def test_a_seed_learns_at_seed_lr_while_training_and_at_the_blended_rate_once_it
     assert [g["lr"] for g in model.slot("r0c1").optimizer.param_groups] == [0.3]
 
 
-@pytest.mark.parametrize(("settings", "blended"), [
-    ({"task": "text"}, 0.3),  # the text host's learning rate
-    ({"task": "text", "host_lr": 0.1}, 0.1),
-    ({"task": "text", "blended_seed_lr": 0.05}, 0.05),
-    ({"task": "digits-impaired"}, 0.01),  # image tasks keep seed_lr, as measured there
-])
+@pytest.mark.parametrize(
+    ("settings", "blended"),
+    [
+        ({"task": "text"}, 0.3),  # the text host's learning rate
+        ({"task": "text", "host_lr": 0.1}, 0.1),
+        ({"task": "text", "blended_seed_lr": 0.05}, 0.05),
+        ({"task": "digits-impaired"}, 0.01),  # image tasks keep seed_lr, as measured there
+    ],
+)
 def test_the_blended_seed_rate_follows_the_text_host_and_keeps_seed_lr_on_images(settings, blended):
     assert EnvConfig(**settings).lifecycle.blended_seed_lr == blended
     with pytest.raises(ValueError, match="blended_seed_lr=0"):

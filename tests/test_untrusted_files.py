@@ -23,7 +23,7 @@ from esper_ray.contracts.host import Topology
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.blueprints import build_seed
 from esper_ray.morpho.grown import GrownNetwork, GrownSeed, GrownSeedSpec
-from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, save_grown_network
+from esper_ray.morpho.grown_artifact import save_grown_network
 from esper_ray.morpho.hosts import rebuild_host
 from esper_ray.train.commands.grow_summary import usage_lines
 from tests.plugin_parts import ToyMLP
@@ -126,7 +126,10 @@ def test_load_grown_refuses_plugins_given_as_a_string_and_names_a_missing_one_wi
     with pytest.raises(ValueError) as refused:
         esper_ray.load_grown(tmp_path / "net", plugins=["no_such_module_anywhere"])
     message = str(refused.value)
-    assert message.startswith("load_grown(plugins=...): 'no_such_module_anywhere' cannot be imported") and "Ray" not in message
+    assert (
+        message.startswith("load_grown(plugins=...): 'no_such_module_anywhere' cannot be imported")
+        and "Ray" not in message
+    )
 
 
 def test_registered_host_never_resolves_an_import_string_and_rebuild_host_refuses_one(plugin):
@@ -140,21 +143,35 @@ def test_registered_host_never_resolves_an_import_string_and_rebuild_host_refuse
 
 def test_standard_library_names_in_a_grown_network_or_a_run_folder_never_run(tmp_path):
     """os:abort would end the process, sys:exit the caller's script, faulthandler:_sigsegv crash it."""
-    save_grown_network(tmp_path / "net", plugin_network("faulthandler:_sigsegv", ["os:abort", "sys:exit", "pdb:set_trace"]), {})
-    run = run_folder(tmp_path / "run", {"plugins": ["os:abort", "sys:exit"], "env": {"host_preset": "faulthandler:_sigsegv"}},
-                     task="os:abort")
-    script = ("import sys, esper_ray\nfrom esper_ray.cli import main\n"
-              "try:\n    esper_ray.load_grown(sys.argv[1])\nexcept ValueError as err:\n    print('refused:', err)\n"
-              "print('report', main(['report', sys.argv[2]]))\nprint('survived')\n")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "net"), str(run)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    save_grown_network(
+        tmp_path / "net", plugin_network("faulthandler:_sigsegv", ["os:abort", "sys:exit", "pdb:set_trace"]), {}
+    )
+    run = run_folder(
+        tmp_path / "run",
+        {"plugins": ["os:abort", "sys:exit"], "env": {"host_preset": "faulthandler:_sigsegv"}},
+        task="os:abort",
+    )
+    script = (
+        "import sys, esper_ray\nfrom esper_ray.cli import main\n"
+        "try:\n    esper_ray.load_grown(sys.argv[1])\nexcept ValueError as err:\n    print('refused:', err)\n"
+        "print('report', main(['report', sys.argv[2]]))\nprint('survived')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "net"), str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and done.stdout.splitlines()[-2:] == ["report 0", "survived"], done.stderr[-2000:]
     assert "refused:" in done.stdout and "'os:abort'" in done.stdout
 
 
 def test_a_plugin_networks_summary_shows_how_to_load_it_with_its_plugins():
     tokens = {"input": {"kind": "tokens", "shape": [16]}}
-    assert "esper_ray.load_grown('net')  #" in "\n".join(usage_lines(Path("net"), {**tokens, "host": "text", "plugins": []}))
+    assert "esper_ray.load_grown('net')  #" in "\n".join(
+        usage_lines(Path("net"), {**tokens, "host": "text", "plugins": []})
+    )
     lines = "\n".join(usage_lines(Path("net"), {**tokens, "host": "my_mlp:MyMLP", "plugins": ["my_parts"]}))
     assert "esper_ray.load_grown('net', plugins=['my_parts', 'my_mlp'])" in lines
 
@@ -163,39 +180,102 @@ def test_a_plugin_networks_summary_shows_how_to_load_it_with_its_plugins():
 def run_folder(out: Path, training: dict, task: str = "digits", held_out: list | str | None = None) -> Path:
     """A finished `esper-ray ab` run folder as the runner writes it (experiment.json, Tune's JSON), with `training`
     (and `task`) as its experiment file's training settings: three arms, two seeds, every trial finished."""
-    experiment = {"name": "untrusted", "seeds": [0, 1], "rounds": 1, "last_rounds": 1, "eval_episodes": 1, "alpha": 0.05,
-                  "metric": "test_accuracy", "order_seed": 1, "training": {"task": task, **training},
-                  "arms": {"ppo": {"controller": "ppo"}, "none": {"controller": "none"},
-                           "fix": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}}},
-                  **({"held_out": held_out} if held_out is not None else {})}
+    experiment = {
+        "name": "untrusted",
+        "seeds": [0, 1],
+        "rounds": 1,
+        "last_rounds": 1,
+        "eval_episodes": 1,
+        "alpha": 0.05,
+        "metric": "test_accuracy",
+        "order_seed": 1,
+        "training": {"task": task, **training},
+        "arms": {
+            "ppo": {"controller": "ppo"},
+            "none": {"controller": "none"},
+            "fix": {"controller": "fixed", "fixed": {"blueprint": "conv_heavy", "slot": "r0c1"}},
+        },
+        **({"held_out": held_out} if held_out is not None else {}),
+    }
     order = [(arm, seed) for arm in experiment["arms"] for seed in experiment["seeds"]]
     tune = out / "tune"
     tune.mkdir(parents=True)
-    (out / "experiment.json").write_text(json.dumps({
-        "experiment": experiment, "source": None, "order_seed": 1, "order_seed_drawn": False,
-        "start_order": [{"position": i, "arm": a, "seed": s} for i, (a, s) in enumerate(order)]}))
+    (out / "experiment.json").write_text(
+        json.dumps(
+            {
+                "experiment": experiment,
+                "source": None,
+                "order_seed": 1,
+                "order_seed_drawn": False,
+                "start_order": [{"position": i, "arm": a, "seed": s} for i, (a, s) in enumerate(order)],
+            }
+        )
+    )
     trials = []
     for i, (arm, seed) in enumerate(order):
         name = f"{arm}_seed{seed}_abcde_{i:05d}"
         (tune / name).mkdir()
-        evaluation = {f"eval/{c}": 0.5 + 0.01 * i for c in ("test_accuracy", "test_accuracy_per_param", "val_accuracy",
-                                                            "val_accuracy_per_param", "params_added", "host_params", "episodes")}
+        evaluation = {
+            f"eval/{c}": 0.5 + 0.01 * i
+            for c in (
+                "test_accuracy",
+                "test_accuracy_per_param",
+                "val_accuracy",
+                "val_accuracy_per_param",
+                "params_added",
+                "host_params",
+                "episodes",
+            )
+        }
         hosts = held_out if isinstance(held_out, list) else []
-        evaluation.update({f"eval/{c}/{h['name']}": 0.4 + 0.01 * i for h in hosts for c in ("test_accuracy", "host_runs")})
-        summary = {f"round/{c}": 0.1 for c in ("round", "final_accuracy", "params_added", "host_params", "episode_return",
-                                               "episodes", "seconds")} if arm == "ppo" else {}
+        evaluation.update(
+            {f"eval/{c}/{h['name']}": 0.4 + 0.01 * i for h in hosts for c in ("test_accuracy", "host_runs")}
+        )
+        summary = (
+            {
+                f"round/{c}": 0.1
+                for c in (
+                    "round",
+                    "final_accuracy",
+                    "params_added",
+                    "host_params",
+                    "episode_return",
+                    "episodes",
+                    "seconds",
+                )
+            }
+            if arm == "ppo"
+            else {}
+        )
         row = {"training_iteration": 1, "timestamp": 10.0, "time_this_iter_s": 1.0, **summary, **evaluation}
         (tune / name / "result.json").write_text(json.dumps(row) + "\n")
-        trials.append([json.dumps({"trial_id": f"abcde_{i:05d}", "status": "TERMINATED", "relative_logdir": name,
-                                   "config": {"trial": {"arm": arm, "seed": seed}}}), json.dumps({})])
+        trials.append(
+            [
+                json.dumps(
+                    {
+                        "trial_id": f"abcde_{i:05d}",
+                        "status": "TERMINATED",
+                        "relative_logdir": name,
+                        "config": {"trial": {"arm": arm, "seed": seed}},
+                    }
+                ),
+                json.dumps({}),
+            ]
+        )
     (tune / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": trials}))
     return out
 
 
 def test_report_of_a_run_folder_naming_plugins_and_import_strings_imports_none_of_them(plugin, tmp_path, capsys):
     module, _, marked = plugin
-    hostile = {"plugins": [module, f"{module}:register"], "slots": ["r0c0", "r0c1"], "env": {"host_preset": f"{module}:Host"}}
-    held_out = [{"name": "elsewhere", "env": {"plugins": [module], "host_preset": f"{module}:Host", "task": f"{module}:load"}}]
+    hostile = {
+        "plugins": [module, f"{module}:register"],
+        "slots": ["r0c0", "r0c1"],
+        "env": {"host_preset": f"{module}:Host"},
+    }
+    held_out = [
+        {"name": "elsewhere", "env": {"plugins": [module], "host_preset": f"{module}:Host", "task": f"{module}:load"}}
+    ]
     for i, (task, hosts) in enumerate(((f"{module}:load", None), ("digits", held_out))):
         out = run_folder(tmp_path / f"run{i}", hostile, task=task, held_out=hosts)
         assert main(["report", str(out)]) == 0, capsys.readouterr().err
@@ -211,7 +291,9 @@ def test_the_line_printed_after_saving_a_plugin_network_passes_its_plugins(tmp_p
     from esper_ray.train.commands.grow import saved_line
 
     save_grown_network(tmp_path / "net", plugin_network("toy-mlp", ["tests.plugin_parts"]), {})
-    assert f"esper_ray.load_grown({str(tmp_path / 'net')!r}, plugins=['tests.plugin_parts'])" in saved_line(tmp_path / "net")
+    assert f"esper_ray.load_grown({str(tmp_path / 'net')!r}, plugins=['tests.plugin_parts'])" in saved_line(
+        tmp_path / "net"
+    )
 
 
 def test_report_of_a_run_whose_held_out_family_no_module_here_registers_says_it_imports_no_plugin(tmp_path, capsys):

@@ -13,8 +13,7 @@ import torch
 
 from esper_ray.contracts.actions import Blueprint, Op, encode_joint
 from esper_ray.contracts.stages import Stage
-from esper_ray.env import MorphogeneticEnv
-from esper_ray.env import validation_graph
+from esper_ray.env import MorphogeneticEnv, validation_graph
 from esper_ray.env.epoch import read_val_stats, validate_fused
 from esper_ray.env.train_step import Precision
 from esper_ray.env.validation_graph import CapturedValidation, ValidationGraphs, capturable, validation_key
@@ -115,13 +114,23 @@ def test_a_pass_in_which_an_uncapturable_seed_runs_stays_eager(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu_check.sh runs this)")
-@pytest.mark.parametrize(("task", "blueprint"), [("synthetic", Blueprint.CONV_LIGHT), ("text", Blueprint.ATTENTION),
-                                               ("text", Blueprint.FLEX_ATTENTION)])
+@pytest.mark.parametrize(
+    ("task", "blueprint"),
+    [("synthetic", Blueprint.CONV_LIGHT), ("text", Blueprint.ATTENTION), ("text", Blueprint.FLEX_ATTENTION)],
+)
 def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     """A seed germinated at once blends from epoch 3 (min_training_epochs 1): by epoch 8 the pass
     that validates `main` and `off:r0c0` has been captured and replayed with moving alphas."""
-    config = {"task": task, "max_epochs": 10, "device": "cuda", "cuda_graphs": True, "graph_validation": True,
-              "min_training_epochs": 1, "synthetic_size": 4_000, "text_max_bytes": 20_000}
+    config = {
+        "task": task,
+        "max_epochs": 10,
+        "device": "cuda",
+        "cuda_graphs": True,
+        "graph_validation": True,
+        "min_training_epochs": 1,
+        "synthetic_size": 4_000,
+        "text_max_bytes": 20_000,
+    }
     env = MorphogeneticEnv(config)
     assert env.val_graphs.enabled
     env.reset(seed=0)
@@ -135,8 +144,15 @@ def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     assert len(plan.names) == 2 and env.val_graphs.captures >= 2, (plan.names, env.val_graphs.captures)
     with torch.cuda.stream(env.stream):
         graphed = env._validate(plan)
-        eager = validate_fused(env.model, env.val_x, env.val_y, plan.alphas, chunk=env.cfg.effective_val_batch_size,
-                               prepare=env._prepare_eval, precision=env.precision)
+        eager = validate_fused(
+            env.model,
+            env.val_x,
+            env.val_y,
+            plan.alphas,
+            chunk=env.cfg.effective_val_batch_size,
+            prepare=env._prepare_eval,
+            precision=env.precision,
+        )
     torch.cuda.synchronize()
     assert env.val_graphs.captured is not None and env.val_graphs.captured.key.configurations == 2
     for k in range(len(plan.names)):

@@ -27,12 +27,18 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for throughput.py
-from throughput import (Setup, _show_one_gpu, bare_mps, graph_captures, machine, run_processes,  # noqa: E402
-                        warmed_up_env)
+from throughput import (
+    Setup,
+    _show_one_gpu,
+    bare_mps,
+    graph_captures,
+    machine,
+    run_processes,  # noqa: E402
+    warmed_up_env,
+)
 
 
-def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool = False,
-           when: Any = None) -> None:
+def _timed(owner: Any, name: str, totals: dict[str, float], key: str, sync: bool = False, when: Any = None) -> None:
     """Wrap owner.name so that its wall time is added to totals[key] (and a count to totals[key + '_n'])."""
     original = getattr(owner, name)
 
@@ -76,7 +82,9 @@ def _profiled(owner: Any, name: str, calls: list[int], when: Any) -> None:
             out = original(*args, **kwargs)
         wall = time.perf_counter() - t0
         table = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
-        print(f"--- an eager warm-up step: {1e3 * wall:.1f} ms of wall (profiled)\n{table}", file=sys.stderr, flush=True)
+        print(
+            f"--- an eager warm-up step: {1e3 * wall:.1f} ms of wall (profiled)\n{table}", file=sys.stderr, flush=True
+        )
         return out
 
     setattr(owner, name, wrapper)
@@ -111,10 +119,18 @@ def _worker(setup: Setup, shard: int, seconds: float, profile_eager: int, barrie
             totals["reset"] += time.perf_counter() - t0
             episodes += 1
     wall = time.perf_counter() - start
-    results.put({"wall": wall, "episodes": episodes, "plain_steps": len(plain), "capturing_steps": len(capturing),
-                 "ms_plain_step": 1e3 * sum(plain) / max(len(plain), 1),
-                 "ms_capturing_step": 1e3 * sum(capturing) / max(len(capturing), 1),
-                 "capturing_share": sum(capturing) / wall, **dict(totals)})
+    results.put(
+        {
+            "wall": wall,
+            "episodes": episodes,
+            "plain_steps": len(plain),
+            "capturing_steps": len(capturing),
+            "ms_plain_step": 1e3 * sum(plain) / max(len(plain), 1),
+            "ms_capturing_step": 1e3 * sum(capturing) / max(len(capturing), 1),
+            "capturing_share": sum(capturing) / wall,
+            **dict(totals),
+        }
+    )
 
 
 def main() -> None:
@@ -123,31 +139,59 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--no-mps", action="store_true")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="an env setting (repeatable)")
-    parser.add_argument("--profile-eager", type=int, default=0, metavar="N",
-                        help="profile the first N eager warm-up steps of the first process (ops by CPU time, to stderr; "
-                             "its eager_train figures then include the profiler's own time)")
+    parser.add_argument(
+        "--profile-eager",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile the first N eager warm-up steps of the first process (ops by CPU time, to stderr; "
+        "its eager_train figures then include the profiler's own time)",
+    )
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     from esper_ray.cli import parse_env_overrides
 
-    setup = Setup(envs=args.procs, gpus=1, task="synthetic", train_size=12_500 * args.procs, val_size=10_000,
-                  batch_size=512, max_epochs=20, episodes_per_env=4, rounds=1, bare_seconds=args.seconds,
-                  slots=("r0c1",), model="gpu", extra_env=tuple(sorted(parse_env_overrides(args.env).items())))
+    setup = Setup(
+        envs=args.procs,
+        gpus=1,
+        task="synthetic",
+        train_size=12_500 * args.procs,
+        val_size=10_000,
+        batch_size=512,
+        max_epochs=20,
+        episodes_per_env=4,
+        rounds=1,
+        bare_seconds=args.seconds,
+        slots=("r0c1",),
+        model="gpu",
+        extra_env=tuple(sorted(parse_env_overrides(args.env).items())),
+    )
     with bare_mps(not args.no_mps):
         outcomes = run_processes(_worker, args.procs, lambda k: (setup, k, args.seconds, args.profile_eager))
     keys = {k for o in outcomes for k in o}  # a process that, say, validated no pass eagerly has no eager_val
     mean = {k: sum(o.get(k, 0.0) for o in outcomes) / len(outcomes) for k in keys}
     episodes = max(mean["episodes"], 1e-9)
-    per_episode = {k: round(1e3 * mean[k] / episodes, 1) for k in ("capture_train", "capture_val", "eager_train",
-                                                                   "eager_val", "eager_last_batch", "reset") if k in mean}
+    per_episode = {
+        k: round(1e3 * mean[k] / episodes, 1)
+        for k in ("capture_train", "capture_val", "eager_train", "eager_val", "eager_last_batch", "reset")
+        if k in mean
+    }
     counts = {k[:-2]: round(mean[k] / episodes, 2) for k in mean if k.endswith("_n")}
-    report = {"note": args.note, "machine": machine(), "procs": args.procs, "mps": not args.no_mps,
-              "env": dict(setup.extra_env), "episodes_per_proc": mean["episodes"],
-              "ms_plain_step": round(mean["ms_plain_step"], 2), "ms_capturing_step": round(mean["ms_capturing_step"], 2),
-              "capturing_steps_per_episode": round(mean["capturing_steps"] / episodes, 2),
-              "capturing_share_of_wall": round(mean["capturing_share"], 3),
-              "ms_per_episode": per_episode, "calls_per_episode": counts,
-              "samples_per_s": round(setup.train_size * (mean["plain_steps"] + mean["capturing_steps"]) / mean["wall"])}
+    report = {
+        "note": args.note,
+        "machine": machine(),
+        "procs": args.procs,
+        "mps": not args.no_mps,
+        "env": dict(setup.extra_env),
+        "episodes_per_proc": mean["episodes"],
+        "ms_plain_step": round(mean["ms_plain_step"], 2),
+        "ms_capturing_step": round(mean["ms_capturing_step"], 2),
+        "capturing_steps_per_episode": round(mean["capturing_steps"] / episodes, 2),
+        "capturing_share_of_wall": round(mean["capturing_share"], 3),
+        "ms_per_episode": per_episode,
+        "calls_per_episode": counts,
+        "samples_per_s": round(setup.train_size * (mean["plain_steps"] + mean["capturing_steps"]) / mean["wall"]),
+    }
     print(json.dumps(report))
 
 

@@ -75,16 +75,20 @@ def main() -> None:
     runner.sample(num_episodes=args.episodes)
     sample_seconds = time.perf_counter() - start
     MorphogeneticEnv.step = original_step  # type: ignore[method-assign]
-    print(json.dumps({
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "model": args.model,
-        "replay_env": args.replay_env,
-        "env_steps": env_steps,
-        "sample_seconds_per_step": round(sample_seconds / env_steps, 5),
-        "env_seconds_per_step": round(env_seconds / env_steps, 5),
-        "rllib_seconds_per_step": round((sample_seconds - env_seconds) / env_steps, 5),
-        "policy_forward_seconds_per_step": round(forward_seconds / env_steps, 5),
-    }))
+    print(
+        json.dumps(
+            {
+                "machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__},
+                "model": args.model,
+                "replay_env": args.replay_env,
+                "env_steps": env_steps,
+                "sample_seconds_per_step": round(sample_seconds / env_steps, 5),
+                "env_seconds_per_step": round(env_seconds / env_steps, 5),
+                "rllib_seconds_per_step": round((sample_seconds - env_seconds) / env_steps, 5),
+                "policy_forward_seconds_per_step": round(forward_seconds / env_steps, 5),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

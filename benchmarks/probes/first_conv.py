@@ -35,7 +35,9 @@ def nchw(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def im2col(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     b, c, h, wd = x.shape
     xp = F.pad(x.permute(0, 2, 3, 1), (0, 0, 1, 1, 1, 1))  # [B, H+2, W+2, C]
-    patches = torch.stack([xp[:, i:i + h, j:j + wd, :] for i in range(3) for j in range(3)], dim=3)  # [B, H, W, 9, C]
+    patches = torch.stack(
+        [xp[:, i : i + h, j : j + wd, :] for i in range(3) for j in range(3)], dim=3
+    )  # [B, H, W, 9, C]
     weight = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)  # [O, 9*C], (kh, kw, c) order like the patches
     out = patches.reshape(b * h * wd, -1) @ weight.t()  # [B*H*W, O]
     return out.view(b, h, wd, -1).permute(0, 3, 1, 2)  # [B, O, H, W], channels-last in memory
@@ -81,8 +83,11 @@ def main() -> None:
             error = float((out - reference).abs().max())
             report[f"{name}_{tag}_train_us"] = round(timed(train), 1)
             report[f"{name}_{tag}_val_us"] = round(timed(val), 1)
-            print(f"{name:>9} {tag}: train batch 512 {report[f'{name}_{tag}_train_us']:8.1f} us, validation 10,000 "
-                  f"{report[f'{name}_{tag}_val_us']:8.1f} us (max difference from nhwc {error:.1e})", flush=True)
+            print(
+                f"{name:>9} {tag}: train batch 512 {report[f'{name}_{tag}_train_us']:8.1f} us, validation 10,000 "
+                f"{report[f'{name}_{tag}_val_us']:8.1f} us (max difference from nhwc {error:.1e})",
+                flush=True,
+            )
     print(json.dumps({"card": torch.cuda.get_device_name(0), **report}))
 
 

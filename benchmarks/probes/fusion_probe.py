@@ -40,12 +40,32 @@ import torch.nn.functional as F
 
 from esper_ray.morpho import fused_block
 
-VARIANTS = ("env", "unfused", "blocks", "blocks_pool", "blocks_pool_pad4", "whole", "whole_tuned", "fused_sgd",
-            "val_eager", "val_compiled", "val_pad4")
+VARIANTS = (
+    "env",
+    "unfused",
+    "blocks",
+    "blocks_pool",
+    "blocks_pool_pad4",
+    "whole",
+    "whole_tuned",
+    "fused_sgd",
+    "val_eager",
+    "val_compiled",
+    "val_pad4",
+)
 
 
-def conv_bn_relu(x: torch.Tensor, weight: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, mean: torch.Tensor,
-                 var: torch.Tensor, padding: int, pool: bool, pad_in: int = 0) -> torch.Tensor:
+def conv_bn_relu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    padding: int,
+    pool: bool,
+    pad_in: int = 0,
+) -> torch.Tensor:
     if pad_in:  # zero input channels with zero weights: the same output, a convolution with 4 input channels
         x, weight = F.pad(x, (0, 0, 0, 0, 0, pad_in)), F.pad(weight, (0, 0, 0, 0, 0, pad_in))
     y = F.conv2d(x, weight, None, 1, padding)
@@ -53,8 +73,9 @@ def conv_bn_relu(x: torch.Tensor, weight: torch.Tensor, gamma: torch.Tensor, bet
     return F.max_pool2d(y, 2) if pool else y
 
 
-def conv_relu_pool(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int, pool: bool,
-                   pad_in: int = 0) -> torch.Tensor:
+def conv_relu_pool(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, padding: int, pool: bool, pad_in: int = 0
+) -> torch.Tensor:
     """Eval: batch norm folded into weight and bias (ConvBlock.folded)."""
     if pad_in:
         x, weight = F.pad(x, (0, 0, 0, 0, 0, pad_in)), F.pad(weight, (0, 0, 0, 0, 0, pad_in))
@@ -76,8 +97,17 @@ def patch_host(model: Any, variant: str) -> None:
         def forward(self: Any, x: torch.Tensor, at_slot: Any = None, hooked: Any = None) -> torch.Tensor:
             for i, block in enumerate(self.blocks):
                 pool = i < self.cfg.pool_layers
-                x = fused(x, block.conv.weight, block.norm.weight, block.norm.bias, block.norm.running_mean,
-                          block.norm.running_var, block.conv.padding[0], pool and fuse_pool, _pad_in(block, variant))
+                x = fused(
+                    x,
+                    block.conv.weight,
+                    block.norm.weight,
+                    block.norm.bias,
+                    block.norm.running_mean,
+                    block.norm.running_var,
+                    block.conv.padding[0],
+                    pool and fuse_pool,
+                    _pad_in(block, variant),
+                )
                 if pool and not fuse_pool:
                     x = F.max_pool2d(x, 2)
             return self.head(x.mean(dim=(2, 3)))
@@ -111,8 +141,13 @@ def build(variant: str, amp: str, device: torch.device) -> tuple[Any, torch.Tens
     model.train()
     patch_host(model, variant)
     fused_block.ENABLED = variant == "env"  # the hand-patched variants replace the host's forward
-    optimizer = torch.optim.SGD(model.host.parameters(), lr=TASK_DEFAULTS["synthetic"]["host_lr"], momentum=HOST_MOMENTUM,
-                                weight_decay=HOST_WEIGHT_DECAY, fused=variant in ("env", "fused_sgd"))
+    optimizer = torch.optim.SGD(
+        model.host.parameters(),
+        lr=TASK_DEFAULTS["synthetic"]["host_lr"],
+        momentum=HOST_MOMENTUM,
+        weight_decay=HOST_WEIGHT_DECAY,
+        fused=variant in ("env", "fused_sgd"),
+    )
     precision = Precision(dtype=torch.bfloat16) if amp == "bf16" else Precision()
     graphs = StepGraphs(enabled=True)
     step = TrainStep(model, optimizer, precision, 1.0, graphs.accumulators(device))
@@ -141,8 +176,16 @@ def build_validation(variant: str, amp: str, device: torch.device) -> Any:
     alphas = torch.zeros(1, 1)
     for _ in range(2):
         validate_fused(model, x, y, alphas, chunk=10_000, prepare=lambda v: v, precision=precision)
-    captured = CapturedValidation(validation_key(model, alphas, precision, 10_000), model, x, y, alphas, chunk=10_000,
-                                  prepare=lambda v: v, precision=precision)
+    captured = CapturedValidation(
+        validation_key(model, alphas, precision, 10_000),
+        model,
+        x,
+        y,
+        alphas,
+        chunk=10_000,
+        prepare=lambda v: v,
+        precision=precision,
+    )
     torch.cuda.synchronize()
     return captured
 
@@ -206,8 +249,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     card = torch.cuda.get_device_name(0)
-    report: dict[str, Any] = {"card": card, "torch": torch.__version__, "procs": args.procs,
-                              "cudnn_benchmark": args.cudnn_benchmark, "us_per_sample": {}}
+    report: dict[str, Any] = {
+        "card": card,
+        "torch": torch.__version__,
+        "procs": args.procs,
+        "cudnn_benchmark": args.cudnn_benchmark,
+        "us_per_sample": {},
+    }
     for amp in args.amp.split(","):
         for variant in args.variants.split(","):
             if variant not in VARIANTS:
@@ -232,7 +280,10 @@ def main() -> None:
             else:
                 context = mp.get_context("spawn")
                 barrier, results = context.Barrier(args.procs), context.Queue()
-                workers = [context.Process(target=_worker, args=(args, variant, amp, barrier, results)) for _ in range(args.procs)]
+                workers = [
+                    context.Process(target=_worker, args=(args, variant, amp, barrier, results))
+                    for _ in range(args.procs)
+                ]
                 for w in workers:
                     w.start()
                 outcomes = [results.get(timeout=900) for _ in workers]

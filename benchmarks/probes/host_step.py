@@ -41,8 +41,12 @@ def _worker(args: argparse.Namespace, rank: int, barrier: Any, results: Any) -> 
     torch.manual_seed(rank)
     data = make_synthetic(12_500, held_out=10_000)  # what each env of benchmarks/throughput.py trains and validates on
     model = MorphogeneticModel(build_host("cifar10"), ["r0c1"]).to(device).to(memory_format=layout)
-    optimizer = torch.optim.SGD(model.host.parameters(), lr=TASK_DEFAULTS["synthetic"]["host_lr"], momentum=HOST_MOMENTUM,
-                                weight_decay=HOST_WEIGHT_DECAY)
+    optimizer = torch.optim.SGD(
+        model.host.parameters(),
+        lr=TASK_DEFAULTS["synthetic"]["host_lr"],
+        momentum=HOST_MOMENTUM,
+        weight_decay=HOST_WEIGHT_DECAY,
+    )
     generator = torch.Generator(device=device).manual_seed(rank)
     precision = Precision(dtype=torch.bfloat16) if args.amp == "bf16" else Precision()
     graphs = StepGraphs(enabled=device.type == "cuda")
@@ -55,10 +59,26 @@ def _worker(args: argparse.Namespace, rank: int, barrier: Any, results: Any) -> 
         val_x, val_y = data.val_x.to(device), data.val_y.to(device)
 
         def step() -> int:
-            stats = train_epoch(model, optimizer, shard, batch_size=512, generator=generator, prepare=prepare_train,
-                                precision=precision, max_grad_norm=1.0, graphs=graphs)
-            validate_fused(model, val_x, val_y, torch.zeros(1, 1), chunk=args.val_batch_size, prepare=data.prepare,
-                           precision=precision)
+            stats = train_epoch(
+                model,
+                optimizer,
+                shard,
+                batch_size=512,
+                generator=generator,
+                prepare=prepare_train,
+                precision=precision,
+                max_grad_norm=1.0,
+                graphs=graphs,
+            )
+            validate_fused(
+                model,
+                val_x,
+                val_y,
+                torch.zeros(1, 1),
+                chunk=args.val_batch_size,
+                prepare=data.prepare,
+                precision=precision,
+            )
             return stats.samples
 
         for _ in range(3):
@@ -90,10 +110,20 @@ def main() -> None:
     for w in workers:
         w.join()
     seconds = max(o[2] for o in outcomes)
-    print(json.dumps({"card": torch.cuda.get_device_name(0) if args.device != "cpu" else "no GPU", "procs": args.procs, "layout": args.layout, "amp": args.amp,
-                      "cudnn_benchmark": args.cudnn_benchmark, "val_batch_size": args.val_batch_size,
-                      "samples_per_s": round(sum(o[1] for o in outcomes) / seconds),
-                      "ms_per_epoch": round(1e3 * sum(o[2] / o[0] for o in outcomes) / len(outcomes), 2)}))
+    print(
+        json.dumps(
+            {
+                "card": torch.cuda.get_device_name(0) if args.device != "cpu" else "no GPU",
+                "procs": args.procs,
+                "layout": args.layout,
+                "amp": args.amp,
+                "cudnn_benchmark": args.cudnn_benchmark,
+                "val_batch_size": args.val_batch_size,
+                "samples_per_s": round(sum(o[1] for o in outcomes) / seconds),
+                "ms_per_epoch": round(1e3 * sum(o[2] / o[0] for o in outcomes) / len(outcomes), 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

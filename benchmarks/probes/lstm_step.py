@@ -30,7 +30,9 @@ def ms_per_call(fn: Callable[[], object], calls: int = 200) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)  # as in an env runner with one CPU
-    report: dict[str, object] = {"machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__}}
+    report: dict[str, object] = {
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__}
+    }
     for preset, sizes in MODEL_PRESETS.items():
         lstm = torch.nn.LSTM(sizes["hidden_size"], sizes["lstm_cell_size"], batch_first=True)
         x = torch.randn(1, 1, sizes["hidden_size"])

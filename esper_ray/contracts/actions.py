@@ -62,7 +62,16 @@ CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
     Blueprint.CONV_LIGHT,
     Blueprint.CONV_HEAVY,
 )
-TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (Blueprint.NORM, Blueprint.ATTENTION, Blueprint.LORA, Blueprint.LORA_LARGE, Blueprint.MLP_SMALL, Blueprint.MLP, Blueprint.FLEX_ATTENTION)
+TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (
+    Blueprint.NORM,
+    Blueprint.ATTENTION,
+    Blueprint.LORA,
+    Blueprint.LORA_LARGE,
+    Blueprint.MLP_SMALL,
+    Blueprint.MLP,
+    Blueprint.FLEX_ATTENTION,
+)
+
 
 def parse_blueprint(name: str | Blueprint, allowed: tuple[Blueprint, ...], hosts: str) -> Blueprint:
     """A Blueprint or its lower-case name, among `allowed` (for `hosts`, e.g. "CNN hosts"); ValueError listing
@@ -187,7 +196,14 @@ class FactoredAction:
 # change what the env does nor enter the log-probability or the entropy. SET_ALPHA_TARGET does not read
 # `style`: a seed's blend operator is fixed at germination in esper-ray.
 HEAD_NAMES: tuple[str, ...] = ("op_slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
-HEAD_SIZES_AFTER_JOINT: tuple[int, ...] = (len(Blueprint), len(Style), len(Tempo), len(AlphaTarget), len(AlphaSpeed), len(AlphaCurve))
+HEAD_SIZES_AFTER_JOINT: tuple[int, ...] = (
+    len(Blueprint),
+    len(Style),
+    len(Tempo),
+    len(AlphaTarget),
+    len(AlphaSpeed),
+    len(AlphaCurve),
+)
 
 RELEVANT_HEADS: dict[Op, frozenset[str]] = {
     Op.WAIT: frozenset(),
@@ -207,8 +223,10 @@ MAX_SLOTS = 8
 def check_slot_count(host: str, num_slots: int) -> None:
     """ValueError in one line when a host has more slots than the policy's spaces hold."""
     if num_slots > MAX_SLOTS:
-        raise ValueError(f"host {host!r} has {num_slots} slots; the policy holds at most MAX_SLOTS={MAX_SLOTS} "
-                         "(choose fewer with `slots`)")
+        raise ValueError(
+            f"host {host!r} has {num_slots} slots; the policy holds at most MAX_SLOTS={MAX_SLOTS} "
+            "(choose fewer with `slots`)"
+        )
 
 
 # The joint (op, slot) head: index 0 is WAIT (which needs no slot); then one entry per (op, slot position) for the

@@ -60,7 +60,9 @@ class FixedSeed:
         return f"{self.blueprint.key}@{self.slot}"
 
     @classmethod
-    def from_mapping(cls, mapping: object, where: str, *, topology: str | None, slots: Sequence[str] | None) -> FixedSeed:
+    def from_mapping(
+        cls, mapping: object, where: str, *, topology: str | None, slots: Sequence[str] | None
+    ) -> FixedSeed:
         """Parse `{blueprint: conv_heavy, slot: r0c1, style: sigmoid_add, tempo: standard}`; style and tempo are
         optional. ValueError naming `where`, the key, its value and what is allowed. `topology` and `slots` None: a
         plan as a finished run recorded it, read without its host (any blueprint name the policy knows, any slot)."""
@@ -72,8 +74,10 @@ class FixedSeed:
             raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {list(known)}")
         missing = [k for k in ("blueprint", "slot") if k not in mapping]
         if missing:
-            raise ValueError(f"{where}: missing {missing}; a fixed arm names a blueprint and a slot, e.g. "
-                             f"{{blueprint: conv_heavy, slot: r0c1}}")
+            raise ValueError(
+                f"{where}: missing {missing}; a fixed arm names a blueprint and a slot, e.g. "
+                f"{{blueprint: conv_heavy, slot: r0c1}}"
+            )
         try:
             allowed = topology_blueprints(topology) if topology is not None else POLICY_BLUEPRINTS
             blueprint = parse_blueprint(mapping["blueprint"], allowed, f"{topology or 'any'} hosts")
@@ -81,12 +85,20 @@ class FixedSeed:
             raise ValueError(f"{where}.blueprint: {err}") from None
         if slots is not None and mapping["slot"] not in slots:
             raise ValueError(f"{where}.slot={mapping['slot']!r}: not an enabled slot; enabled slots: {list(slots)}")
-        return cls(blueprint, str(mapping["slot"]), _enum(Style, mapping.get("style", "sigmoid_add"), f"{where}.style"),
-                   _enum(Tempo, mapping.get("tempo", "standard"), f"{where}.tempo"))
+        return cls(
+            blueprint,
+            str(mapping["slot"]),
+            _enum(Style, mapping.get("style", "sigmoid_add"), f"{where}.style"),
+            _enum(Tempo, mapping.get("tempo", "standard"), f"{where}.tempo"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"blueprint": self.blueprint.key, "slot": self.slot, "style": self.style.name.lower(),
-                "tempo": self.tempo.name.lower()}
+        return {
+            "blueprint": self.blueprint.key,
+            "slot": self.slot,
+            "style": self.style.name.lower(),
+            "tempo": self.tempo.name.lower(),
+        }
 
 
 @dataclass(frozen=True)
@@ -113,8 +125,9 @@ class FixedPlan:
         if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
             if not value:
                 raise ValueError(f"{where}=[]: name at least one seed, e.g. [{{blueprint: conv_heavy, slot: r0c1}}]")
-            seeds = tuple(FixedSeed.from_mapping(v, f"{where}[{i}]", topology=topology, slots=slots)
-                          for i, v in enumerate(value))
+            seeds = tuple(
+                FixedSeed.from_mapping(v, f"{where}[{i}]", topology=topology, slots=slots) for i, v in enumerate(value)
+            )
         else:
             seeds = (FixedSeed.from_mapping(value, where, topology=topology, slots=slots),)
         named = [s.slot for s in seeds]

@@ -170,9 +170,15 @@ class EnvConfig:
         if isinstance(self.slots, str) or not all(isinstance(s, str) for s in self.slots):
             raise ValueError(f"slots={self.slots!r}: must be a list of slot names such as ['r0c0', 'r0c1']")
         object.__setattr__(self, "slots", tuple(self.slots))
-        for name, minimum, maximum in (("max_epochs", 1, MAX_EPOCHS), ("seed", 0, MAX_INT), ("shard", 0, MAX_INT),
-                                       ("num_shards", 1, MAX_INT), ("synthetic_size", 10, MAX_INT),
-                                       ("min_training_epochs", 0, MAX_EPOCHS), ("min_prune_age", 0, MAX_EPOCHS)):
+        for name, minimum, maximum in (
+            ("max_epochs", 1, MAX_EPOCHS),
+            ("seed", 0, MAX_INT),
+            ("shard", 0, MAX_INT),
+            ("num_shards", 1, MAX_INT),
+            ("synthetic_size", 10, MAX_INT),
+            ("min_training_epochs", 0, MAX_EPOCHS),
+            ("min_prune_age", 0, MAX_EPOCHS),
+        ):
             check_int(name, getattr(self, name), minimum, maximum)
         if self.synthetic_held_out is not None:
             check_int("synthetic_held_out", self.synthetic_held_out, 10)
@@ -181,10 +187,14 @@ class EnvConfig:
         if self.train_samples is not None:
             check_int("train_samples", self.train_samples, max(self.num_shards, 1))  # every shard needs a sample
         if self.host_preset is not None:
-            registry.host(self.host_preset, field="host_preset")  # an unknown name lists the known ones; an import string registers itself
+            registry.host(
+                self.host_preset, field="host_preset"
+            )  # an unknown name lists the known ones; an import string registers itself
         own = list(registry.task(self.task).hosts)
         plugin_hosts = [h for h in registry.hosts_for(self.task) if h not in own]
-        if (self.host_preset is None and not own) or (self.host_preset is not None and self.host_preset not in own + plugin_hosts):
+        if (self.host_preset is None and not own) or (
+            self.host_preset is not None and self.host_preset not in own + plugin_hosts
+        ):
             also = f" or a plug-in's host {plugin_hosts}" if plugin_hosts else ""
             raise ValueError(f"host_preset={self.host_preset!r}: task {self.task} takes one of {own}{also}")
         if self.shard >= self.num_shards:
@@ -220,7 +230,9 @@ class EnvConfig:
             where = f"family {self.family!r}, member {member.name!r}"
             fixed = sorted(families.RUN_KEYS & set(member.env))
             if fixed:
-                raise ValueError(f"{where}: {fixed} are the run's settings, the same for every member; set them on the run")
+                raise ValueError(
+                    f"{where}: {fixed} are the run's settings, the same for every member; set them on the run"
+                )
             try:
                 check_keys(EnvConfig, member.env, "env setting")
                 cfg = dataclasses.replace(self, family=None, **member.env)  # its slots: checked by the env (a host)
@@ -252,14 +264,25 @@ class EnvConfig:
         """A fresh RewardConfig for this env (each env holds its own copy). The loss family's scales follow the
         task: a text model's loss per byte moves in larger steps and ends far above an image classifier's."""
         loss_scales = {"loss_sigma": 0.15, "loss_target": 1.5} if self.tokens else {}
-        return RewardConfig(mode=self.reward_mode, family=self.reward_family, gamma=self.gamma,  # type: ignore[arg-type]
-                            param_cost_pp=self.param_cost_pp, committed_stage_weight=self.committed_stage_weight, **loss_scales)
+        return RewardConfig(
+            mode=self.reward_mode,
+            family=self.reward_family,
+            gamma=self.gamma,  # type: ignore[arg-type]
+            param_cost_pp=self.param_cost_pp,
+            committed_stage_weight=self.committed_stage_weight,
+            **loss_scales,
+        )
 
     @property
     def lifecycle(self) -> LifecycleConfig:
-        return LifecycleConfig(gate_mode=self.gate_mode, auto_forward=self.auto_forward, seed_lr=self.seed_lr,  # type: ignore[arg-type]
-                               min_training_epochs=self.min_training_epochs, min_prune_age=self.min_prune_age,
-                               blended_seed_lr=self.effective_blended_seed_lr)
+        return LifecycleConfig(
+            gate_mode=self.gate_mode,
+            auto_forward=self.auto_forward,
+            seed_lr=self.seed_lr,  # type: ignore[arg-type]
+            min_training_epochs=self.min_training_epochs,
+            min_prune_age=self.min_prune_age,
+            blended_seed_lr=self.effective_blended_seed_lr,
+        )
 
     @property
     def effective_blended_seed_lr(self) -> float:
@@ -297,7 +320,6 @@ class EnvConfig:
         return self.max_seeds if self.max_seeds is not None else len(self.slots)
 
 
-
 def _too_short(cfg: EnvConfig, tempo: Tempo | None) -> str | None:
     """EnvConfig.short_run_warning for one host's settings: the soonest epoch a seed can be fossilized, from what,
     and the settings that would make room for it."""
@@ -313,6 +335,8 @@ def _too_short(cfg: EnvConfig, tempo: Tempo | None) -> str | None:
     what = "no seed" if tempo is None else f"no seed at tempo {tempo.name.lower()}"
     outcome = "every host run ends as the host alone" if tempo is None else "a plan at that tempo keeps nothing"
     blend = f"the fastest tempo's {ramp.epochs}-epoch blend" if tempo is None else f"its {ramp.epochs}-epoch blend"
-    return (f"{what} can be kept in a run of max_epochs={cfg.max_epochs}: the soonest one is fossilized at epoch {need} "
-            f"(planted at epoch 1, {advance}min_training_epochs={lifecycle.min_training_epochs} in TRAINING, {blend}, 1 in "
-            f"HOLDING), so {outcome}; set {fix}")
+    return (
+        f"{what} can be kept in a run of max_epochs={cfg.max_epochs}: the soonest one is fossilized at epoch {need} "
+        f"(planted at epoch 1, {advance}min_training_epochs={lifecycle.min_training_epochs} in TRAINING, {blend}, 1 in "
+        f"HOLDING), so {outcome}; set {fix}"
+    )

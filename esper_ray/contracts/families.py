@@ -23,8 +23,23 @@ from typing import Any
 
 from esper_ray.contracts import registry
 
-RUN_KEYS = frozenset({"family", "plugins", "seed", "shard", "num_shards", "gamma", "reward_mode", "reward_family",
-                      "device", "amp", "cudnn_deterministic", "cuda_graphs", "graph_validation"})
+RUN_KEYS = frozenset(
+    {
+        "family",
+        "plugins",
+        "seed",
+        "shard",
+        "num_shards",
+        "gamma",
+        "reward_mode",
+        "reward_family",
+        "device",
+        "amp",
+        "cudnn_deterministic",
+        "cuda_graphs",
+        "graph_validation",
+    }
+)
 """Env settings a member may not override: the run's, the same for every episode (its seeds, its shards, PPO's
 discount and reward, the machine)."""
 
@@ -51,7 +66,9 @@ _FAMILIES: dict[str, tuple[Member, ...]] = {}
 _BUILTIN: set[str] = set()
 
 
-def register_family(name: str, members: Iterable[Member | Mapping[str, Any]], *, builtin: bool = False) -> tuple[Member, ...]:
+def register_family(
+    name: str, members: Iterable[Member | Mapping[str, Any]], *, builtin: bool = False
+) -> tuple[Member, ...]:
     """Register the family `name`: members as Member or {"name": ..., "env": {...}}. Their settings are checked when a
     run names the family (EnvConfig), where every plug-in's hosts and tasks are registered."""
     if not isinstance(name, str) or not name:
@@ -85,7 +102,9 @@ def register_family(name: str, members: Iterable[Member | Mapping[str, Any]], *,
 def family(name: str) -> tuple[Member, ...]:
     """The members of family `name`; an unknown name lists the registered families."""
     if name not in _FAMILIES:
-        raise ValueError(f"family={name!r}: unknown; choose one of {family_names()} (or register one: docs/families.md)")
+        raise ValueError(
+            f"family={name!r}: unknown; choose one of {family_names()} (or register one: docs/families.md)"
+        )
     return _FAMILIES[name]
 
 
@@ -105,11 +124,18 @@ def _register_builtins() -> None:
     _cnn("digits-impaired-k3", **digits, base_channels=2, kernel_size=3)
     _cnn("digits-impaired-2b", **{**digits, "blocks": 2}, base_channels=2, kernel_size=1)  # slots r0c0, r0c1
     _cnn("digits-impaired-4b", **{**digits, "blocks": 4}, base_channels=2, kernel_size=1)  # slots r0c0..r0c3
-    _cnn("synthetic-small", in_channels=3, image_size=32, base_channels=2, blocks=3, kernel_size=1, pool_layers=3)  # starved too
+    _cnn(
+        "synthetic-small", in_channels=3, image_size=32, base_channels=2, blocks=3, kernel_size=1, pool_layers=3
+    )  # starved too
     # held out: a width and kernel no training member has, and a data set none trains on
     _cnn("digits-impaired-k5", **digits, base_channels=3, kernel_size=5)
-    registry.register_task("synthetic-gray", "esper_ray.data.datasets:synthetic_gray_task", hosts=("synthetic-gray",),
-                          batch_size=64, host_lr=0.05)
+    registry.register_task(
+        "synthetic-gray",
+        "esper_ray.data.datasets:synthetic_gray_task",
+        hosts=("synthetic-gray",),
+        batch_size=64,
+        host_lr=0.05,
+    )
     _cnn("synthetic-gray", in_channels=1, image_size=16, base_channels=3, blocks=3, kernel_size=3, pool_layers=3)
 
     # held out and starved as the training members are (1x1 kernels, 2-3 channels): slot counts and shapes no training
@@ -119,11 +145,20 @@ def _register_builtins() -> None:
     _cnn("digits-impaired-6b", **{**digits, "blocks": 6}, base_channels=2, kernel_size=1)
     _cnn("digits-impaired-k3-2b", **{**digits, "blocks": 2}, base_channels=2, kernel_size=3)
     _cnn("synthetic-3c", in_channels=3, image_size=32, base_channels=3, blocks=3, kernel_size=1, pool_layers=3)
-    _cnn("synthetic-gray-starved", in_channels=1, image_size=16, base_channels=2, blocks=3, kernel_size=1, pool_layers=3)
+    _cnn(
+        "synthetic-gray-starved", in_channels=1, image_size=16, base_channels=2, blocks=3, kernel_size=1, pool_layers=3
+    )
 
     impaired = {"task": "digits-impaired"}
-    synthetic = {"task": "synthetic", "host_preset": "synthetic-small", "synthetic_size": 500, "synthetic_held_out": 200,
-                 "batch_size": 64, "host_lr": 0.05, "val_batch_size": 1_024}
+    synthetic = {
+        "task": "synthetic",
+        "host_preset": "synthetic-small",
+        "synthetic_size": 500,
+        "synthetic_held_out": 200,
+        "batch_size": 64,
+        "host_lr": 0.05,
+        "val_batch_size": 1_024,
+    }
     three_slots = (
         Member("impaired", impaired),
         Member("impaired-wide", {**impaired, "host_preset": "digits-impaired-wide"}),
@@ -133,24 +168,55 @@ def _register_builtins() -> None:
         Member("synthetic-small", synthetic),
     )
     register_family("digits-family-3slot", three_slots, builtin=True)
-    register_family("digits-family", three_slots + (
-        Member("impaired-2b", {**impaired, "host_preset": "digits-impaired-2b", "slots": ["r0c0", "r0c1"]}),
-        Member("impaired-4b", {**impaired, "host_preset": "digits-impaired-4b", "slots": ["r0c0", "r0c1", "r0c2", "r0c3"],
-                               "max_epochs": 20}),
-    ), builtin=True)
-    register_family("digits-held-out", (
-        Member("digits", {"task": "digits"}),  # the digits host: 3x3 kernels, 8/16/32 channels
-        Member("impaired-k5", {**impaired, "host_preset": "digits-impaired-k5"}),
-        Member("synthetic-gray", {"task": "synthetic-gray", "synthetic_size": 1_000, "synthetic_held_out": 300}),
-    ), builtin=True)
-    register_family("digits-held-out-starved", (
-        Member("impaired-5b", {**impaired, "host_preset": "digits-impaired-5b", "slots": [f"r0c{i}" for i in range(5)]}),
-        Member("impaired-6b", {**impaired, "host_preset": "digits-impaired-6b", "slots": [f"r0c{i}" for i in range(6)]}),
-        Member("impaired-k3-2b", {**impaired, "host_preset": "digits-impaired-k3-2b", "slots": ["r0c0", "r0c1"]}),
-        Member("synthetic-3c", {**synthetic, "host_preset": "synthetic-3c"}),
-        Member("gray-starved", {"task": "synthetic-gray", "host_preset": "synthetic-gray-starved", "synthetic_size": 1_000,
-                                "synthetic_held_out": 300}),
-    ), builtin=True)
+    register_family(
+        "digits-family",
+        three_slots
+        + (
+            Member("impaired-2b", {**impaired, "host_preset": "digits-impaired-2b", "slots": ["r0c0", "r0c1"]}),
+            Member(
+                "impaired-4b",
+                {
+                    **impaired,
+                    "host_preset": "digits-impaired-4b",
+                    "slots": ["r0c0", "r0c1", "r0c2", "r0c3"],
+                    "max_epochs": 20,
+                },
+            ),
+        ),
+        builtin=True,
+    )
+    register_family(
+        "digits-held-out",
+        (
+            Member("digits", {"task": "digits"}),  # the digits host: 3x3 kernels, 8/16/32 channels
+            Member("impaired-k5", {**impaired, "host_preset": "digits-impaired-k5"}),
+            Member("synthetic-gray", {"task": "synthetic-gray", "synthetic_size": 1_000, "synthetic_held_out": 300}),
+        ),
+        builtin=True,
+    )
+    register_family(
+        "digits-held-out-starved",
+        (
+            Member(
+                "impaired-5b", {**impaired, "host_preset": "digits-impaired-5b", "slots": [f"r0c{i}" for i in range(5)]}
+            ),
+            Member(
+                "impaired-6b", {**impaired, "host_preset": "digits-impaired-6b", "slots": [f"r0c{i}" for i in range(6)]}
+            ),
+            Member("impaired-k3-2b", {**impaired, "host_preset": "digits-impaired-k3-2b", "slots": ["r0c0", "r0c1"]}),
+            Member("synthetic-3c", {**synthetic, "host_preset": "synthetic-3c"}),
+            Member(
+                "gray-starved",
+                {
+                    "task": "synthetic-gray",
+                    "host_preset": "synthetic-gray-starved",
+                    "synthetic_size": 1_000,
+                    "synthetic_held_out": 300,
+                },
+            ),
+        ),
+        builtin=True,
+    )
 
 
 _register_builtins()

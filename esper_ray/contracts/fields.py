@@ -15,7 +15,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-
 MAX_INT = 2**32 - 1
 """The largest integer a setting takes unless it names a smaller bound: numpy's seeds are 32-bit, and a count
 beyond it (a typo's 10**23) would run for ever or overflow inside numpy or torch far from the file."""
@@ -26,8 +25,11 @@ def check_int(name: str, value: Any, minimum: int, maximum: int = MAX_INT) -> No
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
     if value > maximum:
-        raise ValueError(f"{name}={value:.3g}: must be an integer <= {maximum:,}" if value > 10**12
-                         else f"{name}={value:,}: must be an integer <= {maximum:,}")
+        raise ValueError(
+            f"{name}={value:.3g}: must be an integer <= {maximum:,}"
+            if value > 10**12
+            else f"{name}={value:,}: must be an integer <= {maximum:,}"
+        )
 
 
 @cache
@@ -109,7 +111,9 @@ def check_types(obj: Any) -> None:
         if not _matches(value, hint):
             allowed = [_describe(h) for h in typing.get_args(hint) if h is not type(None)] or [_describe(hint)]
             optional = type(None) in typing.get_args(hint)
-            raise ValueError(f"{f.name}={value!r}: must be {' or '.join(allowed)}{' (or left out)' if optional else ''}")
+            raise ValueError(
+                f"{f.name}={value!r}: must be {' or '.join(allowed)}{' (or left out)' if optional else ''}"
+            )
 
 
 def parse_env_overrides(pairs: list[str] | None) -> dict[str, Any]:

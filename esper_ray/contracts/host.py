@@ -53,9 +53,13 @@ class SlotSpec:
         object.__setattr__(self, "shape", tuple(self.shape))
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"slot id {self.id!r}: must be a non-empty string")
-        if len(self.shape) != self.topology.feature_dims - 1 or not all(isinstance(d, int) and d >= 1 for d in self.shape):
-            raise ValueError(f"slot {self.id!r}: shape={self.shape}; a {self.topology.value} slot's features are "
-                             f"{self.topology.feature_dims - 1} positive integers without the batch")
+        if len(self.shape) != self.topology.feature_dims - 1 or not all(
+            isinstance(d, int) and d >= 1 for d in self.shape
+        ):
+            raise ValueError(
+                f"slot {self.id!r}: shape={self.shape}; a {self.topology.value} slot's features are "
+                f"{self.topology.feature_dims - 1} positive integers without the batch"
+            )
 
     @property
     def channels(self) -> int:

@@ -35,8 +35,20 @@ LOSS_KINDS = ("classification", "tokens")
 """classification: one label per sample (y [N]); tokens: a label per position (y [N, T]), counted in tokens."""
 TOPOLOGIES = ("cnn", "transformer", "vector")
 """Kinds of host (contracts/host.py Topology): which blueprints fit a slot, and the slot features' shape."""
-BLUEPRINT_NAMES = ("conv_light", "attention", "norm", "depthwise", "bottleneck", "conv_small", "conv_heavy", "lora",
-                   "lora_large", "mlp_small", "mlp", "flex_attention")
+BLUEPRINT_NAMES = (
+    "conv_light",
+    "attention",
+    "norm",
+    "depthwise",
+    "bottleneck",
+    "conv_small",
+    "conv_heavy",
+    "lora",
+    "lora_large",
+    "mlp_small",
+    "mlp",
+    "flex_attention",
+)
 """The names the policy's blueprint head knows (contracts/actions.py Blueprint, less noop): a blueprint registered for
 any topology takes one of them, since the head and embedding have one entry per name (a policy sized from the
 registry is issue 68's next item)."""
@@ -88,9 +100,18 @@ _BLUEPRINTS: dict[tuple[str, str], BlueprintEntry] = {}
 _LOADED: set[str] = set()
 
 
-def register_task(name: str, entry_point: EntryPoint, *, loss: str = "classification", hosts: Iterable[str] = (),
-                  batch_size: int = 64, host_lr: float = 0.05, augment: bool = False, val_batch_size: int = 1024,
-                  builtin: bool = False) -> TaskEntry:
+def register_task(
+    name: str,
+    entry_point: EntryPoint,
+    *,
+    loss: str = "classification",
+    hosts: Iterable[str] = (),
+    batch_size: int = 64,
+    host_lr: float = 0.05,
+    augment: bool = False,
+    val_batch_size: int = 1024,
+    builtin: bool = False,
+) -> TaskEntry:
     """Register a task under `name`. `hosts`: the hosts made for it, the default first (a run picks one with
     `host_preset`); with none, a run must name its host."""
     _check_name("task", name)
@@ -118,8 +139,10 @@ def register_blueprint(name: str, topology: str, entry_point: EntryPoint, *, bui
     if topology not in TOPOLOGIES:
         raise ValueError(f"blueprint {name!r}: topology={topology!r}; choose one of {list(TOPOLOGIES)}")
     if name not in BLUEPRINT_NAMES:
-        raise ValueError(f"blueprint name {name!r}: the policy's blueprint head has an entry per name and knows only "
-                         f"{list(BLUEPRINT_NAMES)}; register your builder under one of them for topology {topology!r}")
+        raise ValueError(
+            f"blueprint name {name!r}: the policy's blueprint head has an entry per name and knows only "
+            f"{list(BLUEPRINT_NAMES)}; register your builder under one of them for topology {topology!r}"
+        )
     return _put(_BLUEPRINTS, (topology, name), BlueprintEntry(name, topology, entry_point, builtin), "blueprint")
 
 
@@ -183,17 +206,23 @@ def _imported(name: str, kind: str) -> Any:
     try:
         obj = resolve(name)
     except ImportError as err:
-        raise ValueError(f"{kind}={name!r}: cannot be imported ({err}); install it or put its folder on PYTHONPATH") from None
+        raise ValueError(
+            f"{kind}={name!r}: cannot be imported ({err}); install it or put its folder on PYTHONPATH"
+        ) from None
     except ValueError as err:  # the module has no such object
         raise ValueError(f"{kind}={name!r}: {err}") from None
     if not callable(obj):
-        raise ValueError(f"{kind}={name!r}: names a {type(obj).__name__}; expected a {'loader' if kind == 'task' else 'host class'}")
+        raise ValueError(
+            f"{kind}={name!r}: names a {type(obj).__name__}; expected a {'loader' if kind == 'task' else 'host class'}"
+        )
     return obj
 
 
 def blueprint(topology: str, name: str) -> BlueprintEntry:
     if (topology, name) not in _BLUEPRINTS:
-        raise ValueError(f"blueprint {name!r}: not available for {topology} hosts; available: {blueprint_names(topology)}")
+        raise ValueError(
+            f"blueprint {name!r}: not available for {topology} hosts; available: {blueprint_names(topology)}"
+        )
     return _BLUEPRINTS[(topology, name)]
 
 
@@ -242,16 +271,20 @@ def load_plugins(plugins: Iterable[str], *, field: str = "plugins", hint: str = 
         if plugin in _LOADED:
             continue
         if not isinstance(plugin, str) or not plugin or plugin.count(":") > 1:
-            raise ValueError(f"{field}: {plugin!r} is not an import string; use 'package.module' or 'package.module:function'")
+            raise ValueError(
+                f"{field}: {plugin!r} is not an import string; use 'package.module' or 'package.module:function'"
+            )
         module_name, _, function = plugin.partition(":")
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
-            raise ValueError(f"{field}: {plugin!r} cannot be imported ({err}); install it or put its folder on "
-                             f"PYTHONPATH{hint}") from None
+            raise ValueError(
+                f"{field}: {plugin!r} cannot be imported ({err}); install it or put its folder on PYTHONPATH{hint}"
+            ) from None
         except Exception as err:  # the plug-in's own code raised: one line naming where, not Python's traceback
-            raise ValueError(f"{field}: {plugin!r} raised {type(err).__name__} on import: {err}"
-                             f"{_raised_at(err, module_name)}") from None
+            raise ValueError(
+                f"{field}: {plugin!r} raised {type(err).__name__} on import: {err}{_raised_at(err, module_name)}"
+            ) from None
         if function:
             register = getattr(module, function, None)
             if not callable(register):
@@ -259,8 +292,9 @@ def load_plugins(plugins: Iterable[str], *, field: str = "plugins", hint: str = 
             try:
                 register()
             except Exception as err:  # as on import: one line naming the plug-in and where it raised
-                raise ValueError(f"{field}: {plugin!r} raised {type(err).__name__}: {err}"
-                                 f"{_raised_at(err, module_name)}") from None
+                raise ValueError(
+                    f"{field}: {plugin!r} raised {type(err).__name__}: {err}{_raised_at(err, module_name)}"
+                ) from None
         _LOADED.add(plugin)
 
 
@@ -286,8 +320,15 @@ def _register_builtins() -> None:
     register_task("synthetic", f"{data}:synthetic_task", hosts=("synthetic",), builtin=True, **image)
     # batch in sequences of 64 bytes (2,048 tokens); SGD (momentum 0.9) like every host, at a rate the small
     # transformer learns with in a few epochs
-    register_task("text", f"{data}:text_task", loss="tokens", hosts=("text", "text-gpu", "text-starved"),
-                  batch_size=32, host_lr=0.3, builtin=True)
+    register_task(
+        "text",
+        f"{data}:text_task",
+        loss="tokens",
+        hosts=("text", "text-gpu", "text-starved"),
+        batch_size=32,
+        host_lr=0.3,
+        builtin=True,
+    )
     for name in ("digits", "digits-impaired", "cifar10", "synthetic"):
         register_host(name, "esper_ray.morpho.host:CNNHost.from_preset", preset=name, builtin=True)
     for name in ("text", "text-gpu", "text-starved"):
@@ -295,7 +336,9 @@ def _register_builtins() -> None:
     for name in ("norm", "attention", "depthwise", "bottleneck", "conv_small", "conv_light", "conv_heavy"):
         register_blueprint(name, "cnn", f"esper_ray.morpho.blueprints:CNN_BUILDERS.{name}", builtin=True)
     for name in ("norm", "attention", "lora", "lora_large", "mlp_small", "mlp", "flex_attention"):
-        register_blueprint(name, "transformer", f"esper_ray.morpho.blueprints:TRANSFORMER_BUILDERS.{name}", builtin=True)
+        register_blueprint(
+            name, "transformer", f"esper_ray.morpho.blueprints:TRANSFORMER_BUILDERS.{name}", builtin=True
+        )
     for name in ("norm", "attention", "lora", "mlp_small", "mlp"):
         register_blueprint(name, "vector", f"esper_ray.morpho.vector_blueprints:BUILDERS.{name}", builtin=True)
 

@@ -166,7 +166,14 @@ class RewardBreakdown:
     """basic_plus: bonus left to drip per slot after the step (empty for other modes)."""
 
 
-def breakdown(components: dict[str, float], escrow_credits: dict[str, float] | None = None,
-              drip_pools: dict[str, float] | None = None) -> RewardBreakdown:
-    return RewardBreakdown(total=float(sum(components.values())), components=components, escrow_credits=escrow_credits or {},
-                           drip_pools=drip_pools or {})
+def breakdown(
+    components: dict[str, float],
+    escrow_credits: dict[str, float] | None = None,
+    drip_pools: dict[str, float] | None = None,
+) -> RewardBreakdown:
+    return RewardBreakdown(
+        total=float(sum(components.values())),
+        components=components,
+        escrow_credits=escrow_credits or {},
+        drip_pools=drip_pools or {},
+    )

@@ -133,15 +133,21 @@ class TrainConfig:
                 object.__setattr__(self, f.name, settings.get(f.name, f.default))
         run = {k: settings[k] for k in RUN_ENV_KEYS if k in settings}
         seed = run.get("seed", env.seed if isinstance(env, EnvConfig) else 0)
-        if all(type(n) is int for n in (seed, self.envs)) and seed + self.envs >= SEED_LIMIT:  # before the env's own check
-            raise ValueError(f"seed={seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds are "
-                             f"32-bit, and RLlib seeds env runner k with seed + k)")
+        if (
+            all(type(n) is int for n in (seed, self.envs)) and seed + self.envs >= SEED_LIMIT
+        ):  # before the env's own check
+            raise ValueError(
+                f"seed={seed}: must be below 2**32 - envs = {SEED_LIMIT - self.envs:,} (numpy seeds are "
+                f"32-bit, and RLlib seeds env runner k with seed + k)"
+            )
         if isinstance(env, EnvConfig):
             env = dataclasses.replace(env, **run) if run else env
         elif isinstance(env, Mapping):
             owned = sorted(TRAIN_OWNED_ENV_KEYS & set(env))
             if owned:
-                raise ValueError(f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env")
+                raise ValueError(
+                    f"env: {owned} are training settings; set them at the top level (e.g. --max-epochs), not under env"
+                )
             env = EnvConfig.from_mapping({**TRAINING_ENV_DEFAULTS, **run, **env})
         else:
             raise ValueError(f"env={env!r}: must be a mapping of env settings")
@@ -150,9 +156,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name, minimum, maximum in (("envs", 1, MAX_COUNT), ("episodes_per_env", 1, MAX_COUNT), ("rounds", 1, MAX_ROUNDS),
-                                       ("learners", 0, MAX_COUNT), ("ppo_epochs", 1, MAX_COUNT),
-                                       ("checkpoint_every", 0, MAX_ROUNDS)):
+        for name, minimum, maximum in (
+            ("envs", 1, MAX_COUNT),
+            ("episodes_per_env", 1, MAX_COUNT),
+            ("rounds", 1, MAX_ROUNDS),
+            ("learners", 0, MAX_COUNT),
+            ("ppo_epochs", 1, MAX_COUNT),
+            ("checkpoint_every", 0, MAX_ROUNDS),
+        ):
             check_int(name, getattr(self, name), minimum, maximum)
         for name in ("gpus_per_env", "learner_gpus", "learner_cpus", "entropy_coeff", "blueprint_entropy_coeff"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
@@ -170,11 +181,15 @@ class TrainConfig:
         if not 0 <= self.gae_lambda <= 1:  # gamma: the env's, checked there
             raise ValueError(f"gae_lambda={self.gae_lambda}: must be in [0, 1]")
         if self.mps and self.gpus_per_env == 0:
-            raise ValueError("mps=True shares a GPU between env processes, but gpus_per_env=0 gives them none; "
-                             "set --gpus-per-env (0.25 puts four envs on a GPU) or leave --mps out")
+            raise ValueError(
+                "mps=True shares a GPU between env processes, but gpus_per_env=0 gives them none; "
+                "set --gpus-per-env (0.25 puts four envs on a GPU) or leave --mps out"
+            )
         if self.lead and not self.overlap:
-            raise ValueError("lead=True needs overlap=True (the runners lead while the learner trains on the round "
-                             "before); add --overlap or leave --lead out")
+            raise ValueError(
+                "lead=True needs overlap=True (the runners lead while the learner trains on the round "
+                "before); add --overlap or leave --lead out"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:
@@ -195,7 +210,11 @@ class TrainConfig:
 
     def env_config(self, shard: int | None = None, num_shards: int | None = None) -> dict[str, Any]:
         """The env_config every env runner receives (shard and num_shards are filled in per runner)."""
-        config = {f.name: getattr(self.env, f.name) for f in dataclasses.fields(EnvConfig) if f.name not in ("shard", "num_shards")}
+        config = {
+            f.name: getattr(self.env, f.name)
+            for f in dataclasses.fields(EnvConfig)
+            if f.name not in ("shard", "num_shards")
+        }
         config.update(plugins=list(self.plugins), slots=list(self.slots))  # plain lists: RLlib's config is JSON-like
         if shard is not None:
             config.update(shard=shard, num_shards=num_shards)
@@ -207,8 +226,11 @@ class TrainConfig:
         run = {k: list(v) if isinstance(v := getattr(self.env, k), tuple) else v for k in RUN_ENV_KEYS}
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
         default = TrainConfig().env
-        env = {f.name: getattr(self.env, f.name) for f in dataclasses.fields(EnvConfig)
-               if f.name not in TRAIN_OWNED_ENV_KEYS and getattr(self.env, f.name) != getattr(default, f.name)}
+        env = {
+            f.name: getattr(self.env, f.name)
+            for f in dataclasses.fields(EnvConfig)
+            if f.name not in TRAIN_OWNED_ENV_KEYS and getattr(self.env, f.name) != getattr(default, f.name)
+        }
         return {**run, **own, "env": env}
 
     def short_run_warning(self, tempo: Tempo | None = None) -> str | None:

@@ -38,7 +38,11 @@ class TransformerHostConfig:
             )
         if self.attention_window is not None:
             check_int("attention_window", self.attention_window, 1)
-        if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0:
+        if (
+            not isinstance(self.dropout, (int, float))
+            or isinstance(self.dropout, bool)
+            or not 0.0 <= self.dropout < 1.0
+        ):
             raise ValueError(f"dropout={self.dropout!r}: must be a number in [0, 1)")
 
     @property

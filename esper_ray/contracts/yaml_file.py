@@ -20,7 +20,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         if key in seen:
             first = seen[key].start_mark.line + 1
             raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} appears twice in one mapping (first on line {first})", key_node.start_mark)
+                None, None, f"key {key!r} appears twice in one mapping (first on line {first})", key_node.start_mark
+            )
         seen[key] = key_node
     return loader.construct_mapping(node, deep=deep)
 

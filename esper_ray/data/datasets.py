@@ -108,8 +108,10 @@ def _read_cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def load_cifar10(data_dir: str | None) -> TaskData:
     """CIFAR-10 as torchvision stores it: DIR/cifar-10-batches-py/data_batch_{1..5} and test_batch."""
     if data_dir is None:
-        raise FileNotFoundError(f"task cifar10 needs data_dir, a folder holding cifar-10-batches-py/: give --env "
-                                f"data_dir=DIR (heuristic also takes --data-dir DIR). {CIFAR_HELP}")
+        raise FileNotFoundError(
+            f"task cifar10 needs data_dir, a folder holding cifar-10-batches-py/: give --env "
+            f"data_dir=DIR (heuristic also takes --data-dir DIR). {CIFAR_HELP}"
+        )
     root = Path(data_dir).expanduser() / "cifar-10-batches-py"
     train_files = [root / f"data_batch_{i}" for i in range(1, 6)]
     missing = [p.name for p in [*train_files, root / "test_batch"] if not p.is_file()]
@@ -125,11 +127,20 @@ def load_cifar10(data_dir: str | None) -> TaskData:
     order = torch.randperm(len(all_y), generator=torch.Generator().manual_seed(SPLIT_SEED))
     n_val = min(CIFAR_VAL_SIZE, len(all_y) // 10)  # a tenth of a (test-sized) small copy, 5,000 of the real one
     val, train = order[:n_val], order[n_val:]
-    return TaskData("cifar10", all_x[train], all_y[train], all_x[val], all_y[val], test_x, test_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD)
+    return TaskData(
+        "cifar10", all_x[train], all_y[train], all_x[val], all_y[val], test_x, test_y, 10, 255.0, CIFAR_MEAN, CIFAR_STD
+    )
 
 
-def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num_classes: int = 10,
-                   held_out: int | None = None, seed: int = SPLIT_SEED, name: str = "synthetic") -> TaskData:
+def make_synthetic(
+    train_size: int,
+    image_size: int = 32,
+    channels: int = 3,
+    num_classes: int = 10,
+    held_out: int | None = None,
+    seed: int = SPLIT_SEED,
+    name: str = "synthetic",
+) -> TaskData:
     """Learnable CIFAR-shaped data, stored as CIFAR is (uint8): each class is a smooth random prototype, samples add
     noise and a gain, quantised as 128 + 32 x, so `prepare` gives back x (about unit scale). Validation and test get
     `held_out` samples each (default: a fifth of train_size). `seed` fixes the prototypes and samples: another seed
@@ -155,8 +166,20 @@ def make_synthetic(train_size: int, image_size: int = 32, channels: int = 3, num
 def load_text_task(data_dir: str | None, seq_len: int, max_bytes: int | None) -> TaskData:
     """Byte-level text (data/text.py) as task data: 256 classes, one per byte, predicted at every position."""
     text = load_text(data_dir, seq_len, max_bytes)
-    return TaskData("text", text.train_x, text.train_y, text.val_x, text.val_y, text.test_x, text.test_y,
-                    text.vocab_size, 1.0, (), (), tokens=True)
+    return TaskData(
+        "text",
+        text.train_x,
+        text.train_y,
+        text.val_x,
+        text.val_y,
+        text.test_x,
+        text.test_y,
+        text.vocab_size,
+        1.0,
+        (),
+        (),
+        tokens=True,
+    )
 
 
 def digits_task(context: TaskContext) -> TaskData:
@@ -173,8 +196,14 @@ def synthetic_task(context: TaskContext) -> TaskData:
 
 def synthetic_gray_task(context: TaskContext) -> TaskData:
     """digits-held-out's data set (contracts/families.py): 16x16 grey images of other prototypes than synthetic's."""
-    return make_synthetic(context.synthetic_size, image_size=16, channels=1, held_out=context.synthetic_held_out,
-                          seed=SPLIT_SEED + 1, name="synthetic-gray")
+    return make_synthetic(
+        context.synthetic_size,
+        image_size=16,
+        channels=1,
+        held_out=context.synthetic_held_out,
+        seed=SPLIT_SEED + 1,
+        name="synthetic-gray",
+    )
 
 
 def text_task(context: TaskContext) -> TaskData:

@@ -36,7 +36,9 @@ class DeviceShard:
     def num_batches(self, batch_size: int) -> int:
         return -(-len(self) // batch_size)
 
-    def epoch(self, generator: torch.Generator, prepare: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def epoch(
+        self, generator: torch.Generator, prepare: Callable[[torch.Tensor], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole shard in a random order drawn from `generator`, prepared as model input in one pass:
         batch i of the epoch is rows [i * batch, (i + 1) * batch)."""
         order = torch.randperm(len(self), generator=generator, device=self.device)

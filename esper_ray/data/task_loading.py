@@ -30,16 +30,20 @@ def load_task(name: str, context: TaskContext) -> TaskData:
     tokens = entry.loss == "tokens"
     data = raw if isinstance(raw, TaskData) else task_data_from(name, raw, tokens=tokens)
     if data.tokens != tokens:
-        raise ValueError(f"task {name!r}: registered with loss={entry.loss!r}, but its loader returned "
-                         f"{'token' if data.tokens else 'labelled'} data")
+        raise ValueError(
+            f"task {name!r}: registered with loss={entry.loss!r}, but its loader returned "
+            f"{'token' if data.tokens else 'labelled'} data"
+        )
     return data
 
 
 def task_data_from(name: str, splits: Any, *, tokens: bool = False) -> TaskData:
     """TaskData from a mapping of the three splits (see the module docstring); ValueError in one line otherwise."""
     if not isinstance(splits, Mapping) or any(s not in splits for s in SPLITS):
-        raise ValueError(f"task {name!r}: its loader returned {type(splits).__name__}; expected TaskData or a mapping "
-                         f"with the splits {list(SPLITS)} (each (x, y) arrays or a torch Dataset)")
+        raise ValueError(
+            f"task {name!r}: its loader returned {type(splits).__name__}; expected TaskData or a mapping "
+            f"with the splits {list(SPLITS)} (each (x, y) arrays or a torch Dataset)"
+        )
     unknown = sorted(set(splits) - {*SPLITS, "num_classes"})
     if unknown:
         raise ValueError(f"task {name!r}: unknown keys {unknown}; expected {[*SPLITS, 'num_classes']}")
@@ -50,7 +54,9 @@ def task_data_from(name: str, splits: Any, *, tokens: bool = False) -> TaskData:
     largest = max(int(y.max()) for _, y in parts.values())
     num_classes = splits.get("num_classes", largest + 1)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes <= largest:
-        raise ValueError(f"task {name!r}: num_classes={num_classes!r}; must be an integer above the largest label {largest}")
+        raise ValueError(
+            f"task {name!r}: num_classes={num_classes!r}; must be an integer above the largest label {largest}"
+        )
     (train_x, train_y), (val_x, val_y), (test_x, test_y) = (parts[s] for s in SPLITS)
     return TaskData(name, train_x, train_y, val_x, val_y, test_x, test_y, num_classes, 1.0, (), (), tokens=tokens)
 
@@ -61,8 +67,10 @@ def _split(name: str, split: str, raw: Any, tokens: bool) -> tuple[torch.Tensor,
         items = [raw[i] for i in range(len(raw))]  # type: ignore[arg-type]
         if not items:
             raise ValueError(f"{where}: the Dataset is empty")
-        raw = (torch.stack([torch.as_tensor(np.asarray(x)) for x, _ in items]),
-               torch.as_tensor(np.asarray([np.asarray(y) for _, y in items])))
+        raw = (
+            torch.stack([torch.as_tensor(np.asarray(x)) for x, _ in items]),
+            torch.as_tensor(np.asarray([np.asarray(y) for _, y in items])),
+        )
     if not isinstance(raw, (tuple, list)) or len(raw) != 2:
         raise ValueError(f"{where}: got {type(raw).__name__}; expected a pair (x, y) of arrays or a torch Dataset")
     x, y = (torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for v in raw)
@@ -73,7 +81,9 @@ def _split(name: str, split: str, raw: Any, tokens: bool) -> tuple[torch.Tensor,
     expected = 2 if tokens else 1
     if y.dim() != expected or (tokens and tuple(y.shape) != tuple(x.shape)):
         kind = "[N, T] next tokens, the shape of x" if tokens else "[N] class labels"
-        raise ValueError(f"{where}: y has shape {tuple(y.shape)}; loss {'tokens' if tokens else 'classification'} takes {kind}")
+        raise ValueError(
+            f"{where}: y has shape {tuple(y.shape)}; loss {'tokens' if tokens else 'classification'} takes {kind}"
+        )
     if int(y.min()) < 0:
         raise ValueError(f"{where}: y holds {int(y.min())}; labels are >= 0")
     if x.is_floating_point():
@@ -83,8 +93,14 @@ def _split(name: str, split: str, raw: Any, tokens: bool) -> tuple[torch.Tensor,
     return x.contiguous(), y.to(torch.int64).contiguous()
 
 
-def load_task_data(task: str, data_dir: str | None = None, synthetic_size: int = 10_000, seq_len: int = 64,
-                   max_bytes: int | None = None, synthetic_held_out: int | None = None) -> TaskData:
+def load_task_data(
+    task: str,
+    data_dir: str | None = None,
+    synthetic_size: int = 10_000,
+    seq_len: int = 64,
+    max_bytes: int | None = None,
+    synthetic_held_out: int | None = None,
+) -> TaskData:
     """A registered task's data (contracts/registry.py) by name and settings."""
     context = TaskContext(data_dir, synthetic_size, seq_len, max_bytes, synthetic_held_out)
     return load_task(task, context)

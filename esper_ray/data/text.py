@@ -156,6 +156,13 @@ def load_text(data_dir: str | None, seq_len: int, max_bytes: int | None = None) 
         _sequences(s, seq_len, name) for s, name in zip(splits, SPLITS)
     )
     return TextData(
-        train_x, train_y, val_x, val_y, test_x, test_y,
-        seq_len=seq_len, split_bytes=(len(splits[0]), len(splits[1]), len(splits[2])), source=source,
+        train_x,
+        train_y,
+        val_x,
+        val_y,
+        test_x,
+        test_y,
+        seq_len=seq_len,
+        split_bytes=(len(splits[0]), len(splits[1]), len(splits[2])),
+        source=source,
     )

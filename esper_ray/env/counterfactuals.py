@@ -14,7 +14,12 @@ def record_counterfactuals(model: MorphogeneticModel, plan: CounterfactualPlan, 
         model.slot(slot_id).metrics.record_contribution(main - val.accuracy(plan.row(f"off:{slot_id}")))
     interactions = {s: 0.0 for s in plan.ablated_slots}
     for a, b in plan.pairs:  # I_ab = f(all) - f(all - a) - f(all - b) + f(all - a - b)
-        i_ab = main - val.accuracy(plan.row(f"off:{a}")) - val.accuracy(plan.row(f"off:{b}")) + val.accuracy(plan.row(f"off:{a}+{b}"))
+        i_ab = (
+            main
+            - val.accuracy(plan.row(f"off:{a}"))
+            - val.accuracy(plan.row(f"off:{b}"))
+            + val.accuracy(plan.row(f"off:{a}+{b}"))
+        )
         interactions[a] += i_ab
         interactions[b] += i_ab
     for s in model.seed_slots():

@@ -10,8 +10,15 @@ from esper_ray.contracts.actions import FactoredAction, Op
 from esper_ray.morpho.model import MorphogeneticModel
 
 
-def apply_decision(model: MorphogeneticModel, decision: FactoredAction, counts: dict[str, int], *, episode_seed: int,
-                   epoch: int, in_layout: Callable[[torch.nn.Module], torch.nn.Module]) -> bool:
+def apply_decision(
+    model: MorphogeneticModel,
+    decision: FactoredAction,
+    counts: dict[str, int],
+    *,
+    episode_seed: int,
+    epoch: int,
+    in_layout: Callable[[torch.nn.Module], torch.nn.Module],
+) -> bool:
     """Whether the decision passed (a gate or precondition may refuse it, leaving the slot unchanged)."""
     if decision.op is Op.WAIT:
         return True

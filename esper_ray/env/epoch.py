@@ -20,6 +20,7 @@ from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.train_step import Precision, StepGraphs, TrainStep
 from esper_ray.morpho.model import MorphogeneticModel
 
+
 @dataclass(frozen=True)
 class TrainStats:
     batches: int
@@ -111,7 +112,9 @@ def validate_fused(
     correct = torch.zeros(k, device=device, dtype=torch.int64)
     loss_sum = torch.zeros(k, device=device)
     with torch.inference_mode():
-        accumulate_fused(model, x_val, y_val, alphas, None, correct, loss_sum, chunk=chunk, prepare=prepare, precision=precision)
+        accumulate_fused(
+            model, x_val, y_val, alphas, None, correct, loss_sum, chunk=chunk, prepare=prepare, precision=precision
+        )
     return read_val_stats(correct, loss_sum, y_val.numel())
 
 
@@ -140,7 +143,9 @@ def accumulate_fused(
         logits = logits.reshape(k, -1, logits.shape[-1])  # [K, predictions, classes]
         targets = y.reshape(-1)
         correct += (logits.argmax(dim=2) == targets).sum(dim=1)
-        loss_sum += nn.functional.cross_entropy(logits.flatten(0, 1), targets.repeat(k), reduction="none").view(k, -1).sum(1)
+        loss_sum += (
+            nn.functional.cross_entropy(logits.flatten(0, 1), targets.repeat(k), reduction="none").view(k, -1).sum(1)
+        )
 
 
 def read_val_stats(correct: torch.Tensor, loss_sum: torch.Tensor, samples: int) -> ValStats:

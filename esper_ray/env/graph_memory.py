@@ -63,7 +63,7 @@ class GraphMemory:
 def capturing(graph: torch.cuda.CUDAGraph, memory: GraphMemory | None) -> Iterator[None]:
     """Capture into the env's shared memory, or, without one, as torch.cuda.graph does (a private pool per graph),
     with Python's cycle collector held off."""
-    with _no_cycle_collection(), (memory.capturing(graph) if memory is not None else torch.cuda.graph(graph)):
+    with _no_cycle_collection(), memory.capturing(graph) if memory is not None else torch.cuda.graph(graph):
         yield
 
 

@@ -12,18 +12,27 @@ from esper_ray.contracts.rewards import RewardBreakdown
 from esper_ray.env.epoch import TrainStats
 
 
-def step_info(env: Any, *, reward: RewardBreakdown | None, timings: dict[str, float], train: TrainStats | None,
-              rollback_reason: str = "") -> dict[str, Any]:
+def step_info(
+    env: Any,
+    *,
+    reward: RewardBreakdown | None,
+    timings: dict[str, float],
+    train: TrainStats | None,
+    rollback_reason: str = "",
+) -> dict[str, Any]:
     """A MorphogeneticEnv's info after a reset or step. `env` is typed Any: the env module imports this one."""
     assert env.model is not None
     info: dict[str, Any] = {
         "epoch": env.epoch,
         "episode_seed": env._episode_seed,
         **({"family_member": env.member} if env.member is not None else {}),
-        "val_accuracy": env.val.accuracy(), "val_loss": env.val.loss(),
+        "val_accuracy": env.val.accuracy(),
+        "val_loss": env.val.loss(),
         "committed_accuracy": env.committed_accuracy,
-        "val_correct": env.val.correct[0], "val_total": env.val.samples,
-        "host_params": env.model.host_params, "seed_params": env.model.seed_params,
+        "val_correct": env.val.correct[0],
+        "val_total": env.val.samples,
+        "host_params": env.model.host_params,
+        "seed_params": env.model.seed_params,
         "committed_seed_params": env.model.committed_seed_params,
         "total_params": env.model.host_params + env.model.seed_params,
         "stages": {s.slot_id: s.stage.name for s in env.model.seed_slots()},
@@ -38,8 +47,13 @@ def step_info(env: Any, *, reward: RewardBreakdown | None, timings: dict[str, fl
     if env.data.tokens:  # per-token perplexity; a classifier's exp(loss) would read as one and mean nothing
         info["val_perplexity"] = math.exp(min(env.val.loss(), 50.0))
     if train is not None:
-        info.update(train_accuracy=train.accuracy, train_loss=train.loss, train_correct=train.correct,
-                    train_total=train.samples, train_batches=train.batches)
+        info.update(
+            train_accuracy=train.accuracy,
+            train_loss=train.loss,
+            train_correct=train.correct,
+            train_total=train.samples,
+            train_batches=train.batches,
+        )
     if reward is not None:
         info.update({f"reward/{k}": v for k, v in reward.components.items()})
     if env.precision.scaler is not None:

@@ -13,15 +13,15 @@ import numpy as np
 
 from esper_ray.contracts.actions import (
     CNN_BLUEPRINTS,
-    BlendAlgorithm,
     HEAD_NAMES,
     HEAD_SIZES_AFTER_JOINT,
     RELEVANT_HEADS,
-    FactoredAction,
     AlphaCurve,
     AlphaSpeed,
     AlphaTarget,
+    BlendAlgorithm,
     Blueprint,
+    FactoredAction,
     Op,
     Style,
     Tempo,
@@ -65,20 +65,37 @@ def cut_off(slot: SeedSlot, slots: Sequence[SeedSlot]) -> bool:
     (docs/learning.md s. 8). A prune ramping the downstream seed out gives the gradient back, so a pruning seed cuts
     nothing off."""
     here = forward_position(slot.slot_id)
-    return any(forward_position(s.slot_id) > here and s.isolated and s.algorithm is BlendAlgorithm.ADD
-               and s.stage in BLENDED_STAGES and not s.pruning for s in slots)
+    return any(
+        forward_position(s.slot_id) > here
+        and s.isolated
+        and s.algorithm is BlendAlgorithm.ADD
+        and s.stage in BLENDED_STAGES
+        and not s.pruning
+        for s in slots
+    )
 
 
-def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-              time_to_commit: bool = True, mask_cut_off: bool = False) -> set[Op]:
+def legal_ops(
+    slot: SeedSlot,
+    slots: Sequence[SeedSlot],
+    *,
+    auto_forward: bool,
+    max_seeds: int,
+    time_to_commit: bool = True,
+    mask_cut_off: bool = False,
+) -> set[Op]:
     """`time_to_commit`: whether a seed germinated now could still be fossilized before the run ends (the env's
     `commit_horizon`); False masks GERMINATE. `mask_cut_off` (the env's setting of that name) masks GERMINATE in
     a slot the loss cannot reach (`cut_off`)."""
     ops: set[Op] = set()
     live = sum(s.is_live for s in slots)
-    if (slot.stage is Stage.DORMANT and live < max_seeds and time_to_commit
-            and not any(s.stage in BLOCKS_GERMINATION for s in slots)
-            and not (mask_cut_off and cut_off(slot, slots))):
+    if (
+        slot.stage is Stage.DORMANT
+        and live < max_seeds
+        and time_to_commit
+        and not any(s.stage in BLOCKS_GERMINATION for s in slots)
+        and not (mask_cut_off and cut_off(slot, slots))
+    ):
         ops.add(Op.GERMINATE)
     if slot.can_set_alpha_target():
         ops.add(Op.SET_ALPHA_TARGET)
@@ -91,9 +108,15 @@ def legal_ops(slot: SeedSlot, slots: Sequence[SeedSlot], *, auto_forward: bool, 
     return ops
 
 
-def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: int,
-                 blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS, tempos: Sequence[Tempo] = tuple(Tempo),
-                 mask_cut_off: bool = False) -> np.ndarray:
+def compute_mask(
+    slots: Sequence[SeedSlot],
+    *,
+    auto_forward: bool,
+    max_seeds: int,
+    blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS,
+    tempos: Sequence[Tempo] = tuple(Tempo),
+    mask_cut_off: bool = False,
+) -> np.ndarray:
     """`blueprints`: those that fit the host (its topology's, less any that cannot run on this device);
     `tempos`: those a seed germinated now may take (the env's `commit_horizon`: those whose lifecycle still ends
     before the run does). None left masks GERMINATE (legal_ops' `time_to_commit`); the tempo head, which only
@@ -104,8 +127,14 @@ def compute_mask(slots: Sequence[SeedSlot], *, auto_forward: bool, max_seeds: in
     joint = np.zeros(joint_size(), dtype=np.int8)  # positions past the host's slots stay masked
     joint[encode_joint(Op.WAIT, None)] = 1
     for i, slot in enumerate(slots):
-        for op in legal_ops(slot, slots, auto_forward=auto_forward, max_seeds=max_seeds, time_to_commit=time_to_commit,
-                            mask_cut_off=mask_cut_off):
+        for op in legal_ops(
+            slot,
+            slots,
+            auto_forward=auto_forward,
+            max_seeds=max_seeds,
+            time_to_commit=time_to_commit,
+            mask_cut_off=mask_cut_off,
+        ):
             joint[encode_joint(op, i)] = 1
     mask[offsets["op_slot"]] = joint
     blueprint = np.zeros(len(Blueprint), dtype=np.int8)
@@ -143,8 +172,15 @@ def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[st
         values.append(int(value))
     op, slot_index = decode_joint(values[0])
     if not mask[offsets["op_slot"]][values[0]]:
-        where = "" if slot_index is None else (f" on slot {slot_ids[slot_index]}" if slot_index < len(slot_ids)
-                                               else f" on slot position {slot_index}, which this host does not have")
+        where = (
+            ""
+            if slot_index is None
+            else (
+                f" on slot {slot_ids[slot_index]}"
+                if slot_index < len(slot_ids)
+                else f" on slot position {slot_index}, which this host does not have"
+            )
+        )
         raise ValueError(f"masked action: {op.name}{where} is not legal now (joint index {values[0]})")
     for name, value in zip(HEAD_NAMES[1:], values[1:]):
         if name in RELEVANT_HEADS[op] and not mask[offsets[name]][value]:

@@ -18,8 +18,8 @@ import numpy as np
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, Op
 from esper_ray.contracts.host import SlotSpec
 from esper_ray.contracts.registry import TOPOLOGIES
-from esper_ray.contracts.slots import forward_position, is_grid_slot
 from esper_ray.contracts.rewards import PP
+from esper_ray.contracts.slots import forward_position, is_grid_slot
 from esper_ray.contracts.stages import STAGE_ORDER, Stage
 from esper_ray.morpho.alpha_schedule import AlphaMode
 from esper_ray.morpho.slot import SeedSlot
@@ -140,15 +140,20 @@ def slot_features(slot: SeedSlot, max_epochs: int) -> list[float]:
 
 def blueprint_ids(slots: Sequence[SeedSlot]) -> np.ndarray:
     """[MAX_SLOTS]: each slot's seed's blueprint, NONE for an empty slot and an absent position."""
-    ids = [int(s.blueprint) if s.blueprint is not None and s.stage is not Stage.DORMANT else BLUEPRINT_NONE_INDEX for s in slots]
+    ids = [
+        int(s.blueprint) if s.blueprint is not None and s.stage is not Stage.DORMANT else BLUEPRINT_NONE_INDEX
+        for s in slots
+    ]
     return np.asarray(ids + [BLUEPRINT_NONE_INDEX] * (MAX_SLOTS - len(ids)), dtype=np.int64)
 
 
 def build_features(view: EpochView, slots: Sequence[SeedSlot], descriptors: np.ndarray) -> np.ndarray:
     """`descriptors`: slot_descriptors of `slots`, in their order."""
     if len(slots) > MAX_SLOTS or descriptors.shape != (len(slots), SLOT_DESCRIPTORS):
-        raise ValueError(f"{len(slots)} slots with descriptors of shape {descriptors.shape}; at most MAX_SLOTS="
-                         f"{MAX_SLOTS} slots, {SLOT_DESCRIPTORS} descriptors each")
+        raise ValueError(
+            f"{len(slots)} slots with descriptors of shape {descriptors.shape}; at most MAX_SLOTS="
+            f"{MAX_SLOTS} slots, {SLOT_DESCRIPTORS} descriptors each"
+        )
     values = base_features(view, slots)
     for s, d in zip(slots, descriptors.tolist()):
         values += slot_features(s, view.max_epochs) + d

@@ -15,7 +15,9 @@ import numpy as np
 
 
 class MaskedMultiDiscrete(gym.spaces.MultiDiscrete):
-    def __init__(self, nvec: list[int], mask_provider: Callable[[], np.ndarray | None] | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self, nvec: list[int], mask_provider: Callable[[], np.ndarray | None] | None = None, seed: int | None = None
+    ) -> None:
         super().__init__(nvec, seed=seed)
         self._mask_provider = mask_provider
 

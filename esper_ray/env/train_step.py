@@ -96,8 +96,14 @@ class Accumulators:
 class TrainStep:
     """The step, eager: what a captured graph replays."""
 
-    def __init__(self, model: MorphogeneticModel, host_optimizer: torch.optim.Optimizer, precision: Precision,
-                 max_grad_norm: float, accumulators: Accumulators) -> None:
+    def __init__(
+        self,
+        model: MorphogeneticModel,
+        host_optimizer: torch.optim.Optimizer,
+        precision: Precision,
+        max_grad_norm: float,
+        accumulators: Accumulators,
+    ) -> None:
         self.model, self.host_optimizer, self.precision = model, host_optimizer, precision
         self.max_grad_norm, self.acc = max_grad_norm, accumulators
         self.slots = trained_slots(model)
@@ -121,8 +127,14 @@ class TrainStep:
         """Everything a captured graph depends on besides tensor values (objects compare by identity)."""
         return self._key
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, on_grads: Callable[[], None] | None = None,
-                 capturing: bool = False, fuse: bool = True) -> None:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        on_grads: Callable[[], None] | None = None,
+        capturing: bool = False,
+        fuse: bool = True,
+    ) -> None:
         """`fuse`: CNN host blocks may run compiled (fused_block.py); the epoch's last batch says False, so that
         only the env's one full batch shape is ever compiled."""
         scaler = self.precision.scaler
@@ -188,9 +200,19 @@ def sgd_step(optimizer: torch.optim.SGD) -> None:
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
         momentum = [optimizer.state[p].get("momentum_buffer") for p in params] if group["momentum"] else []
-        sgd(params, [p.grad for p in params], momentum, weight_decay=group["weight_decay"], momentum=group["momentum"],
-            lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"], maximize=group["maximize"],
-            foreach=group["foreach"], fused=group["fused"])
+        sgd(
+            params,
+            [p.grad for p in params],
+            momentum,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=group["lr"],
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+            foreach=group["foreach"],
+            fused=group["fused"],
+        )
         for p, buffer in zip(params, momentum):
             optimizer.state[p]["momentum_buffer"] = buffer
 
@@ -219,8 +241,15 @@ class CapturedStep:
     (`on_grads`) and unfused, like its eager step: each replay writes the norms into the tensors of the telemetry it
     was captured with, and hands them to the epoch's own."""
 
-    def __init__(self, step: TrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory | None = None,
-                 on_grads: GradientCapture | None = None, fuse: bool = True) -> None:
+    def __init__(
+        self,
+        step: TrainStep,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        memory: GraphMemory | None = None,
+        on_grads: GradientCapture | None = None,
+        fuse: bool = True,
+    ) -> None:
         self.key = step.key()
         self.on_grads = on_grads
         self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
@@ -245,7 +274,9 @@ class StepGraphs(KeptGraphs):
     `capture` builds the captured step; tests pass a CPU stand-in to check the bookkeeping without a GPU.
     """
 
-    def __init__(self, enabled: bool, capture: Callable[[TrainStep, torch.Tensor, torch.Tensor], Any] = CapturedStep) -> None:
+    def __init__(
+        self, enabled: bool, capture: Callable[[TrainStep, torch.Tensor, torch.Tensor], Any] = CapturedStep
+    ) -> None:
         super().__init__(limit=KEPT_STEPS, warmup=WARMUP_STEPS)
         self.enabled = enabled
         self.capture = capture

@@ -49,8 +49,12 @@ class ValidationKey(NamedTuple):
 
 
 def validation_key(model: MorphogeneticModel, alphas: torch.Tensor, precision: Precision, chunk: int) -> ValidationKey:
-    per_slot = tuple((s.slot_id, s.algorithm, s.seed, s.gate) if s.is_active else (s.slot_id,) for s in model.seed_slots())
-    return ValidationKey(model.host, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk)
+    per_slot = tuple(
+        (s.slot_id, s.algorithm, s.seed, s.gate) if s.is_active else (s.slot_id,) for s in model.seed_slots()
+    )
+    return ValidationKey(
+        model.host, per_slot, alphas.shape[0], tuple(configurations_differ(alphas)), precision.dtype, chunk
+    )
 
 
 def capturable(model: MorphogeneticModel) -> bool:
@@ -60,9 +64,19 @@ def capturable(model: MorphogeneticModel) -> bool:
 class CapturedValidation:
     """The pass captured as a CUDA graph over the prepared set, a static alpha tensor and static accumulators."""
 
-    def __init__(self, key: ValidationKey, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor,
-                 alphas: torch.Tensor, *, chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor],
-                 precision: Precision, memory: GraphMemory | None = None) -> None:
+    def __init__(
+        self,
+        key: ValidationKey,
+        model: MorphogeneticModel,
+        x_val: torch.Tensor,
+        y_val: torch.Tensor,
+        alphas: torch.Tensor,
+        *,
+        chunk: int,
+        prepare: Callable[[torch.Tensor], torch.Tensor],
+        precision: Precision,
+        memory: GraphMemory | None = None,
+    ) -> None:
         self.key, self.model, self.y, self.chunk, self.precision = key, model, y_val, chunk, precision
         self.memory = memory
         self.differs = list(key.differs)
@@ -77,8 +91,19 @@ class CapturedValidation:
     def _pass(self, capturing: bool = False) -> None:
         self.correct.zero_()
         self.loss_sum.zero_()
-        accumulate_fused(self.model, self.x, self.y, self.alphas, self.differs, self.correct, self.loss_sum,
-                         chunk=self.chunk, prepare=lambda x: x, precision=self.precision, capturing=capturing)
+        accumulate_fused(
+            self.model,
+            self.x,
+            self.y,
+            self.alphas,
+            self.differs,
+            self.correct,
+            self.loss_sum,
+            chunk=self.chunk,
+            prepare=lambda x: x,
+            precision=self.precision,
+            capturing=capturing,
+        )
 
     def _capture(self) -> None:
         """Record the pass (it runs nothing: the eager passes before it warmed cuDNN up)."""
@@ -106,15 +131,26 @@ class ValidationGraphs(KeptGraphs):
         self.enabled = enabled
         self.capture = capture
 
-    def validate(self, model: MorphogeneticModel, x_val: torch.Tensor, y_val: torch.Tensor, alphas: torch.Tensor, *,
-                 chunk: int, prepare: Callable[[torch.Tensor], torch.Tensor], precision: Precision) -> ValStats:
+    def validate(
+        self,
+        model: MorphogeneticModel,
+        x_val: torch.Tensor,
+        y_val: torch.Tensor,
+        alphas: torch.Tensor,
+        *,
+        chunk: int,
+        prepare: Callable[[torch.Tensor], torch.Tensor],
+        precision: Precision,
+    ) -> ValStats:
         """What validate_fused returns: from the captured pass when there is one for this key, else eagerly."""
         if not self.enabled or not capturable(model):
             return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         model.eval()
         key = validation_key(model, alphas, precision, chunk)
-        captured = self.graph_for(key, lambda: self.capture(key, model, x_val, y_val, alphas, chunk=chunk,
-                                                             prepare=prepare, precision=precision))
+        captured = self.graph_for(
+            key,
+            lambda: self.capture(key, model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision),
+        )
         if captured is None:
             return validate_fused(model, x_val, y_val, alphas, chunk=chunk, prepare=prepare, precision=precision)
         return captured.replay(alphas)

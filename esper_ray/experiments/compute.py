@@ -20,8 +20,16 @@ import numpy as np
 
 from esper_ray.experiments.results import FINISHED, ExperimentRecord
 
-SIZE_FIELDS = ("final_params", "params_added", "train_flops", "seed_train_flops", "validation_flops",
-               "counterfactual_flops", "seconds", "refused")
+SIZE_FIELDS = (
+    "final_params",
+    "params_added",
+    "train_flops",
+    "seed_train_flops",
+    "validation_flops",
+    "counterfactual_flops",
+    "seconds",
+    "refused",
+)
 
 
 @dataclass(frozen=True)
@@ -70,11 +78,17 @@ def summarize_compute(record: ExperimentRecord) -> tuple[list[ArmCompute], list[
     arms = []
     for arm in record.spec.arms:
         params = list(fields["final_params"][arm].values())
-        arms.append(ArmCompute(
-            arm=arm, n=len(params),
-            means={f: float(np.mean(list(fields[f][arm].values()))) if fields[f][arm] else math.nan for f in SIZE_FIELDS},
-            final_params_range=(min(params), max(params)) if params else (math.nan, math.nan),
-        ))
+        arms.append(
+            ArmCompute(
+                arm=arm,
+                n=len(params),
+                means={
+                    f: float(np.mean(list(fields[f][arm].values()))) if fields[f][arm] else math.nan
+                    for f in SIZE_FIELDS
+                },
+                final_params_range=(min(params), max(params)) if params else (math.nan, math.nan),
+            )
+        )
     pairs = []
     for a, b in record.spec.compared_pairs:  # the verdict's pairs, in its order
         params_d, params_r, n = _paired(fields["final_params"][a], fields["final_params"][b])
@@ -96,7 +110,7 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int
 
 
 def _relative(ratio: float, what: str, other: str) -> str:
-    """"40 % fewer final parameters than fixed", or "as many final parameters as fixed"."""
+    """ "40 % fewer final parameters than fixed", or "as many final parameters as fixed"."""
     if not math.isfinite(ratio):
         return f"n/a {what} against {other}"
     if abs(ratio - 1) < 0.005:
@@ -105,11 +119,13 @@ def _relative(ratio: float, what: str, other: str) -> str:
 
 
 def size_sentence(pair: PairCompute) -> str:
-    """"At equal size: ppo has 40 % fewer final parameters than fixed (median paired difference -300), ..." """
+    """ "At equal size: ppo has 40 % fewer final parameters than fixed (median paired difference -300), ..." """
     if pair.n_pairs == 0:
         return f"At equal size: {pair.arm_a} vs {pair.arm_b}: no seed with size figures in both arms."
-    return (f"At equal size: {pair.arm_a} has {_relative(pair.params_ratio, 'final parameters', pair.arm_b)} "
-            f"(median paired difference {pair.params_difference:+,.0f}) and uses "
-            f"{_relative(pair.train_flops_ratio, 'training FLOPs', pair.arm_b)} ({pair.train_flops_difference:+.3g}; "
-            f"{_relative(pair.all_flops_ratio, 'FLOPs', pair.arm_b)} with validation and counterfactual passes), "
-            f"over {pair.n_pairs} run-seed pairs.")
+    return (
+        f"At equal size: {pair.arm_a} has {_relative(pair.params_ratio, 'final parameters', pair.arm_b)} "
+        f"(median paired difference {pair.params_difference:+,.0f}) and uses "
+        f"{_relative(pair.train_flops_ratio, 'training FLOPs', pair.arm_b)} ({pair.train_flops_difference:+.3g}; "
+        f"{_relative(pair.all_flops_ratio, 'FLOPs', pair.arm_b)} with validation and counterfactual passes), "
+        f"over {pair.n_pairs} run-seed pairs."
+    )

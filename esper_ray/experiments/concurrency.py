@@ -31,16 +31,21 @@ def requests_by_kind(kinds: Mapping[str, str], needs: Mapping[str, Mapping[str, 
     for arm, need in needs.items():
         groups.setdefault((kinds[arm], tuple(sorted(need.items()))), []).append(arm)
     kind_counts = [kind for kind, _ in groups]
-    return {kind if kind_counts.count(kind) == 1 else f"{kind} ({', '.join(arms)})": dict(need)
-            for (kind, need), arms in groups.items()}
+    return {
+        kind if kind_counts.count(kind) == 1 else f"{kind} ({', '.join(arms)})": dict(need)
+        for (kind, need), arms in groups.items()
+    }
 
 
 def describe(requests: Mapping[str, Mapping[str, float]], have: Mapping[str, float], cap: int | None) -> str:
     """One line: per kind of trial (e.g. "ppo", "baseline") what it asks and how many fit at once, and the cap."""
+
     def amounts(resources: Mapping[str, float]) -> str:
         return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in RESOURCES_SHOWN if resources.get(k, 0.0) > 0)
 
-    kinds = "; ".join(f"{counted(fits_at_once(need, have), kind + ' trial')} at once ({amounts(need)} each)"
-                      for kind, need in requests.items())
+    kinds = "; ".join(
+        f"{counted(fits_at_once(need, have), kind + ' trial')} at once ({amounts(need)} each)"
+        for kind, need in requests.items()
+    )
     limit = f"capped at {cap} by max_concurrent_trials" if cap is not None else "no cap (max_concurrent_trials not set)"
     return f"trials at once on {amounts(have) or 'no CPUs'}: {kinds}; {limit}"

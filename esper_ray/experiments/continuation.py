@@ -77,9 +77,12 @@ def links_of(trial_config: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     links = entry.get("links") if isinstance(entry, dict) else None
     if not isinstance(links, list) or not all(
-            isinstance(k, dict) and isinstance(k.get("folder"), str) and isinstance(k.get("round"), int) for k in links):
-        raise ValueError(f"a trial's {CONTINUES_KEY!r} entry is not the chain --salvage writes ({str(entry)[:120]}); "
-                         "the run folder is damaged")
+        isinstance(k, dict) and isinstance(k.get("folder"), str) and isinstance(k.get("round"), int) for k in links
+    ):
+        raise ValueError(
+            f"a trial's {CONTINUES_KEY!r} entry is not the chain --salvage writes ({str(entry)[:120]}); "
+            "the run folder is damaged"
+        )
     return links
 
 

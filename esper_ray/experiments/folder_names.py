@@ -12,5 +12,7 @@ def check_folder_name(key: str, value: Any, what: str = "name") -> None:
     """An experiment or arm name becomes a folder (esper_runs/NAME, networks/ARM, Tune's trial folders): only a
     plain folder name, never a path ('..', 'a/b') or a name a shell or another system reads differently."""
     if not isinstance(value, str) or not FOLDER_NAME.fullmatch(value):
-        raise ValueError(f"{key}={value!r}: the {what} must be a plain folder name of at most 100 letters, digits, "
-                         "'_', '-' or '.', starting with a letter, digit or '_'")
+        raise ValueError(
+            f"{key}={value!r}: the {what} must be a plain folder name of at most 100 letters, digits, "
+            "'_', '-' or '.', starting with a letter, digit or '_'"
+        )

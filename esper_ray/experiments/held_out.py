@@ -63,11 +63,15 @@ def parse_held_out(value: Any) -> tuple[HeldOutHost, ...]:
 def _host(name: Any, env: Any, where: str) -> HeldOutHost:
     check_folder_name(f"{where}.name", name, "host name")
     if not isinstance(env, Mapping):
-        raise ValueError(f"{where}.env={env!r}: must be a mapping of env settings, e.g. {{task: digits, max_epochs: 25}}")
+        raise ValueError(
+            f"{where}.env={env!r}: must be a mapping of env settings, e.g. {{task: digits, max_epochs: 25}}"
+        )
     owned = sorted(set(env) & set(RUN_OWNED_KEYS))
     if owned:
-        raise ValueError(f"{where}.env: {owned} are the run's (its seed, shards and reward), not a host's; a host may set "
-                         f"{list(HOST_LEVEL_KEYS)} and any other env setting")
+        raise ValueError(
+            f"{where}.env: {owned} are the run's (its seed, shards and reward), not a host's; a host may set "
+            f"{list(HOST_LEVEL_KEYS)} and any other env setting"
+        )
     return HeldOutHost(str(name), copy.deepcopy(dict(env)))
 
 

@@ -83,8 +83,9 @@ class SearchOutcome:
         return len(self.tried)
 
 
-def run_search(searcher: Searcher, candidates: Sequence[FixedPlan], budget: int,
-               score: Callable[[FixedPlan], float]) -> SearchOutcome:
+def run_search(
+    searcher: Searcher, candidates: Sequence[FixedPlan], budget: int, score: Callable[[FixedPlan], float]
+) -> SearchOutcome:
     """Ask `searcher` for up to `budget` candidates, score each once (`score`: its validation metric, one host run),
     report it back, and return the best by validation (the first tried among equals; a NaN score never wins)."""
     tried: list[tuple[FixedPlan, float]] = []

@@ -29,8 +29,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
 from esper_ray.experiments import held_out_report  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
-from esper_ray.experiments.results import (FINISHED, NOT_KEPT, NOT_PLANTED, TUNE_DIR, ExperimentRecord, as_json,  # noqa: E402
-                                          metric_by_arm)
+from esper_ray.experiments.results import (
+    FINISHED,
+    NOT_KEPT,
+    NOT_PLANTED,
+    TUNE_DIR,
+    ExperimentRecord,
+    as_json,  # noqa: E402
+    metric_by_arm,
+)
 from esper_ray.experiments.rollout_blocks import block_lines  # noqa: E402
 from esper_ray.experiments.statistics import (  # noqa: E402
     ArmSummary,
@@ -83,13 +90,22 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     size_verdicts = [size_sentence(p) for p in pair_compute]
     results = as_json(record)
     results["statistics"] = {
-        "metric": spec.metric, "alpha": spec.alpha, "pairs_in_family": len(pairs),
+        "metric": spec.metric,
+        "alpha": spec.alpha,
+        "pairs_in_family": len(pairs),
         "primary_test": f"paired Wilcoxon signed-rank (exact sign-flip distribution), Holm over {family}",
         "secondary_test": f"Mann-Whitney U (exact permutation distribution), Holm over {family}",
-        "arms": [asdict(a) for a in arms], "pairs": [asdict(p) for p in pairs], "verdicts": verdicts,
-        "excluded_trials": [{"arm": t.arm, "seed": t.seed, "status": t.status, "error": t.error} for t in record.excluded],
-        "compute": {"arms": [asdict(a) for a in arm_compute], "pairs": [asdict(p) for p in pair_compute],
-                    "size_verdicts": size_verdicts},
+        "arms": [asdict(a) for a in arms],
+        "pairs": [asdict(p) for p in pairs],
+        "verdicts": verdicts,
+        "excluded_trials": [
+            {"arm": t.arm, "seed": t.seed, "status": t.status, "error": t.error} for t in record.excluded
+        ],
+        "compute": {
+            "arms": [asdict(a) for a in arm_compute],
+            "pairs": [asdict(p) for p in pair_compute],
+            "size_verdicts": size_verdicts,
+        },
     }
     if held_out is not None:
         results["statistics"]["held_out"] = held_out_report.as_json(held_out)
@@ -112,7 +128,9 @@ def _fmt(x: float, digits: int = 4) -> str:
 def _ci(interval: Interval) -> str:
     if not math.isfinite(interval.low):
         return "n/a"
-    level = f", {100 * interval.level:.1f} %" if math.isfinite(interval.level) and abs(interval.level - 0.95) > 1e-9 else ""
+    level = (
+        f", {100 * interval.level:.1f} %" if math.isfinite(interval.level) and abs(interval.level - 0.95) > 1e-9 else ""
+    )
     return f"[{_fmt(interval.low)}, {_fmt(interval.high)}]{level}"
 
 
@@ -123,8 +141,15 @@ def _ppo_first(record: ExperimentRecord) -> bool:
     return kinds == sorted(kinds, reverse=True) and any(kinds) and not all(kinds)
 
 
-def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairComparison], verdicts: list[str],
-             arm_compute: list[ArmCompute], size_verdicts: list[str], held_out: list[str] | None = None) -> str:
+def markdown(
+    record: ExperimentRecord,
+    arms: list[ArmSummary],
+    pairs: list[PairComparison],
+    verdicts: list[str],
+    arm_compute: list[ArmCompute],
+    size_verdicts: list[str],
+    held_out: list[str] | None = None,
+) -> str:
     """`held_out`: the held-out hosts' section (held_out_report.py), after the pairs."""
     spec = record.spec
     planned = len(record.trials)
@@ -138,9 +163,16 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
         f"permutation with order seed {record.order_seed}{' (drawn for this run)' if record.order_seed_drawn else ''}: "
-        + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position)) + ".",
-        *(["Device: the experiment file puts envs on GPUs; the machine had none, so every trial ran on the CPUs "
-           "(no GPU share, no MPS; flex_attention, which has no CPU backward, masked)."] if record.on_cpus else []),
+        + ", ".join(f"{t.arm}/{t.seed}" for t in sorted(record.trials, key=lambda t: t.position))
+        + ".",
+        *(
+            [
+                "Device: the experiment file puts envs on GPUs; the machine had none, so every trial ran on the CPUs "
+                "(no GPU share, no MPS; flex_attention, which has no CPU backward, masked)."
+            ]
+            if record.on_cpus
+            else []
+        ),
         *[f"**Too short to keep a seed:** {line}." for line in spec.short_run_warnings()],
         "",
         "## Verdict",
@@ -152,17 +184,24 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
         *[f"- {v} {s}" for v, s in zip(verdicts, size_verdicts)],
     ]
     if excluded:
-        lines += ["", f"**n shrank:** {len(excluded)} of {planned} planned trials did not finish and are excluded from "
-                      "the statistics: " + ", ".join(f"{t.arm}/seed {t.seed} ({t.status}{': ' + t.error if t.error else ''})"
-                                                    for t in excluded) + "."]
+        lines += [
+            "",
+            f"**n shrank:** {len(excluded)} of {planned} planned trials did not finish and are excluded from "
+            "the statistics: "
+            + ", ".join(f"{t.arm}/seed {t.seed} ({t.status}{': ' + t.error if t.error else ''})" for t in excluded)
+            + ".",
+        ]
     lines += [
         "",
         "## Arms",
         "",
         "| arm | controller | n | mean [95 % t] | median [order statistics] | IQM [95 % BCa] |",
         "|---|---|---|---|---|---|",
-        *[f"| {a.arm} | {_controller_label(spec, a.arm)} | {a.n} | {_fmt(a.mean)} {_ci(a.mean_ci)} | "
-          f"{_fmt(a.median)} {_ci(a.median_ci)} | {_fmt(a.iqm)} {_ci(a.iqm_ci)} |" for a in arms],
+        *[
+            f"| {a.arm} | {_controller_label(spec, a.arm)} | {a.n} | {_fmt(a.mean)} {_ci(a.mean_ci)} | "
+            f"{_fmt(a.median)} {_ci(a.median_ci)} | {_fmt(a.iqm)} {_ci(a.iqm_ci)} |"
+            for a in arms
+        ],
         "",
         "## Pairs",
         "",
@@ -188,15 +227,22 @@ def markdown(record: ExperimentRecord, arms: list[ArmSummary], pairs: list[PairC
     salvaged = any(t.ran_in != [TUNE_DIR] for t in record.trials if t.ran_in)  # a killed run, salvaged
     lines += ["", "## Trials", ""]
     if salvaged:
-        lines += ["Part of this run was killed and salvaged (`esper-ray ab --resume --salvage`): `ran in` names the "
-                  "Tune folders a trial's results come from, a set-aside folder's rounds up to the checkpoint it "
-                  "continued from.", ""]
-    lines += ["| position | arm | seed | controller | status | metric | rounds |" + (" ran in |" if salvaged else ""),
-              "|---|---|---|---|---|---|---|" + ("---|" if salvaged else "")]
+        lines += [
+            "Part of this run was killed and salvaged (`esper-ray ab --resume --salvage`): `ran in` names the "
+            "Tune folders a trial's results come from, a set-aside folder's rounds up to the checkpoint it "
+            "continued from.",
+            "",
+        ]
+    lines += [
+        "| position | arm | seed | controller | status | metric | rounds |" + (" ran in |" if salvaged else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if salvaged else ""),
+    ]
     for t in sorted(record.trials, key=lambda t: t.position):
-        lines.append(f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
-                     f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |"
-                     + (f" {', '.join(t.ran_in)} |" if salvaged else ""))
+        lines.append(
+            f"| {t.position} | {t.arm} | {t.seed} | {t.controller.value} | {t.status} | "
+            f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |"
+            + (f" {', '.join(t.ran_in)} |" if salvaged else "")
+        )
     lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
     return "\n".join(lines) + "\n"
 
@@ -225,7 +271,9 @@ def kept_lines(record: ExperimentRecord) -> list[str]:
         return float(np.mean(list(values.values()))) if values else math.nan
 
     lines = [
-        "", "## What the host runs kept", "",
+        "",
+        "## What the host runs kept",
+        "",
         "A host run keeps its committed model: the host and its fossilized seeds (docs/design.md, \"The end of a host "
         "run\"). The test accuracy above is that model's; beside it, the same evaluation episodes with the seeds still "
         "on probation left in at their last alpha. Means per evaluation episode over each arm's finished trials.",
@@ -234,8 +282,10 @@ def kept_lines(record: ExperimentRecord) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for arm in arms:
-        lines.append(f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | {_fmt(mean(fossilized[arm]), 3)} | "
-                     f"{_fmt(mean(kept[arm]), 6)} | {_fmt(mean(probation[arm]), 6)} |")
+        lines.append(
+            f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | {_fmt(mean(fossilized[arm]), 3)} | "
+            f"{_fmt(mean(kept[arm]), 6)} | {_fmt(mean(probation[arm]), 6)} |"
+        )
     return lines + ([] if record.spec.held_out is not None else unplanted_lines(record))  # held-out: per host there
 
 
@@ -243,15 +293,32 @@ def unplanted_lines(record: ExperimentRecord) -> list[str]:
     """The fixed and search arms whose plan the evaluation episodes never planted or never kept, with the seeds."""
     notes: dict[str, dict[str, list[int]]] = {}
     for t in sorted(record.trials, key=lambda t: t.seed):
-        note = t.plan_note() if t.status == FINISHED and t.controller in (ControllerKind.FIXED, ControllerKind.SEARCH) else None
+        note = (
+            t.plan_note()
+            if t.status == FINISHED and t.controller in (ControllerKind.FIXED, ControllerKind.SEARCH)
+            else None
+        )
         if note is not None:
             notes.setdefault(t.arm, {}).setdefault(note, []).append(t.seed)
-    return ["", *[f"- {arm} ({_controller_label(record.spec, arm)}): its plan was {note} on seed(s) {', '.join(map(str, seeds))}"
-                  f" ({NOTE_MEANING[note]})." for arm, by_note in notes.items() for note, seeds in by_note.items()]] if notes else []
+    return (
+        [
+            "",
+            *[
+                f"- {arm} ({_controller_label(record.spec, arm)}): its plan was {note} on seed(s) {', '.join(map(str, seeds))}"
+                f" ({NOTE_MEANING[note]})."
+                for arm, by_note in notes.items()
+                for note, seeds in by_note.items()
+            ],
+        ]
+        if notes
+        else []
+    )
 
 
-NOTE_MEANING = {NOT_PLANTED: "no evaluation episode planted its seed: the run left no room for its tempo",
-                NOT_KEPT: "planted, and never fossilized before the run ended"}
+NOTE_MEANING = {
+    NOT_PLANTED: "no evaluation episode planted its seed: the run left no room for its tempo",
+    NOT_KEPT: "planted, and never fossilized before the run ended",
+}
 
 
 def training_cost_lines(record: ExperimentRecord) -> list[str]:
@@ -264,20 +331,37 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
         if kind is ControllerKind.PPO:  # envs, episodes and epochs are the same for every seed
             envs, episodes, epochs = (spec.arm_setting(arm, k) for k in ("envs", "episodes_per_env", "max_epochs"))
             runs = spec.rounds * envs * episodes
-            rows.append(f"| {arm} | {runs:,} host runs of {epochs} epochs per run seed ({counted(spec.rounds, 'round')} x "
-                        f"{counted(envs, 'env')} x {counted(episodes, 'episode')}) |")
+            rows.append(
+                f"| {arm} | {runs:,} host runs of {epochs} epochs per run seed ({counted(spec.rounds, 'round')} x "
+                f"{counted(envs, 'env')} x {counted(episodes, 'episode')}) |"
+            )
         elif kind is ControllerKind.FIXED:
             sweep = spec.arms[arm].get("sweep_host_runs")
-            rows.append(f"| {arm} | " + (f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"
-                                         if sweep is not None else "the sweep that picked its seed (not stated in the file) |"))
+            rows.append(
+                f"| {arm} | "
+                + (
+                    f"{sweep:,} host runs once for all seeds (the sweep that picked its seed) |"
+                    if sweep is not None
+                    else "the sweep that picked its seed (not stated in the file) |"
+                )
+            )
         elif kind is ControllerKind.CHECKPOINT:
             rows.append(f"| {arm} | trained before this run ({spec.arms[arm]['checkpoint']}); frozen here |")
         elif kind is ControllerKind.SEARCH:
             search = spec.search_settings(arm)
-            rows.append(f"| {arm} | none before; on every host a search of up to {search.budget} host runs ({search.algorithm}) |")
+            rows.append(
+                f"| {arm} | none before; on every host a search of up to {search.budget} host runs ({search.algorithm}) |"
+            )
         else:
             rows.append(f"| {arm} | none (rules, no training) |")
-    return ["", "## What each controller cost before its evaluation", "", "| arm | training or search |", "|---|---|", *rows]
+    return [
+        "",
+        "## What each controller cost before its evaluation",
+        "",
+        "| arm | training or search |",
+        "|---|---|",
+        *rows,
+    ]
 
 
 def loss_lines(record: ExperimentRecord) -> list[str]:
@@ -288,7 +372,9 @@ def loss_lines(record: ExperimentRecord) -> list[str]:
     if not arms:
         return []
     lines = [
-        "", "## Test loss and perplexity", "",
+        "",
+        "## Test loss and perplexity",
+        "",
         "A trial's test loss is the mean held-out loss (per token on text) of its evaluation episodes, its perplexity "
         "exp of that loss; lower is better. Paired differences are medians over the seeds both arms finished.",
         "",
@@ -297,25 +383,36 @@ def loss_lines(record: ExperimentRecord) -> list[str]:
     ]
     for arm in arms:
         p = list(perplexity[arm].values())
-        lines.append(f"| {arm} | {len(p)} | {_fmt(float(np.mean(list(loss[arm].values()))))} | "
-                     f"{_fmt(float(np.mean(p)))} [{_fmt(min(p))}, {_fmt(max(p))}] |")
-    lines += ["", "| A | B | run-seed pairs | perplexity A - B, median | seeds with lower perplexity in A |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {arm} | {len(p)} | {_fmt(float(np.mean(list(loss[arm].values()))))} | "
+            f"{_fmt(float(np.mean(p)))} [{_fmt(min(p))}, {_fmt(max(p))}] |"
+        )
+    lines += [
+        "",
+        "| A | B | run-seed pairs | perplexity A - B, median | seeds with lower perplexity in A |",
+        "|---|---|---|---|---|",
+    ]
     for i, a in enumerate(arms):
-        for b in arms[i + 1:]:
+        for b in arms[i + 1 :]:
             seeds = sorted(set(perplexity[a]) & set(perplexity[b]))
             diff = [perplexity[a][s] - perplexity[b][s] for s in seeds]
-            lines.append(f"| {a} | {b} | {len(seeds)} | {_fmt(float(np.median(diff)) if diff else math.nan)} | "
-                         f"{sum(d < 0 for d in diff)} of {len(seeds)} |")
+            lines.append(
+                f"| {a} | {b} | {len(seeds)} | {_fmt(float(np.median(diff)) if diff else math.nan)} | "
+                f"{sum(d < 0 for d in diff)} of {len(seeds)} |"
+            )
     return lines
 
 
 def compute_lines(arm_compute: list[ArmCompute]) -> list[str]:
     """The size and compute table: means per evaluation episode over each arm's finished trials."""
+
     def flops(x: float) -> str:
         return "n/a" if not math.isfinite(x) else f"{x:.3g}"
 
     lines = [
-        "", "## Size and compute", "",
+        "",
+        "## Size and compute",
+        "",
         "Means per evaluation episode over each arm's finished trials. FLOPs count convolutions, linear layers and "
         "attention matmuls from the modules' shapes (training = forward + backward of host and seeds; validation = "
         "the model as it is; counterfactual = the extra configurations with seeds switched off); seconds are wall "
@@ -328,10 +425,12 @@ def compute_lines(arm_compute: list[ArmCompute]) -> list[str]:
     ]
     for a in arm_compute:
         m = a.means
-        lines.append(f"| {a.arm} | {a.n} | {_fmt(m['final_params'], 6)} [{_fmt(a.final_params_range[0], 6)}, "
-                     f"{_fmt(a.final_params_range[1], 6)}] | {_fmt(m['params_added'], 6)} | {flops(m['train_flops'])} | "
-                     f"{flops(m['seed_train_flops'])} | {flops(m['validation_flops'])} | {flops(m['counterfactual_flops'])} | "
-                     f"{_fmt(m['seconds'], 3)} | {_fmt(m['refused'], 3)} |")
+        lines.append(
+            f"| {a.arm} | {a.n} | {_fmt(m['final_params'], 6)} [{_fmt(a.final_params_range[0], 6)}, "
+            f"{_fmt(a.final_params_range[1], 6)}] | {_fmt(m['params_added'], 6)} | {flops(m['train_flops'])} | "
+            f"{flops(m['seed_train_flops'])} | {flops(m['validation_flops'])} | {flops(m['counterfactual_flops'])} | "
+            f"{_fmt(m['seconds'], 3)} | {_fmt(m['refused'], 3)} |"
+        )
     return lines
 
 
@@ -357,8 +456,15 @@ def plot_metric_by_arm(path: Path, values: dict[str, dict[int, float]], metric: 
         if len(points):
             ci = t_interval(points)
             low, high = (ci.low, ci.high) if math.isfinite(ci.low) else (points.mean(), points.mean())
-            ax.errorbar([i + 0.22], [points.mean()], yerr=[[points.mean() - low], [high - points.mean()]],
-                        fmt="D", color=colors[arm], capsize=4, zorder=4)
+            ax.errorbar(
+                [i + 0.22],
+                [points.mean()],
+                yerr=[[points.mean() - low], [high - points.mean()]],
+                fmt="D",
+                color=colors[arm],
+                capsize=4,
+                zorder=4,
+            )
     ax.set_xticks(range(len(arms)), [f"{a}\n(n={len(values[a])})" for a in arms])
     ax.set_xlim(-0.5, len(arms) - 0.5)
     ax.set_ylabel(metric)
@@ -389,10 +495,17 @@ def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str,
             if len(trials) > 1:
                 ax.fill_between(rounds, [b.low for b in bands], [b.high for b in bands], color=colors[arm], alpha=0.2)
         else:
-            level = np.asarray([t.metric("rollout_accuracy_per_param" if per_param else "rollout_accuracy", 1) for t in trials])
+            level = np.asarray(
+                [t.metric("rollout_accuracy_per_param" if per_param else "rollout_accuracy", 1) for t in trials]
+            )
             band = t_interval(level)
-            ax.axhline(level.mean(), color=colors[arm], linestyle="--", linewidth=1.8,
-                       label=f"{arm} ({spec.controller(arm).value}, no training, n={len(trials)})")
+            ax.axhline(
+                level.mean(),
+                color=colors[arm],
+                linestyle="--",
+                linewidth=1.8,
+                label=f"{arm} ({spec.controller(arm).value}, no training, n={len(trials)})",
+            )
             if math.isfinite(band.low):
                 ax.axhspan(band.low, band.high, color=colors[arm], alpha=0.12)
     ax.set_xlabel("round")
@@ -404,14 +517,25 @@ def plot_learning_curves(path: Path, record: ExperimentRecord, colors: dict[str,
     save_figure(fig, path)
 
 
-def plot_metric_vs_flops(path: Path, values: dict[str, dict[int, float]], train_flops: dict[str, dict[int, float]],
-                         metric: str, colors: dict[str, Any]) -> None:
+def plot_metric_vs_flops(
+    path: Path,
+    values: dict[str, dict[int, float]],
+    train_flops: dict[str, dict[int, float]],
+    metric: str,
+    colors: dict[str, Any],
+) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for arm, by_seed_value in values.items():
         seeds = sorted(set(by_seed_value) & set(train_flops[arm]))
         if seeds:
-            ax.scatter([train_flops[arm][s] for s in seeds], [by_seed_value[s] for s in seeds], color=colors[arm], s=24,
-                       label=f"{arm} (n={len(seeds)})", zorder=3)
+            ax.scatter(
+                [train_flops[arm][s] for s in seeds],
+                [by_seed_value[s] for s in seeds],
+                color=colors[arm],
+                s=24,
+                label=f"{arm} (n={len(seeds)})",
+                zorder=3,
+            )
     if ax.get_legend_handles_labels()[0]:
         ax.set_xscale("log")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: it hid points
@@ -429,7 +553,9 @@ def save_figure(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def performance_profile(scores: np.ndarray, taus: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def performance_profile(
+    scores: np.ndarray, taus: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(fraction of runs > tau, 2.5 % band, 97.5 % band) for every tau, bands from resampling the runs."""
     fraction = (scores[:, None] > taus[None, :]).mean(axis=0)
     resampled = rng.choice(scores, size=(PROFILE_RESAMPLES, len(scores)), replace=True)
@@ -437,7 +563,9 @@ def performance_profile(scores: np.ndarray, taus: np.ndarray, rng: np.random.Gen
     return fraction, np.percentile(boot, 2.5, axis=0), np.percentile(boot, 97.5, axis=0)
 
 
-def plot_performance_profile(path: Path, values: dict[str, dict[int, float]], metric: str, colors: dict[str, Any]) -> None:
+def plot_performance_profile(
+    path: Path, values: dict[str, dict[int, float]], metric: str, colors: dict[str, Any]
+) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     everything = [v for arm_values in values.values() for v in arm_values.values()]
     if everything:

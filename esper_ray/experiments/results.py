@@ -35,10 +35,27 @@ OPTIONAL_HISTORY_COLUMNS = ("final_accuracy_with_probation", "fossilized", "germ
 """Per round, NaN in runs made before they were recorded."""
 BY_BLUEPRINT = "by_blueprint"
 """History keys `by_blueprint/germinated_attention` (seeds per episode by outcome and blueprint), where recorded."""
-EVAL_COLUMNS = ("episodes", "test_accuracy", "test_accuracy_std", "test_accuracy_per_param", "val_accuracy",
-                "val_accuracy_per_param", "params_added", "host_params", "fossilized", "germinated")
-COMPUTE_COLUMNS = ("final_params", "refused", "train_flops", "seed_train_flops", "validation_flops", "counterfactual_flops",
-                   "seconds")
+EVAL_COLUMNS = (
+    "episodes",
+    "test_accuracy",
+    "test_accuracy_std",
+    "test_accuracy_per_param",
+    "val_accuracy",
+    "val_accuracy_per_param",
+    "params_added",
+    "host_params",
+    "fossilized",
+    "germinated",
+)
+COMPUTE_COLUMNS = (
+    "final_params",
+    "refused",
+    "train_flops",
+    "seed_train_flops",
+    "validation_flops",
+    "counterfactual_flops",
+    "seconds",
+)
 """Size and compute of the evaluation episodes (means per episode); NaN in runs made before they were recorded."""
 PROBATION_COLUMNS = ("test_accuracy_with_probation", "val_accuracy_with_probation", "params_on_probation")
 """The evaluation episodes' accuracy with the seeds still on probation in, and their parameters (the metric scores the
@@ -87,7 +104,10 @@ class TrialResult:
         names: 'not planted' where no episode planted one (a deadline or commit_horizon left no room for its
         tempo), 'not kept' where none was fossilized; None where one was kept, or the run did not record it."""
         if host is None:
-            germinated, fossilized = (self.evaluation or {}).get("germinated", math.nan), (self.evaluation or {}).get("fossilized", math.nan)
+            germinated, fossilized = (
+                (self.evaluation or {}).get("germinated", math.nan),
+                (self.evaluation or {}).get("fossilized", math.nan),
+            )
         else:
             germinated, fossilized = self.host_value("germinated", host), self.host_value("fossilized", host)
         if germinated == 0:
@@ -129,22 +149,30 @@ class ExperimentRecord:
 def read_experiment_file(output: Path) -> dict[str, Any]:
     path = output / EXPERIMENT_FILE
     if not output.is_dir():
-        raise FileNotFoundError(f"{output} is not a folder: give the run folder `esper-ray ab` wrote (it holds {EXPERIMENT_FILE})")
+        raise FileNotFoundError(
+            f"{output} is not a folder: give the run folder `esper-ray ab` wrote (it holds {EXPERIMENT_FILE})"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"{output} holds no {EXPERIMENT_FILE}: it is not an `esper-ray ab` run folder")
     try:
         record = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {err}); the run folder is damaged") from None
-    if (not isinstance(record, dict) or not isinstance(record.get("experiment"), dict)
-            or not isinstance(record.get("start_order"), list)
-            or not all(isinstance(p, dict) and {"arm", "seed"} <= set(p) for p in record["start_order"])):
-        raise ValueError(f"{path}: not the record `esper-ray ab` writes (experiment, start_order of arms and seeds, ...)")
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("experiment"), dict)
+        or not isinstance(record.get("start_order"), list)
+        or not all(isinstance(p, dict) and {"arm", "seed"} <= set(p) for p in record["start_order"])
+    ):
+        raise ValueError(
+            f"{path}: not the record `esper-ray ab` writes (experiment, start_order of arms and seeds, ...)"
+        )
     return record
 
 
-def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[str, float]], dict[str, float] | None, float,
-                                                                      dict[str, str]]:
+def _history_and_evaluation(
+    results: list[dict[str, Any]],
+) -> tuple[list[dict[str, float]], dict[str, float] | None, float, dict[str, str]]:
     """Per-round history (each round once), the evaluation (with its per-host figures, `test_accuracy/<host>`),
     the start time of a trial's results, and a search trial's plans per host."""
     plans: dict[str, str] = {}
@@ -161,11 +189,16 @@ def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[st
                 entry.update({f"{BY_BLUEPRINT}/{k}": number(v) for k, v in by_blueprint.items()})
             history.append(entry)
         # an evaluation with no episode is one a fixed plan no held-out host could take: it happened, all n/a
-        if math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy"))) or number(row.get(EVAL_PREFIX + "episodes")) == 0:
-            evaluation = {c: number(row.get(EVAL_PREFIX + c))
-                          for c in EVAL_COLUMNS + LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS + ("host_runs",)}
+        if (
+            math.isfinite(number(row.get(EVAL_PREFIX + "test_accuracy")))
+            or number(row.get(EVAL_PREFIX + "episodes")) == 0
+        ):
+            evaluation = {
+                c: number(row.get(EVAL_PREFIX + c))
+                for c in EVAL_COLUMNS + LOSS_COLUMNS + COMPUTE_COLUMNS + PROBATION_COLUMNS + ("host_runs",)
+            }
             for key, value in row.items():  # per held-out host: eval/<figure>/<host>
-                figure = key[len(EVAL_PREFIX):] if key.startswith(EVAL_PREFIX) else ""
+                figure = key[len(EVAL_PREFIX) :] if key.startswith(EVAL_PREFIX) else ""
                 if figure.startswith(SEARCH_PLAN + "/") and isinstance(value, str):
                     plans[figure.split("/", 1)[1]] = value
                 elif "/" in figure:
@@ -176,8 +209,10 @@ def _history_and_evaluation(results: list[dict[str, Any]]) -> tuple[list[dict[st
 
 def tune_folders(output: Path) -> list[Path]:
     """The run's Tune folders, oldest first: those set aside by --salvage, then tune/ (which may not exist)."""
-    salvaged = [p for p in output.glob(SALVAGED_PREFIX + "*") if p.name[len(SALVAGED_PREFIX):].isdigit() and p.is_dir()]
-    return sorted(salvaged, key=lambda p: int(p.name[len(SALVAGED_PREFIX):])) + [output / TUNE_DIR]
+    salvaged = [
+        p for p in output.glob(SALVAGED_PREFIX + "*") if p.name[len(SALVAGED_PREFIX) :].isdigit() and p.is_dir()
+    ]
+    return sorted(salvaged, key=lambda p: int(p.name[len(SALVAGED_PREFIX) :])) + [output / TUNE_DIR]
 
 
 def collect_trials(output: Path) -> ExperimentRecord:
@@ -197,14 +232,25 @@ def collect_trials(output: Path) -> ExperimentRecord:
     trials = []
     for position, planned in enumerate(record["start_order"]):
         key = (planned["arm"], int(planned["seed"]))
-        trials.append(found.get(key) or TrialResult(
-            arm=key[0], seed=key[1], position=position, controller=spec.controller(key[0]), status=NOT_STARTED))
-    return ExperimentRecord(spec, int(record["order_seed"]), bool(record["order_seed_drawn"]), trials, record.get("source"),
-                            on_cpus=bool(record.get(ON_CPUS_KEY, False)))
+        trials.append(
+            found.get(key)
+            or TrialResult(
+                arm=key[0], seed=key[1], position=position, controller=spec.controller(key[0]), status=NOT_STARTED
+            )
+        )
+    return ExperimentRecord(
+        spec,
+        int(record["order_seed"]),
+        bool(record["order_seed_drawn"]),
+        trials,
+        record.get("source"),
+        on_cpus=bool(record.get(ON_CPUS_KEY, False)),
+    )
 
 
-def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str, int], int],
-                  trial: TuneTrial) -> TrialResult | None:
+def _trial_result(
+    output: Path, spec: ExperimentSpec, positions: dict[tuple[str, int], int], trial: TuneTrial
+) -> TrialResult | None:
     """A Tune trial as this experiment's TrialResult; None when it is not one of its planned trials. A trial
     continued by --salvage has its rounds before the continuation first (continuation.py)."""
     planned = trial.config.get(TRIAL_KEY)
@@ -212,7 +258,9 @@ def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str,
     if key not in positions:
         return None
     arm, seed = key
-    history, evaluation, started, plans = _history_and_evaluation(continued_rows(output, planned) + read_results(trial.folder))
+    history, evaluation, started, plans = _history_and_evaluation(
+        continued_rows(output, planned) + read_results(trial.folder)
+    )
     controller = spec.controller(arm)
     if trial.status == "ERROR":
         status = ERROR
@@ -221,9 +269,19 @@ def _trial_result(output: Path, spec: ExperimentSpec, positions: dict[tuple[str,
     else:
         status = INCOMPLETE if history or evaluation else NOT_STARTED
     ran_in = [Path(link["folder"]).parts[0] for link in links_of(planned)] + [trial.folder.parent.name]
-    return TrialResult(arm=arm, seed=seed, position=positions[key], controller=controller, status=status,
-                       error=trial.error, history=history, evaluation=evaluation, started_at=started, plans=plans,
-                       ran_in=ran_in)
+    return TrialResult(
+        arm=arm,
+        seed=seed,
+        position=positions[key],
+        controller=controller,
+        status=status,
+        error=trial.error,
+        history=history,
+        evaluation=evaluation,
+        started_at=started,
+        plans=plans,
+        ran_in=ran_in,
+    )
 
 
 def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
@@ -248,12 +306,20 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
         "order_seed_drawn": record.order_seed_drawn,
         "trials": [
             {
-                "arm": t.arm, "seed": t.seed, "controller": t.controller.value,
-                "fixed": fixed[t.arm].to_dict() if fixed[t.arm] is not None else None, "start_position": t.position,
-                "started_at": t.started_at, "status": t.status, "error": t.error, "config": configs[(t.arm, t.seed)],
-                "history": t.history, "evaluation": t.evaluation,
+                "arm": t.arm,
+                "seed": t.seed,
+                "controller": t.controller.value,
+                "fixed": fixed[t.arm].to_dict() if fixed[t.arm] is not None else None,
+                "start_position": t.position,
+                "started_at": t.started_at,
+                "status": t.status,
+                "error": t.error,
+                "config": configs[(t.arm, t.seed)],
+                "history": t.history,
+                "evaluation": t.evaluation,
                 "final_metric": t.metric(record.spec.metric, record.spec.rollout_rounds),
-                "in_statistics": t.status == FINISHED, "ran_in": t.ran_in,
+                "in_statistics": t.status == FINISHED,
+                "ran_in": t.ran_in,
                 **({"search_plans": t.plans} if t.plans else {}),
             }
             for t in record.trials

@@ -74,8 +74,15 @@ def rollout_blocks(trials: Sequence[TrialResult], rounds: int, size: int) -> lis
             for key in {k for r in rows for k in r if k.startswith(PLANTED)}:
                 planted.setdefault(key.removeprefix(PLANTED), []).append(_mean([r.get(key, math.nan) for r in rows]))
         if reached:
-            out.append(Block(first, last, reached, **{name: _mean(v) for name, v in per_trial.items()},
-                             planted={k: _mean(v) for k, v in sorted(planted.items())}))
+            out.append(
+                Block(
+                    first,
+                    last,
+                    reached,
+                    **{name: _mean(v) for name, v in per_trial.items()},
+                    planted={k: _mean(v) for k, v in sorted(planted.items())},
+                )
+            )
     return out
 
 
@@ -83,7 +90,7 @@ def level_from(blocks: Sequence[Block], tolerance: float = LEVEL_TOLERANCE) -> B
     """The first block from which the accuracy stays within `tolerance` in every later block; None if the last two
     blocks differ by more (or there are fewer than two blocks)."""
     for i, block in enumerate(blocks[:-1]):
-        if all(abs(later.accuracy - block.accuracy) <= tolerance for later in blocks[i + 1:]):
+        if all(abs(later.accuracy - block.accuracy) <= tolerance for later in blocks[i + 1 :]):
             return block
     return None
 
@@ -107,7 +114,9 @@ def block_lines(record: ExperimentRecord) -> list[str]:
         else:
             where = f"not level: the last two blocks differ by more than {LEVEL_TOLERANCE}"
         lines += [
-            "", f"**{arm}**: {where}.", "",
+            "",
+            f"**{arm}**: {where}.",
+            "",
             "| rounds | " + " | ".join(f"{b.first}-{b.last}" for b in blocks) + " |",
             "|---|" + "---|" * len(blocks),
             "| committed accuracy | " + " | ".join(f"{b.accuracy:.3f}" for b in blocks) + " |",
@@ -117,11 +126,20 @@ def block_lines(record: ExperimentRecord) -> list[str]:
         ]
         tops = [b.most_planted() for b in blocks]
         if any(tops):
-            lines.insert(-1, "| most planted (share of germinations) | " + " | ".join(
-                f"{top[0]} {top[1]:.2f}" if top else "" for top in tops) + " |")
+            lines.insert(
+                -1,
+                "| most planted (share of germinations) | "
+                + " | ".join(f"{top[0]} {top[1]:.2f}" if top else "" for top in tops)
+                + " |",
+            )
     if not lines:
         return []
-    return ["", "## Training rollouts by block", "",
-            "The PPO arms' training episodes (sampled actions): the committed model's validation accuracy at each "
-            "episode's end, seeds fossilized and pruned per episode; means of each trial's block mean over the trials "
-            "that reached the block.", *lines]
+    return [
+        "",
+        "## Training rollouts by block",
+        "",
+        "The PPO arms' training episodes (sampled actions): the committed model's validation accuracy at each "
+        "episode's end, seeds fossilized and pruned per episode; means of each trial's block mean over the trials "
+        "that reached the block.",
+        *lines,
+    ]

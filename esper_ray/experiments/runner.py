@@ -30,24 +30,47 @@ from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
 from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.report import write_report
-from esper_ray.experiments.results import (ERROR, EXPERIMENT_FILE, FINISHED, ON_CPUS_KEY, SALVAGED_PREFIX, TRIAL_DIR_RE,
-                                           TUNE_DIR, collect_trials, read_experiment_file, tune_folders)
-from esper_ray.experiments.spec import (HELD_OUT_HOSTS_KEY, SHORT_RUN_WARNINGS_KEY, ExperimentSpec, TrialSpec, draw_order_seed,
-                                        start_order)
+from esper_ray.experiments.results import (
+    ERROR,
+    EXPERIMENT_FILE,
+    FINISHED,
+    ON_CPUS_KEY,
+    SALVAGED_PREFIX,
+    TRIAL_DIR_RE,
+    TUNE_DIR,
+    collect_trials,
+    read_experiment_file,
+    tune_folders,
+)
+from esper_ray.experiments.spec import (
+    HELD_OUT_HOSTS_KEY,
+    SHORT_RUN_WARNINGS_KEY,
+    ExperimentSpec,
+    TrialSpec,
+    draw_order_seed,
+    start_order,
+)
 from esper_ray.experiments.trainable import NETWORKS_DIR, MorphoTrial
-from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
-                                              SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY)
+from esper_ray.experiments.trial_keys import (
+    EVAL_PREFIX,
+    RUNNER_INIT_SECONDS,
+    RUNNERS_UP_SECONDS,
+    SETUP_SECONDS,
+    SUMMARY_PREFIX,
+    TORCH_THREADS,
+    TRIAL_KEY,
+)
 from esper_ray.experiments.tune_folder import read_trials, state_file
+from esper_ray.formatting import clock_stamp, counted, time_left
 from esper_ray.train.folders.manifest import damage_of, write_atomically, write_manifest
+from esper_ray.train.folders.run_lock import LOCK_FILE, run_folder_lock
+from esper_ray.train.output.viewer_hints import tensorboard_command
 from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.process.preflight import check_env_config
-from esper_ray.formatting import clock_stamp, counted, time_left
 from esper_ray.train.process.resources import connect_ray
-from esper_ray.train.folders.run_lock import LOCK_FILE, run_folder_lock
-from esper_ray.train.rllib.step_failures import FAILURES_LOG
 from esper_ray.train.process.termination import received as sigterm_received
 from esper_ray.train.process.termination import sigterm_acts_as_ctrl_c
-from esper_ray.train.output.viewer_hints import tensorboard_command
+from esper_ray.train.rllib.step_failures import FAILURES_LOG
 
 TUNE_MANIFEST = "tune_files.json"
 """Size and SHA-256 of every file under tune/, written whenever the command stops; --resume checks it first."""
@@ -81,8 +104,11 @@ class TrialWork:
         cfg = TrainConfig.from_mapping(trial.train)
         hosts = max(1, len(trial.held_out))
         per_host = eval_episodes + (trial.search.budget if trial.search is not None else 0)
-        return cls(cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0, hosts * per_host,
-                   rounds_before)
+        return cls(
+            cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0,
+            hosts * per_host,
+            rounds_before,
+        )
 
     def total(self, rounds: int) -> int:
         return rounds * self.per_round + self.evaluation
@@ -112,8 +138,9 @@ class TrialEvents(tune.Callback):
     past_episodes: int = 0
     """Episodes the run's earlier commands ran in those seconds."""
 
-    def __init__(self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork] | None = None,
-                 print_fn: Any = print) -> None:
+    def __init__(
+        self, total: int, rounds: int, work: dict[tuple[str, int], TrialWork] | None = None, print_fn: Any = print
+    ) -> None:
         """`work`: every trial's, by (arm, seed); without it the lines carry no estimate."""
         self.total, self.rounds, self.work, self.print = total, rounds, work or {}, print_fn
         self.setup()
@@ -168,39 +195,57 @@ class TrialEvents(tune.Callback):
         if self.first_start is None:
             self.first_start = time.time()
         running = len({t.trial_id for t in trials if t.status == "RUNNING"} | {trial.trial_id})
-        self._line(f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done"
-                   f"{self._left(trials, trial)})")
+        self._line(
+            f"started  {_trial_label(trial)} ({running} running, {self._done(trials)}/{self.total} done"
+            f"{self._left(trials, trial)})"
+        )
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
         parts = []
         if SUMMARY_PREFIX + "round" in result:
-            parts.append(f"round {int(result[SUMMARY_PREFIX + 'round'])}/{self.rounds}: rollout acc "
-                         f"{100 * result[SUMMARY_PREFIX + 'final_accuracy']:.1f}%")
+            parts.append(
+                f"round {int(result[SUMMARY_PREFIX + 'round'])}/{self.rounds}: rollout acc "
+                f"{100 * result[SUMMARY_PREFIX + 'final_accuracy']:.1f}%"
+            )
             if SETUP_SECONDS in result:
-                split = (f" (env runners up after {result[RUNNERS_UP_SECONDS]:.0f} s, then built in "
-                         f"{result[RUNNER_INIT_SECONDS]:.0f} s)" if RUNNERS_UP_SECONDS in result else "")
+                split = (
+                    f" (env runners up after {result[RUNNERS_UP_SECONDS]:.0f} s, then built in "
+                    f"{result[RUNNER_INIT_SECONDS]:.0f} s)"
+                    if RUNNERS_UP_SECONDS in result
+                    else ""
+                )
                 parts.append(f"its setup {result[SETUP_SECONDS]:.0f} s{split}")
             if result[SUMMARY_PREFIX + "failed_env_steps"]:
-                parts.append(f"FAILED env steps {int(result[SUMMARY_PREFIX + 'failed_env_steps'])} (episodes lost; tracebacks "
-                             f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}")
+                parts.append(
+                    f"FAILED env steps {int(result[SUMMARY_PREFIX + 'failed_env_steps'])} (episodes lost; tracebacks "
+                    f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}"
+                )
         if EVAL_PREFIX + "test_accuracy" in result:
-            parts.append(f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                         f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params"
-                         + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else ""))
+            parts.append(
+                f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
+                f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params"
+                + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else "")
+            )
         if parts:
             self._line(f"         {_trial_label(trial)} " + "; ".join(parts) + self._left(trials, trial, result))
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.ended.add(trial.trial_id)
-        self._line(f"finished {_trial_label(trial)} ({self._done(trials)}/{self.total} done{self._left(trials, trial)})")
+        self._line(
+            f"finished {_trial_label(trial)} ({self._done(trials)}/{self.total} done{self._left(trials, trial)})"
+        )
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(f"retrying {_trial_label(trial)} from its last checkpoint after an error")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.ended.add(trial.trial_id)
-        self._line(f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics "
-                   f"({self._done(trials)}/{self.total} done{self._left(trials, trial)})")
+        self._line(
+            f"FAILED   {_trial_label(trial)}: retries used up; it is excluded from the statistics "
+            f"({self._done(trials)}/{self.total} done{self._left(trials, trial)})"
+        )
 
 
 def first_trials(spec: ExperimentSpec) -> dict[str, TrialSpec]:
@@ -213,9 +258,14 @@ def first_trials(spec: ExperimentSpec) -> dict[str, TrialSpec]:
 
 def arm_resources(spec: ExperimentSpec) -> dict[str, dict[str, float]]:
     """What one trial of each arm asks Tune for, summed over its bundles (resource -> amount)."""
-    return {arm: dict(MorphoTrial.default_resource_request(
-                {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}).required_resources)
-            for arm, trial in first_trials(spec).items()}
+    return {
+        arm: dict(
+            MorphoTrial.default_resource_request(
+                {TRIAL_KEY: {"train": trial.train, "controller": trial.controller.value}}
+            ).required_resources
+        )
+        for arm, trial in first_trials(spec).items()
+    }
 
 
 def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], local: bool) -> None:
@@ -235,7 +285,9 @@ def check_trials_fit(spec: ExperimentSpec, needs: dict[str, dict[str, float]], l
         short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
         if short:
             what = ", ".join(f"{v:g} {k} (there are {h:g})" for k, (v, h) in short.items())
-            message = f"arms.{arm}: one trial asks for {what}; lower its cpus_per_env / driver_cpus / gpus_per_env or envs"
+            message = (
+                f"arms.{arm}: one trial asks for {what}; lower its cpus_per_env / driver_cpus / gpus_per_env or envs"
+            )
             if local:
                 raise ValueError(message)
             print(f"warning: {message}; it waits for the autoscaler", flush=True)
@@ -247,8 +299,10 @@ def check_checkpoint(arm: str, path: str) -> None:
 
     missing = [str(p) for p in (MODULE_PATH, ENV_TO_MODULE_PATH) if not (Path(path) / p).is_dir()]
     if missing:
-        raise ValueError(f"arms.{arm}.checkpoint={path}: not a checkpoint folder (no {', '.join(missing)} in it); give "
-                         "one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO trial's")
+        raise ValueError(
+            f"arms.{arm}.checkpoint={path}: not a checkpoint folder (no {', '.join(missing)} in it); give "
+            "one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO trial's"
+        )
 
 
 def needs_cpu_fallback(spec: ExperimentSpec, have: dict[str, float], local: bool) -> bool:
@@ -264,8 +318,9 @@ def concurrency_line(spec: ExperimentSpec, needs: dict[str, dict[str, float]]) -
     return describe(requests_by_kind(kinds, needs), ray.cluster_resources(), spec.max_concurrent_trials)
 
 
-def plan(spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False,
-         on_cpus: bool = False) -> list[TrialSpec]:
+def plan(
+    spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False, on_cpus: bool = False
+) -> list[TrialSpec]:
     """Fix and record the start order (before anything runs, so an interrupted run keeps it). `on_cpus`: the
     trials run spec.on_cpus(); the record keeps the experiment as given, and the flag."""
     order_seed = spec.order_seed if spec.order_seed is not None else draw_order_seed()
@@ -290,12 +345,16 @@ def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None
     """--resume continues the run in `output` only with the experiment it was started with."""
     stored = read_experiment_file(output)
     if save_networks and not stored.get("save_networks", False):
-        raise ValueError(f"--resume --save: the run in {output} was started without --save, and its trials keep the "
-                         "settings they started with; start a new run with --save and another --output")
+        raise ValueError(
+            f"--resume --save: the run in {output} was started without --save, and its trials keep the "
+            "settings they started with; start a new run with --save and another --output"
+        )
     # The cap on trials at once is the machine's, not the experiment's (a flag may set it): it does not decide
     # whether this is the same run. Tune restores a run with the cap it started with.
     machine_keys = {"max_concurrent_trials"}
-    started, given = (({k: v for k, v in d.items() if k not in machine_keys}) for d in (stored["experiment"], spec.to_dict()))
+    started, given = (
+        ({k: v for k, v in d.items() if k not in machine_keys}) for d in (stored["experiment"], spec.to_dict())
+    )
     if started != given:
         differing = sorted(k for k in set(started) | set(given) if started.get(k) != given.get(k))
         raise ValueError(
@@ -350,11 +409,13 @@ def check_tune_folder(output: Path, salvage: bool = False) -> bool:
     if salvage:
         set_aside(output, damage)
         return False
-    raise ValueError(f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
-                     f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
-                     f"code when loaded, so it is not resumed. Add --salvage to keep its finished trials (read from "
-                     f"their JSON results, no pickle loaded) and run the others again, a PPO trial from its last "
-                     f"checkpoint that matches its own manifest; or start a new run with another --output")
+    raise ValueError(
+        f"--resume: {tune_path} differs from {TUNE_MANIFEST}, written when `esper-ray ab` last stopped "
+        f"({damage}); was it killed (kill -9), or the folder changed since? Tune's pickles there run "
+        f"code when loaded, so it is not resumed. Add --salvage to keep its finished trials (read from "
+        f"their JSON results, no pickle loaded) and run the others again, a PPO trial from its last "
+        f"checkpoint that matches its own manifest; or start a new run with another --output"
+    )
 
 
 def set_aside(output: Path, damage: str) -> Path:
@@ -364,14 +425,24 @@ def set_aside(output: Path, damage: str) -> Path:
     aside = output / f"{SALVAGED_PREFIX}{len(tune_folders(output))}"
     (output / TUNE_DIR).rename(aside)
     (output / TUNE_MANIFEST).unlink(missing_ok=True)
-    print(f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
-          f"{counted(len(finished), 'finished trial')} kept from their JSON results; the others run again, a PPO trial from its last "
-          f"intact checkpoint", flush=True)
+    print(
+        f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
+        f"{counted(len(finished), 'finished trial')} kept from their JSON results; the others run again, a PPO trial from its last "
+        f"intact checkpoint",
+        flush=True,
+    )
     return aside
 
 
-def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, address: str | None = None,
-                   source: str | None = None, save_networks: bool = False, salvage: bool = False) -> ExperimentOutcome:
+def run_experiment(
+    spec: ExperimentSpec,
+    output: Path,
+    resume: bool = False,
+    address: str | None = None,
+    source: str | None = None,
+    save_networks: bool = False,
+    salvage: bool = False,
+) -> ExperimentOutcome:
     """Run (or with `resume` continue) the experiment in `output`, then write its report.
 
     Ctrl-C or SIGTERM stop it cleanly: Tune saves its state, the manifest of tune/ is written and the report of
@@ -391,14 +462,25 @@ def run_experiment(spec: ExperimentSpec, output: Path, resume: bool = False, add
         return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage)
 
 
-def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, address: str | None, source: str | None,
-                          save_networks: bool, salvage: bool) -> ExperimentOutcome:
+def _run_in_locked_folder(
+    spec: ExperimentSpec,
+    output: Path,
+    resume: bool,
+    address: str | None,
+    source: str | None,
+    save_networks: bool,
+    salvage: bool,
+) -> ExperimentOutcome:
     tune_path = output / TUNE_DIR
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
     mps_env = mps_environment(new_run_id()) if wants_mps else None
     continuing = False
-    if resume and not any(p.name != LOCK_FILE for p in output.iterdir()):  # left empty by a stop before the plan was written
-        print(f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True)
+    if resume and not any(
+        p.name != LOCK_FILE for p in output.iterdir()
+    ):  # left empty by a stop before the plan was written
+        print(
+            f"--resume: nothing was recorded in {output} yet (stopped while Ray started); starting the run", flush=True
+        )
         resume = False
     on_cpus = False
     if resume:
@@ -414,14 +496,22 @@ def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, addr
     if not resume:  # a file that asks for GPUs runs unchanged on a machine without any: on the CPUs, said and recorded
         on_cpus = needs_cpu_fallback(spec, ray.cluster_resources(), local=address is None)
     if on_cpus:
-        why = "this run started on a machine without GPUs" if resume else "the file puts envs on GPUs and this machine has none"
-        print(f"{spec.name}: {why}; every trial runs on the CPUs (no GPU share, no MPS), slower than on a GPU", flush=True)
+        why = (
+            "this run started on a machine without GPUs"
+            if resume
+            else "the file puts envs on GPUs and this machine has none"
+        )
+        print(
+            f"{spec.name}: {why}; every trial runs on the CPUs (no GPU share, no MPS), slower than on a GPU", flush=True
+        )
     run_spec = spec.on_cpus() if on_cpus else spec
     tuner: tune.Tuner | None = None  # stays None when a salvage left nothing to run
     try:
         with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
             if continuing:
-                tuner = tune.Tuner.restore(str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True)
+                tuner = tune.Tuner.restore(
+                    str(tune_path), trainable=MorphoTrial, resume_unfinished=True, resume_errored=True
+                )
                 # Tune restores the cap on trials at once that the run started with (experiment.json has it)
                 started = replace(run_spec, max_concurrent_trials=recorded["experiment"].get("max_concurrent_trials"))
                 print(concurrency_line(started, arm_resources(started)), flush=True)
@@ -435,8 +525,10 @@ def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, addr
                 else:
                     output.mkdir(parents=True, exist_ok=True)
                     ordered, continues = plan(spec, output, source, save_networks, on_cpus), {}
-                work = {(t.arm, t.seed): TrialWork.of(t, spec.eval_episodes, continued_round(continues, (t.arm, t.seed)))
-                        for t in ordered}
+                work = {
+                    (t.arm, t.seed): TrialWork.of(t, spec.eval_episodes, continued_round(continues, (t.arm, t.seed)))
+                    for t in ordered
+                }
                 events = TrialEvents(len(ordered), spec.rounds, work)
                 tuner = new_tuner(run_spec, output, ordered, save_networks, events, continues) if ordered else None
                 print(concurrency_line(run_spec, needs), flush=True)
@@ -452,12 +544,17 @@ def _run_in_locked_folder(spec: ExperimentSpec, output: Path, resume: bool, addr
     write_report(output, record)
     if save_networks:
         kept = gather_networks(output)
-        print(f"networks: {counted(kept, 'grown network')} in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
-              "(load one with esper_ray.load_grown(folder); its summary.md says what it is)", flush=True)
+        print(
+            f"networks: {counted(kept, 'grown network')} in {output / NETWORKS_DIR}/ARM/seedS/episodeI "
+            "(load one with esper_ray.load_grown(folder); its summary.md says what it is)",
+            flush=True,
+        )
     ended = [t for t in record.trials if t.status in (FINISHED, ERROR)]
     interrupted = len(ended) < len(record.trials)
     failed = [f"{t.arm}/seed{t.seed}: {t.error}" for t in record.trials if t.status == ERROR]
-    return ExperimentOutcome(output, interrupted, interrupted and sigterm_received(), failed, len(ended), len(record.trials))
+    return ExperimentOutcome(
+        output, interrupted, interrupted and sigterm_received(), failed, len(ended), len(record.trials)
+    )
 
 
 def unfinished_order(spec: ExperimentSpec, output: Path) -> list[TrialSpec]:
@@ -485,7 +582,9 @@ def salvaged_continuations(output: Path, to_run: set[tuple[str, int]]) -> dict[t
         if entry is not None:
             continues[key] = entry
     if continues:
-        rounds = ", ".join(f"{arm}/seed{seed} from round {c['links'][-1]['round']}" for (arm, seed), c in continues.items())
+        rounds = ", ".join(
+            f"{arm}/seed{seed} from round {c['links'][-1]['round']}" for (arm, seed), c in continues.items()
+        )
         print(f"--salvage: continued from their last intact checkpoints: {rounds}", flush=True)
     return continues
 
@@ -502,18 +601,36 @@ def tune_config(spec: ExperimentSpec, ordered: list[TrialSpec]) -> tune.TuneConf
     return tune.TuneConfig(
         num_samples=1,  # the cap goes to the generator: Tune ignores max_concurrent_trials beside one
         search_alg=LeadTrialsFirst(leads=leads, max_concurrent=spec.max_concurrent_trials or 0),
-        trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+        trial_name_creator=_trial_name,
+        trial_dirname_creator=_trial_name,
     )
 
 
-def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save_networks: bool, events: TrialEvents,
-              continues: dict[tuple[str, int], dict[str, Any]]) -> tune.Tuner:
-    trials = [{"arm": t.arm, "seed": t.seed, "position": i, "controller": t.controller.value,
-               "fixed": t.fixed.to_dict() if t.fixed is not None else None, "save_networks": save_networks,
-               "eval_episodes": spec.eval_episodes, "train": t.train, "metric": spec.metric,
-               "held_out": [{"name": name, "train": settings} for name, settings in t.held_out],
-               "search": t.search.to_dict() if t.search is not None else None, "checkpoint": t.checkpoint}
-              for i, t in enumerate(ordered)]
+def new_tuner(
+    spec: ExperimentSpec,
+    output: Path,
+    ordered: list[TrialSpec],
+    save_networks: bool,
+    events: TrialEvents,
+    continues: dict[tuple[str, int], dict[str, Any]],
+) -> tune.Tuner:
+    trials = [
+        {
+            "arm": t.arm,
+            "seed": t.seed,
+            "position": i,
+            "controller": t.controller.value,
+            "fixed": t.fixed.to_dict() if t.fixed is not None else None,
+            "save_networks": save_networks,
+            "eval_episodes": spec.eval_episodes,
+            "train": t.train,
+            "metric": spec.metric,
+            "held_out": [{"name": name, "train": settings} for name, settings in t.held_out],
+            "search": t.search.to_dict() if t.search is not None else None,
+            "checkpoint": t.checkpoint,
+        }
+        for i, t in enumerate(ordered)
+    ]
     for trial in trials:
         if (trial["arm"], trial["seed"]) in continues:
             trial[CONTINUES_KEY] = continues[(trial["arm"], trial["seed"])]
@@ -523,12 +640,15 @@ def new_tuner(spec: ExperimentSpec, output: Path, ordered: list[TrialSpec], save
         param_space={TRIAL_KEY: tune.grid_search(trials)},  # grid order = start order
         tune_config=config,
         run_config=tune.RunConfig(
-            name=TUNE_DIR, storage_path=str(output), stop={"training_iteration": spec.rounds},
+            name=TUNE_DIR,
+            storage_path=str(output),
+            stop={"training_iteration": spec.rounds},
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True),
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             # A trial writes the tracebacks of its failed env steps into its working folder (trainable.py);
             # this copies them into its folder under tune/ with each checkpoint.
             sync_config=tune.SyncConfig(sync_artifacts=True),
-            callbacks=[events, ShowTrials(config.search_alg)], verbose=0,
+            callbacks=[events, ShowTrials(config.search_alg)],
+            verbose=0,
         ),
     )

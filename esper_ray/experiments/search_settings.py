@@ -32,7 +32,9 @@ class SearchSettings:
             raise ValueError(f"{where}: missing `budget` (host runs of the search per host), {example}")
         budget = value["budget"]
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_COUNT:
-            raise ValueError(f"{where}.budget={budget!r}: must be an integer in [1, {MAX_COUNT:,}] (host runs per host)")
+            raise ValueError(
+                f"{where}.budget={budget!r}: must be an integer in [1, {MAX_COUNT:,}] (host runs per host)"
+            )
         algorithm = value.get("algorithm", "random")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"{where}.algorithm={algorithm!r}: choose one of {list(ALGORITHMS)}")

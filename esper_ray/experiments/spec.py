@@ -131,12 +131,19 @@ class ExperimentSpec:
 
     def __post_init__(self) -> None:
         check_folder_name("name", self.name)
-        if not isinstance(self.arms, Mapping) or not all(isinstance(v, Mapping) or v is None for v in self.arms.values()):
-            raise ValueError(f"arms={self.arms!r}: must map each arm name to its settings, e.g. {{ppo: {{controller: ppo}}}}")
+        if not isinstance(self.arms, Mapping) or not all(
+            isinstance(v, Mapping) or v is None for v in self.arms.values()
+        ):
+            raise ValueError(
+                f"arms={self.arms!r}: must map each arm name to its settings, e.g. {{ppo: {{controller: ppo}}}}"
+            )
         for arm in self.arms:
             check_folder_name(f"arms.{arm}", arm, "arm name")
-        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, (list, tuple)) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
+        if (
+            isinstance(self.seeds, (str, bytes))
+            or not isinstance(self.seeds, (list, tuple))
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds)
+        ):
             raise ValueError(f"seeds={self.seeds!r}: must be a list of integers >= 0, e.g. [0, 1, 2, 3, 4, 5, 6, 7]")
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "arms", {str(k): copy.deepcopy(dict(v or {})) for k, v in self.arms.items()})
@@ -148,24 +155,36 @@ class ExperimentSpec:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={list(self.seeds)}: need at least one seed and no repeats")
         if self.metric not in METRICS:
-            raise ValueError(f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)")
+            raise ValueError(
+                f"metric={self.metric!r}: choose one of {list(METRICS)} (an arm's own reward is never compared)"
+            )
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise ValueError(f"alpha={self.alpha!r}: must be a number in (0, 1)")
-        for name, minimum, maximum in (("rounds", 1, MAX_ROUNDS), ("eval_episodes", 1, MAX_COUNT), ("max_failures", 0, MAX_COUNT)):
+        for name, minimum, maximum in (
+            ("rounds", 1, MAX_ROUNDS),
+            ("eval_episodes", 1, MAX_COUNT),
+            ("max_failures", 0, MAX_COUNT),
+        ):
             check_int(name, getattr(self, name), minimum, maximum)
         if self.max_concurrent_trials is not None:
             check_int("max_concurrent_trials", self.max_concurrent_trials, 1)
         if self.last_rounds is not None:
             check_int("last_rounds", self.last_rounds, 1)
-        if self.order_seed is not None and (isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0):
+        if self.order_seed is not None and (
+            isinstance(self.order_seed, bool) or not isinstance(self.order_seed, int) or self.order_seed < 0
+        ):
             raise ValueError(f"order_seed={self.order_seed!r}: must be an integer >= 0 (or left out)")
         if self.rollout_rounds > self.rounds:
-            raise ValueError(f"last_rounds={self.last_rounds} exceeds rounds={self.rounds}: give at most {self.rounds}, "
-                             f"or leave it out (default: min({DEFAULT_LAST_ROUNDS}, rounds))")
+            raise ValueError(
+                f"last_rounds={self.last_rounds} exceeds rounds={self.rounds}: give at most {self.rounds}, "
+                f"or leave it out (default: min({DEFAULT_LAST_ROUNDS}, rounds))"
+            )
         for where, settings in [("training", self.training), *[(f"arms.{a}", s) for a, s in self.arms.items()]]:
             clash = sorted(set(settings) & set(SET_BY_EXPERIMENT))
             if clash:
-                raise ValueError(f"{where}: {clash} are set by the experiment (seeds, rounds) or the command line (--output, --address)")
+                raise ValueError(
+                    f"{where}: {clash} are set by the experiment (seeds, rounds) or the command line (--output, --address)"
+                )
             if "env" in settings and not isinstance(settings["env"], Mapping):
                 raise ValueError(f"{where}.env={settings['env']!r}: must be a mapping of env settings")
         if "controller" in self.training:
@@ -176,23 +195,35 @@ class ExperimentSpec:
                 check_int(f"arms.{arm}.sweep_host_runs", settings["sweep_host_runs"], 0)
             for key, own in (("checkpoint", ControllerKind.CHECKPOINT), ("search", ControllerKind.SEARCH)):
                 if kind is own and key not in settings:
-                    raise ValueError(f"arms.{arm}: a `controller: {own.value}` arm needs `{key}`, e.g. {_ARM_EXAMPLES[key]}")
+                    raise ValueError(
+                        f"arms.{arm}: a `controller: {own.value}` arm needs `{key}`, e.g. {_ARM_EXAMPLES[key]}"
+                    )
                 if kind is not own and key in settings:
-                    raise ValueError(f"arms.{arm}: `{key}` belongs to a `controller: {own.value}` arm; this arm's "
-                                     f"controller is {kind.value}")
-            if kind is ControllerKind.CHECKPOINT and (not isinstance(settings["checkpoint"], str) or not settings["checkpoint"]):
-                raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
-                                 "checkpoint folder (relative to where `esper-ray ab` runs, or absolute; "
-                                 f"{SEED_FIELD} in it stands for each trial's seed)")
+                    raise ValueError(
+                        f"arms.{arm}: `{key}` belongs to a `controller: {own.value}` arm; this arm's "
+                        f"controller is {kind.value}"
+                    )
+            if kind is ControllerKind.CHECKPOINT and (
+                not isinstance(settings["checkpoint"], str) or not settings["checkpoint"]
+            ):
+                raise ValueError(
+                    f"arms.{arm}.checkpoint={settings['checkpoint']!r}: must be the path of a trained "
+                    "checkpoint folder (relative to where `esper-ray ab` runs, or absolute; "
+                    f"{SEED_FIELD} in it stands for each trial's seed)"
+                )
             if kind is ControllerKind.CHECKPOINT and re.search(r"[{}]", settings["checkpoint"].replace(SEED_FIELD, "")):
-                raise ValueError(f"arms.{arm}.checkpoint={settings['checkpoint']!r}: the only field a checkpoint path "
-                                 f"may hold is {SEED_FIELD} (each trial's seed), and no other brace")
+                raise ValueError(
+                    f"arms.{arm}.checkpoint={settings['checkpoint']!r}: the only field a checkpoint path "
+                    f"may hold is {SEED_FIELD} (each trial's seed), and no other brace"
+                )
             if kind is ControllerKind.SEARCH:
                 SearchSettings.from_mapping(settings["search"], f"arms.{arm}.search")
             if (kind is ControllerKind.FIXED) != ("fixed" in settings):
-                raise ValueError(f"arms.{arm}: `fixed` names the seed of a fixed controller, e.g. controller: fixed, "
-                                 f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
-                                 + (" and it has none" if kind is ControllerKind.FIXED else ""))
+                raise ValueError(
+                    f"arms.{arm}: `fixed` names the seed of a fixed controller, e.g. controller: fixed, "
+                    f"fixed: {{blueprint: conv_heavy, slot: r0c1}}; this arm's controller is {kind.value}"
+                    + (" and it has none" if kind is ControllerKind.FIXED else "")
+                )
         object.__setattr__(self, "compare", self._checked_compare())
         self._check_trials()
 
@@ -219,8 +250,10 @@ class ExperimentSpec:
                 except ValueError as err:
                     raise ValueError(f"held_out host {host!r} (arm {trial.arm}): {err}") from None
             if cfg.lead:  # a runner never leads into the round after a save, and a trial saves after every round
-                raise ValueError(f"arms.{trial.arm}: lead=true does nothing in an A/B (Tune checkpoints a trial "
-                                 "after every round, and no env runner leads past a checkpoint); leave it out")
+                raise ValueError(
+                    f"arms.{trial.arm}: lead=true does nothing in an A/B (Tune checkpoints a trial "
+                    "after every round, and no env runner leads past a checkpoint); leave it out"
+                )
 
     def _checked_compare(self) -> tuple[tuple[str, str], ...] | None:
         if self.compare is None:
@@ -234,7 +267,9 @@ class ExperimentSpec:
                 raise ValueError(f"compare: {pair!r} is not a pair [A, B] of arms, {example}")
             unknown = [a for a in pair if a not in self.arms]
             if unknown:
-                raise ValueError(f"compare: {pair!r} names {unknown}, not arms of this experiment; arms: {list(self.arms)}")
+                raise ValueError(
+                    f"compare: {pair!r} names {unknown}, not arms of this experiment; arms: {list(self.arms)}"
+                )
             if pair[0] == pair[1] or (pair[0], pair[1]) in pairs or (pair[1], pair[0]) in pairs:
                 raise ValueError(f"compare: {pair!r} compares an arm with itself or repeats a pair")
             pairs.append((str(pair[0]), str(pair[1])))
@@ -268,7 +303,9 @@ class ExperimentSpec:
         return self.last_rounds if self.last_rounds is not None else min(DEFAULT_LAST_ROUNDS, self.rounds)
 
     def controller(self, arm: str) -> ControllerKind:
-        return ControllerKind.parse(self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller")
+        return ControllerKind.parse(
+            self.arms[arm].get("controller", ControllerKind.PPO.value), f"arms.{arm}.controller"
+        )
 
     def fixed_plan(self, arm: str) -> FixedPlan | None:
         """The seed(s) arm `arm` plants, if its controller is `fixed` (checked against its task and slots)."""
@@ -276,7 +313,9 @@ class ExperimentSpec:
         if "fixed" not in settings:
             return None
         train = TrainConfig.from_mapping(self._arm_settings(arm))
-        return FixedPlan.from_mapping(settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task, train.host_name), slots=train.slots)
+        return FixedPlan.from_mapping(
+            settings["fixed"], f"arms.{arm}.fixed", topology=topology_of(train.task, train.host_name), slots=train.slots
+        )
 
     @property
     def held_out_hosts(self) -> tuple[HeldOutHost, ...]:
@@ -342,14 +381,18 @@ class ExperimentSpec:
         """The same experiment with every env and learner on the CPUs: the GPU shares, MPS and a cuda env device
         taken out of `training` and of every arm. What `esper-ray ab` runs where a file asks for GPUs and the
         machine has none (runner.py); everything else, the CPUs each trial asks for included, is unchanged."""
+
         def without_gpus(settings: Mapping[str, Any]) -> dict[str, Any]:
             out = {k: copy.deepcopy(v) for k, v in settings.items() if k not in GPU_SETTINGS}
             if _on_cuda(out.get("env", {})):
                 out["env"] = {k: v for k, v in out["env"].items() if k != "device"}  # auto: the CPU here
             return out
 
-        return dataclasses.replace(self, training=without_gpus(self.training),
-                                   arms={arm: without_gpus(settings) for arm, settings in self.arms.items()})
+        return dataclasses.replace(
+            self,
+            training=without_gpus(self.training),
+            arms={arm: without_gpus(settings) for arm, settings in self.arms.items()},
+        )
 
     def trials(self) -> list[TrialSpec]:
         """Every (arm, seed), arm-major. Seeds are the same list in every arm; every trial owns its settings."""
@@ -361,8 +404,11 @@ class ExperimentSpec:
             for seed in self.seeds:
                 train = copy.deepcopy({**settings, "seed": seed})
                 held_out = tuple((h.name, host_settings(train, h)) for h in hosts)
-                out.append(TrialSpec(arm, seed, self.controller(arm), train, fixed, held_out,
-                                     self.checkpoint_path(arm, seed), search))
+                out.append(
+                    TrialSpec(
+                        arm, seed, self.controller(arm), train, fixed, held_out, self.checkpoint_path(arm, seed), search
+                    )
+                )
         return out
 
     def _arm_settings(self, arm: str) -> dict[str, Any]:
@@ -428,8 +474,10 @@ class RecordedExperiment(ExperimentSpec):
         try:
             return super().held_out_hosts  # a family name: the families this process registered, built-in ones
         except ValueError as err:
-            raise ValueError(f"{err}; `esper-ray report` imports no plug-in a run folder names, so a plug-in's family "
-                             "is not known to it") from None
+            raise ValueError(
+                f"{err}; `esper-ray report` imports no plug-in a run folder names, so a plug-in's family "
+                "is not known to it"
+            ) from None
 
     def _host_default_slots(self, settings: Mapping[str, Any]) -> list[str] | None:
         return None  # finding them imports the host's plug-in; a report reads no slot the file does not state
@@ -451,8 +499,10 @@ def _planting_tempo(trial: TrialSpec) -> Tempo | None:
     return HEURISTIC_TEMPO if trial.controller is ControllerKind.HEURISTIC else None
 
 
-CHECKPOINT_HINT = ("give a checkpoint folder: one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO "
-                   "trial's, relative to where `esper-ray ab` runs, or absolute")
+CHECKPOINT_HINT = (
+    "give a checkpoint folder: one that `esper-ray train` wrote (RUN/checkpoints/round_NNNNN) or an A/B PPO "
+    "trial's, relative to where `esper-ray ab` runs, or absolute"
+)
 
 
 def checkpoint_folder_problem(path: Path) -> str | None:
@@ -466,13 +516,17 @@ def checkpoint_folder_problem(path: Path) -> str | None:
         return None
     latest = path / "checkpoints" / LATEST_FILE
     if latest.is_file():
-        return (f"is a training run's folder, not one of its checkpoints; give one of {path / 'checkpoints'}/round_NNNNN "
-                f"(its newest is named in {latest})")
+        return (
+            f"is a training run's folder, not one of its checkpoints; give one of {path / 'checkpoints'}/round_NNNNN "
+            f"(its newest is named in {latest})"
+        )
     return f"is not a checkpoint folder (no {MODULE_PATH} in it); {CHECKPOINT_HINT}"
 
 
-_ARM_EXAMPLES = {"checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoints/round_00020",
-                 "search": "controller: search, search: {budget: 16, algorithm: random}"}
+_ARM_EXAMPLES = {
+    "checkpoint": "controller: checkpoint, checkpoint: esper_runs/train/checkpoints/round_00020",
+    "search": "controller: search, search: {budget: 16, algorithm: random}",
+}
 
 
 def _host_default_slots(settings: Mapping[str, Any]) -> list[str] | None:

@@ -135,7 +135,9 @@ def iqm(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return stats.trim_mean(x, 0.25, axis=axis)
 
 
-def bootstrap_interval(data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], level: float = CONFIDENCE) -> Interval:
+def bootstrap_interval(
+    data: tuple[np.ndarray, ...], statistic: Callable[..., np.ndarray], level: float = CONFIDENCE
+) -> Interval:
     """BCa bootstrap (percentile where BCa is degenerate); a point interval when every resample is the same."""
     if min(len(d) for d in data) < 2:
         return Interval(math.nan, math.nan, "BCa bootstrap", level)
@@ -145,8 +147,15 @@ def bootstrap_interval(data: tuple[np.ndarray, ...], statistic: Callable[..., np
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():  # a degenerate BCa says so with NaN, and then the percentile is used
             warnings.simplefilter("ignore")
-            result = stats.bootstrap(data, statistic, n_resamples=BOOTSTRAP_RESAMPLES, method=method, confidence_level=level,
-                                     rng=np.random.default_rng(RNG_SEED), vectorized=True)
+            result = stats.bootstrap(
+                data,
+                statistic,
+                n_resamples=BOOTSTRAP_RESAMPLES,
+                method=method,
+                confidence_level=level,
+                rng=np.random.default_rng(RNG_SEED),
+                vectorized=True,
+            )
         low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
             return Interval(low, high, f"{method} bootstrap", level)
@@ -189,7 +198,9 @@ def hodges_lehmann(d: np.ndarray, level: float = CONFIDENCE) -> tuple[float, Int
         k = 0
     m = len(walsh)
     achieved = 1 - 2 * cdf[k]
-    return float(np.median(walsh)), Interval(float(walsh[k]), float(walsh[m - 1 - k]), "Walsh averages (signed-rank inversion)", float(achieved))
+    return float(np.median(walsh)), Interval(
+        float(walsh[k]), float(walsh[m - 1 - k]), "Walsh averages (signed-rank inversion)", float(achieved)
+    )
 
 
 # ------------------------------------------------------------------------------------------------ tests
@@ -221,7 +232,11 @@ def paired_wilcoxon(d: np.ndarray) -> tuple[int, float, float, float, str]:
 
 def mann_whitney(a: np.ndarray, b: np.ndarray) -> tuple[float, float, str]:
     """(U of a, two-sided p, method) with the permutation distribution (exact when feasible, ties exact)."""
-    method = "exact" if special.comb(len(a) + len(b), len(a)) <= PERMUTATION_RESAMPLES else f"Monte Carlo ({PERMUTATION_RESAMPLES:,} splits)"
+    method = (
+        "exact"
+        if special.comb(len(a) + len(b), len(a)) <= PERMUTATION_RESAMPLES
+        else f"Monte Carlo ({PERMUTATION_RESAMPLES:,} splits)"
+    )
     result = stats.mannwhitneyu(a, b, alternative="two-sided", method=_permutation_method())
     return float(result.statistic), min(1.0, float(result.pvalue)), method
 
@@ -259,14 +274,20 @@ def summarize_arm(arm: str, by_seed: Mapping[int, float]) -> ArmSummary:
     if len(x) == 0:
         return ArmSummary(arm, 0, math.nan, NAN_INTERVAL, math.nan, NAN_INTERVAL, math.nan, NAN_INTERVAL)
     return ArmSummary(
-        arm=arm, n=len(x),
-        mean=float(x.mean()), mean_ci=t_interval(x),
-        median=float(np.median(x)), median_ci=median_interval(x),
-        iqm=float(iqm(x)), iqm_ci=bootstrap_interval((x,), iqm),
+        arm=arm,
+        n=len(x),
+        mean=float(x.mean()),
+        mean_ci=t_interval(x),
+        median=float(np.median(x)),
+        median_ci=median_interval(x),
+        iqm=float(iqm(x)),
+        iqm_ci=bootstrap_interval((x,), iqm),
     )
 
 
-def compare_pair(arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_seed: Mapping[int, float]) -> PairComparison:
+def compare_pair(
+    arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_seed: Mapping[int, float]
+) -> PairComparison:
     a, b = in_seed_order(a_by_seed), in_seed_order(b_by_seed)
     notes: list[str] = []
     paired = sorted(set(a_by_seed) & set(b_by_seed))
@@ -282,9 +303,31 @@ def compare_pair(arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_se
     if min(len(a), len(b)) == 0:
         missing = arm_a if len(a) == 0 else arm_b
         notes.append(f"no finished trials in {missing}")
-        return PairComparison(arm_a, arm_b, len(paired), w_n, w_stat, w_p, w_p, wilcoxon_min_p(w_n), w_method, w_sum, hl, hl_ci,
-                              len(a), len(b), math.nan, math.nan, math.nan, math.nan, "n/a", math.nan, math.nan,
-                              NAN_INTERVAL, tuple(notes))
+        return PairComparison(
+            arm_a,
+            arm_b,
+            len(paired),
+            w_n,
+            w_stat,
+            w_p,
+            w_p,
+            wilcoxon_min_p(w_n),
+            w_method,
+            w_sum,
+            hl,
+            hl_ci,
+            len(a),
+            len(b),
+            math.nan,
+            math.nan,
+            math.nan,
+            math.nan,
+            "n/a",
+            math.nan,
+            math.nan,
+            NAN_INTERVAL,
+            tuple(notes),
+        )
     if min(len(a), len(b)) < 2:
         notes.append("an arm with a single run: no unpaired test")
         u = float(stats.mannwhitneyu(a, b).statistic)
@@ -296,17 +339,35 @@ def compare_pair(arm_a: str, a_by_seed: Mapping[int, float], arm_b: str, b_by_se
     if len(np.unique(np.concatenate([a, b]))) < len(a) + len(b):
         notes.append("tied values: p-values use the exact permutation distribution with the ties")
     return PairComparison(
-        arm_a=arm_a, arm_b=arm_b, n_pairs=len(paired),
-        wilcoxon_n=w_n, wilcoxon_statistic=w_stat, wilcoxon_p=w_p, wilcoxon_p_holm=w_p,
-        wilcoxon_min_p=wilcoxon_min_p(w_n), wilcoxon_method=w_method, signed_rank_sum=w_sum, hodges_lehmann=hl, hodges_lehmann_ci=hl_ci,
-        n_a=len(a), n_b=len(b), u=u, mann_whitney_p=mw_p, mann_whitney_p_holm=mw_p,
-        mann_whitney_min_p=mann_whitney_min_p(len(a), len(b)), mann_whitney_method=mw_method,
-        rank_biserial=2 * prob - 1, prob_a_beats_b=prob, prob_ci=bootstrap_interval((a, b), prob_a_beats_b),
+        arm_a=arm_a,
+        arm_b=arm_b,
+        n_pairs=len(paired),
+        wilcoxon_n=w_n,
+        wilcoxon_statistic=w_stat,
+        wilcoxon_p=w_p,
+        wilcoxon_p_holm=w_p,
+        wilcoxon_min_p=wilcoxon_min_p(w_n),
+        wilcoxon_method=w_method,
+        signed_rank_sum=w_sum,
+        hodges_lehmann=hl,
+        hodges_lehmann_ci=hl_ci,
+        n_a=len(a),
+        n_b=len(b),
+        u=u,
+        mann_whitney_p=mw_p,
+        mann_whitney_p_holm=mw_p,
+        mann_whitney_min_p=mann_whitney_min_p(len(a), len(b)),
+        mann_whitney_method=mw_method,
+        rank_biserial=2 * prob - 1,
+        prob_a_beats_b=prob,
+        prob_ci=bootstrap_interval((a, b), prob_a_beats_b),
         notes=tuple(notes),
     )
 
 
-def compare_arms(values: Mapping[str, Mapping[int, float]], family: Sequence[tuple[str, str]] | None = None) -> list[PairComparison]:
+def compare_arms(
+    values: Mapping[str, Mapping[int, float]], family: Sequence[tuple[str, str]] | None = None
+) -> list[PairComparison]:
     """The pairs of `family` (default: every pair of arms, in arm order); Holm over those pairs, separately for the
     paired and the unpaired test."""
     family = list(itertools.combinations(values, 2)) if family is None else family
@@ -331,20 +392,28 @@ def seeds_needed(alpha: float) -> int:
 def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: int) -> str:
     """One sentence, resting on the paired test (Holm-corrected when more than one pair is compared)."""
     label = "Holm-corrected p" if pairs_in_family > 1 else "p"
-    secondary = (f"Mann-Whitney {label}={pair.mann_whitney_p_holm:.3g}" if math.isfinite(pair.mann_whitney_p_holm)
-                 else "Mann-Whitney n/a")
-    effect = (f"median paired difference (Hodges-Lehmann) {pair.hodges_lehmann:+.4g} "
-              f"[{pair.hodges_lehmann_ci.low:+.4g}, {pair.hodges_lehmann_ci.high:+.4g}] at {100 * pair.hodges_lehmann_ci.level:.0f} %"
-              if math.isfinite(pair.hodges_lehmann) else "no paired difference")
+    secondary = (
+        f"Mann-Whitney {label}={pair.mann_whitney_p_holm:.3g}"
+        if math.isfinite(pair.mann_whitney_p_holm)
+        else "Mann-Whitney n/a"
+    )
+    effect = (
+        f"median paired difference (Hodges-Lehmann) {pair.hodges_lehmann:+.4g} "
+        f"[{pair.hodges_lehmann_ci.low:+.4g}, {pair.hodges_lehmann_ci.high:+.4g}] at {100 * pair.hodges_lehmann_ci.level:.0f} %"
+        if math.isfinite(pair.hodges_lehmann)
+        else "no paired difference"
+    )
     head = f"{pair.arm_a} vs {pair.arm_b} on {metric}"
     if pair.n_pairs == 0:
         return f"{head}: no test possible ({'; '.join(pair.notes) or 'no seed finished in both arms'})."
     if pair.wilcoxon_n == 0:
         return f"{head}: no difference: every one of the {pair.n_pairs} run-seed pairs scored the same ({secondary})."
     if pair.wilcoxon_min_p >= alpha:
-        return (f"{head}: undecidable at alpha={alpha}: with {pair.wilcoxon_n} non-zero run-seed pairs the exact paired test "
-                f"cannot give p below {pair.wilcoxon_min_p:.3g}; at least {seeds_needed(alpha)} are needed "
-                f"({effect}; {secondary}).")
+        return (
+            f"{head}: undecidable at alpha={alpha}: with {pair.wilcoxon_n} non-zero run-seed pairs the exact paired test "
+            f"cannot give p below {pair.wilcoxon_min_p:.3g}; at least {seeds_needed(alpha)} are needed "
+            f"({effect}; {secondary})."
+        )
     p = pair.wilcoxon_p_holm
     stats_text = f"paired Wilcoxon {label}={p:.3g}, n={pair.wilcoxon_n} pairs; {effect}; {secondary}"
     if p < alpha:
@@ -352,8 +421,12 @@ def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: in
             return f"{pair.arm_a} beats {pair.arm_b} on {metric} at alpha={alpha} ({stats_text})."
         # the winner is B: state the effect as B - A, so the sentence and its number agree
         ci = pair.hodges_lehmann_ci
-        effect_b = (f"median paired difference {pair.arm_b} - {pair.arm_a} (Hodges-Lehmann) {-pair.hodges_lehmann:+.4g} "
-                    f"[{-ci.high:+.4g}, {-ci.low:+.4g}] at {100 * ci.level:.0f} %")
+        effect_b = (
+            f"median paired difference {pair.arm_b} - {pair.arm_a} (Hodges-Lehmann) {-pair.hodges_lehmann:+.4g} "
+            f"[{-ci.high:+.4g}, {-ci.low:+.4g}] at {100 * ci.level:.0f} %"
+        )
         stats_b = f"paired Wilcoxon {label}={p:.3g}, n={pair.wilcoxon_n} pairs; {effect_b}; {secondary}"
         return f"{pair.arm_b} beats {pair.arm_a} on {metric} at alpha={alpha} ({stats_b})."
-    return f"No difference in {metric} between {pair.arm_a} and {pair.arm_b} was detected at alpha={alpha} ({stats_text})."
+    return (
+        f"No difference in {metric} between {pair.arm_a} and {pair.arm_b} was detected at alpha={alpha} ({stats_text})."
+    )

@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,28 +38,49 @@ from ray.tune.result import DONE
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
-from esper_ray.experiments.held_out import host_key
-from esper_ray.experiments.plan_search import SEARCH_EPISODE_OFFSET, SearchOutcome, candidate_plans, make_searcher, run_search
-from esper_ray.experiments.search_settings import SearchSettings
-from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
-from esper_ray.experiments.trial_keys import (EVAL_PREFIX, RUNNER_INIT_SECONDS, RUNNERS_UP_SECONDS, SETUP_SECONDS,
-                                              SUMMARY_PREFIX, TORCH_THREADS, TRIAL_KEY, per_kparam)
-from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
+from esper_ray.experiments.held_out import host_key
+from esper_ray.experiments.plan_search import (
+    SEARCH_EPISODE_OFFSET,
+    SearchOutcome,
+    candidate_plans,
+    make_searcher,
+    run_search,
+)
+from esper_ray.experiments.search_settings import SearchSettings
+from esper_ray.experiments.trial_keys import (
+    EVAL_PREFIX,
+    RUNNER_INIT_SECONDS,
+    RUNNERS_UP_SECONDS,
+    SETUP_SECONDS,
+    SUMMARY_PREFIX,
+    TORCH_THREADS,
+    TRIAL_KEY,
+    per_kparam,
+)
+from esper_ray.morpho.hosts import topology_of
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.train.commands.episodes import Controller, EpisodeSummary, run_episode
-from esper_ray.train.commands.evaluate import (EVAL_SEED_STRIDE, GreedyPolicyController, baseline_controller, evaluate_on_env_runners,
-                                      evaluation_episodes, load_policy, run_evaluation_episodes)
-from esper_ray.train.rllib.env_runner import runner_start_seconds
-from esper_ray.train.process.gpu_spread import spread_gpu
+from esper_ray.train.commands.evaluate import (
+    EVAL_SEED_STRIDE,
+    GreedyPolicyController,
+    baseline_controller,
+    evaluate_on_env_runners,
+    evaluation_episodes,
+    load_policy,
+    run_evaluation_episodes,
+)
 from esper_ray.train.commands.grow import NetworkFiles, episode_folder, episodes_saver, write_network_files
 from esper_ray.train.folders.manifest import MANIFEST_FILE, write_manifest
-from esper_ray.train.rllib.ppo_config import build_ppo_config
 from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.output.tensorboard_log import tensorboard_scalars
+from esper_ray.train.process.gpu_spread import spread_gpu
+from esper_ray.train.process.threads import threads_of_cpus, use_threads
+from esper_ray.train.rllib.env_runner import runner_start_seconds
+from esper_ray.train.rllib.ppo_config import build_ppo_config
 from esper_ray.train.rllib.rounds import restore, train_round
 from esper_ray.train.rllib.step_failures import append_tracebacks, round_failures
-from esper_ray.train.output.tensorboard_log import tensorboard_scalars
-from esper_ray.train.process.threads import threads_of_cpus, use_threads
 
 BASELINE_STATE_FILE = "baseline_trial.json"
 NETWORKS_DIR = "networks"
@@ -99,7 +120,11 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     """Means over the evaluation episodes (the A/B metrics) and their spread; with no episode (a fixed plan that
     no held-out host could take) their count 0 and NaN figures."""
     if not summaries:
-        return {EVAL_PREFIX + "episodes": 0.0, EVAL_PREFIX + "test_accuracy": math.nan, EVAL_PREFIX + "params_added": math.nan}
+        return {
+            EVAL_PREFIX + "episodes": 0.0,
+            EVAL_PREFIX + "test_accuracy": math.nan,
+            EVAL_PREFIX + "params_added": math.nan,
+        }
     test = np.asarray([s.test_accuracy for s in summaries], dtype=float)
     test_loss, test_perplexity = test_loss_and_perplexity(summaries)
     val = np.asarray([s.final_accuracy for s in summaries], dtype=float)
@@ -133,8 +158,16 @@ def evaluation_metrics(summaries: list[EpisodeSummary]) -> dict[str, float]:
     }
 
 
-HOST_FIGURES = ("test_accuracy", "test_accuracy_per_param", "val_accuracy", "val_accuracy_per_param", "final_params",
-                "params_added", "germinated", "fossilized")
+HOST_FIGURES = (
+    "test_accuracy",
+    "test_accuracy_per_param",
+    "val_accuracy",
+    "val_accuracy_per_param",
+    "final_params",
+    "params_added",
+    "germinated",
+    "fossilized",
+)
 """Figures a trial reports per held-out host (`eval/test_accuracy/<host>`), beside its host runs there; the seeds
 planted and kept say whether a fixed or searched plan was planted there at all (results.TrialResult.plan_note)."""
 HOST_RUNS, SEARCH_RUNS, NOT_APPLICABLE, SEARCH_PLAN = "host_runs", "search_runs", "not_applicable", "search_plan"
@@ -185,13 +218,19 @@ def plan_on_host(plan: FixedPlan, cfg: TrainConfig) -> FixedPlan | str:
     """A fixed plan as it is, read against a host's topology and slots; where the host lacks its slot or blueprint,
     why (one line), so the trial records it as not applicable there instead of failing."""
     try:
-        return FixedPlan.from_mapping(plan.to_dict(), "fixed", topology=topology_of(cfg.task, cfg.host_name), slots=cfg.slots)
+        return FixedPlan.from_mapping(
+            plan.to_dict(), "fixed", topology=topology_of(cfg.task, cfg.host_name), slots=cfg.slots
+        )
     except ValueError as err:
         return str(err)
 
 
-def search_host(cfg: TrainConfig, settings: SearchSettings, metric: str,
-                run: Callable[[TrainConfig, FixedPlanController, int], EpisodeSummary] | None = None) -> SearchOutcome:
+def search_host(
+    cfg: TrainConfig,
+    settings: SearchSettings,
+    metric: str,
+    run: Callable[[TrainConfig, FixedPlanController, int], EpisodeSummary] | None = None,
+) -> SearchOutcome:
     """The search over fixed plans on one host: every candidate on the same search episode (shard 0, a reset seed
     no evaluation or training episode uses), ranked by validation."""
     candidates = candidate_plans(topology_of(cfg.task, cfg.host_name), cfg.slots)
@@ -227,7 +266,9 @@ class MorphoTrial(tune.Trainable):
         self.save_networks = bool(config[TRIAL_KEY].get("save_networks", False))  # absent in runs started before --save
         self.label = f"{config[TRIAL_KEY]['arm']}/seed{config[TRIAL_KEY]['seed']}"
         # held-out hosts, a checkpoint arm's checkpoint, a search arm's settings: absent in runs started before them
-        self.held_out = [(h["name"], TrainConfig.from_mapping(h["train"])) for h in config[TRIAL_KEY].get("held_out") or []]
+        self.held_out = [
+            (h["name"], TrainConfig.from_mapping(h["train"])) for h in config[TRIAL_KEY].get("held_out") or []
+        ]
         self.metric = str(config[TRIAL_KEY].get("metric", "test_accuracy"))
         search = config[TRIAL_KEY].get("search")
         self.search = SearchSettings.from_mapping(search, "search") if search is not None else None
@@ -291,8 +332,10 @@ class MorphoTrial(tune.Trainable):
     def _continue(self, checkpoint: Path) -> None:
         """Carry on from a killed run's checkpoint (continuation.py): only one that still matches its manifest."""
         if checkpoint_round(checkpoint) is None:
-            raise ValueError(f"{checkpoint}: no longer matches its {MANIFEST_FILE} (or has no {ROUND_FILE}); its pickles "
-                             "are not loaded")
+            raise ValueError(
+                f"{checkpoint}: no longer matches its {MANIFEST_FILE} (or has no {ROUND_FILE}); its pickles "
+                "are not loaded"
+            )
         restore(self.algo, str(checkpoint))
         self.round_summary = checkpoint_summary(checkpoint)
         self.continue_from = None
@@ -318,19 +361,27 @@ class MorphoTrial(tune.Trainable):
                 controller: Controller = GreedyPolicyController(*policy)
             elif self.controller is ControllerKind.SEARCH:
                 search = search_host(cfg, self.search, self.metric)
-                print(f"{self.label}: search{where}: {search.best.label} best by validation ({search.best_score:.4f}) of "
-                      f"{search.runs} plans tried", flush=True)
+                print(
+                    f"{self.label}: search{where}: {search.best.label} best by validation ({search.best_score:.4f}) of "
+                    f"{search.runs} plans tried",
+                    flush=True,
+                )
                 lifecycle = cfg.env.lifecycle
                 controller = FixedPlanController(cfg.slots, cfg.max_epochs, search.best, lifecycle.min_training_epochs)
             else:
                 fixed = self.fixed if self.fixed is None or host is None else plan_on_host(self.fixed, cfg)
                 if isinstance(fixed, str):
-                    print(f"{self.label}: fixed({self.fixed.label}) is not applicable on held-out host {host}: {fixed}", flush=True)
+                    print(
+                        f"{self.label}: fixed({self.fixed.label}) is not applicable on held-out host {host}: {fixed}",
+                        flush=True,
+                    )
                     return HostEvaluation([], not_applicable=fixed)
                 controller = baseline_controller(self.controller, cfg, fixed)
             # in this process: each network is saved straight into the trial's folder
             keep = episodes_saver(self._networks_folder(host), label + where) if self.save_networks else None
-            summaries = run_evaluation_episodes(evaluation_episodes(cfg, self.eval_episodes), controller, on_episode_end=keep)
+            summaries = run_evaluation_episodes(
+                evaluation_episodes(cfg, self.eval_episodes), controller, on_episode_end=keep
+            )
             return HostEvaluation(summaries, search.runs if search else 0, search=search)
 
         metrics = self._evaluate(in_process)
@@ -347,8 +398,9 @@ class MorphoTrial(tune.Trainable):
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         if self.algo is not None:
             self.algo.save_to_path(checkpoint_dir)
-            (Path(checkpoint_dir) / ROUND_FILE).write_text(json.dumps({"round": self.algo.iteration,
-                                                                       "summary": self.round_summary}))
+            (Path(checkpoint_dir) / ROUND_FILE).write_text(
+                json.dumps({"round": self.algo.iteration, "summary": self.round_summary})
+            )
         else:
             (Path(checkpoint_dir) / BASELINE_STATE_FILE).write_text(json.dumps({"evaluated": self.evaluated}))
         write_manifest(Path(checkpoint_dir))  # last: a checkpoint cut short by a kill has none that matches

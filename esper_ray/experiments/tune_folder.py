@@ -53,17 +53,27 @@ def read_trials(tune_path: Path) -> list[TuneTrial]:
         return []
     try:
         state = json.loads(path.read_text())
-        entries = [(json.loads(trial), json.loads(meta) if isinstance(meta, str) else meta) for trial, meta in state["trial_data"]]
+        entries = [
+            (json.loads(trial), json.loads(meta) if isinstance(meta, str) else meta)
+            for trial, meta in state["trial_data"]
+        ]
     except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as err:
         raise _unreadable(path, f"not Tune's experiment state ({type(err).__name__}: {err})") from None
     trials = []
     for trial, meta in entries:
-        if not isinstance(trial, dict) or not isinstance(trial.get("config"), dict) or not isinstance(trial.get("relative_logdir"), str):
+        if (
+            not isinstance(trial, dict)
+            or not isinstance(trial.get("config"), dict)
+            or not isinstance(trial.get("relative_logdir"), str)
+        ):
             raise _unreadable(path, f"a trial entry without config or relative_logdir ({str(trial)[:120]})")
         folder = tune_path / trial["relative_logdir"]
         if folder.resolve().parent != tune_path.resolve():  # a report reads the run folder only
-            raise _unreadable(path, f"a trial's relative_logdir={trial['relative_logdir'][:120]!r} is not a folder of "
-                                    f"{tune_path} (Tune names each trial's folder inside it)")
+            raise _unreadable(
+                path,
+                f"a trial's relative_logdir={trial['relative_logdir'][:120]!r} is not a folder of "
+                f"{tune_path} (Tune names each trial's folder inside it)",
+            )
         status = str(trial.get("status"))
         error = _error_line(folder / "error.txt") if status == "ERROR" else None
         trials.append(TuneTrial(str(trial.get("trial_id")), status, trial["config"], folder, error))

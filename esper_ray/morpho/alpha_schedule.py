@@ -56,7 +56,9 @@ class AlphaSchedule:
     def retarget(self, target: float, steps: int, curve: AlphaCurve) -> None:
         """Start a ramp from the current alpha to `target` over `steps` epochs (0 = jump now)."""
         if not self.holding:
-            raise RuntimeError(f"alpha ramp to {self.target} still running ({self.steps_left} steps left); retarget only from HOLD")
+            raise RuntimeError(
+                f"alpha ramp to {self.target} still running ({self.steps_left} steps left); retarget only from HOLD"
+            )
         if not 0.0 <= target <= 1.0:
             raise ValueError(f"alpha target {target} must be in [0, 1]")
         self.start, self.target, self.curve = self.alpha, float(target), curve

@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from esper_ray.contracts import registry
-from esper_ray.contracts.actions import CNN_BLUEPRINTS, TRANSFORMER_BLUEPRINTS, Blueprint, parse_blueprint, topology_blueprints
+from esper_ray.contracts.actions import (
+    CNN_BLUEPRINTS,
+    TRANSFORMER_BLUEPRINTS,
+    Blueprint,
+    parse_blueprint,
+    topology_blueprints,
+)
 from esper_ray.contracts.host import Topology
 from esper_ray.morpho.transformer_blueprints import build_transformer_seed
 
@@ -142,7 +148,8 @@ CNN_BUILDERS: dict[str, Callable[[int, bool], nn.Module]] = {
 assert sorted(CNN_BUILDERS) == sorted(b.key for b in CNN_BLUEPRINTS), "every CNN blueprint needs a builder"
 # The transformer seeds are identities at birth already; MULTIPLY zeroes their last affine map all the same.
 TRANSFORMER_BUILDERS: dict[str, Callable[[int, bool], nn.Module]] = {
-    b.key: (lambda c, z, b=b: zeroed(build_transformer_seed(b, c, inference_only=True), z)) for b in TRANSFORMER_BLUEPRINTS
+    b.key: (lambda c, z, b=b: zeroed(build_transformer_seed(b, c, inference_only=True), z))
+    for b in TRANSFORMER_BLUEPRINTS
 }
 HOSTS_OF = {Topology.CNN: "CNN hosts", Topology.TRANSFORMER: "transformer hosts", Topology.VECTOR: "vector hosts"}
 
@@ -153,9 +160,15 @@ def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) 
     return parse_blueprint(name, topology_blueprints(topology.value), HOSTS_OF[topology])
 
 
-def build_seed(blueprint: str | Blueprint, channels: int, topology: Topology = Topology.CNN,
-               device: torch.device | str = "cpu", *, inference_only: bool = False,
-               multiply: bool = False) -> nn.Module:
+def build_seed(
+    blueprint: str | Blueprint,
+    channels: int,
+    topology: Topology = Topology.CNN,
+    device: torch.device | str = "cpu",
+    *,
+    inference_only: bool = False,
+    multiply: bool = False,
+) -> nn.Module:
     """A fresh seed module (built on the CPU) for a slot with `channels` channels of a host of this topology, from
     the builder registered for it (contracts/registry.py). No silent fallback for unknown names; `device` only
     decides whether flex_attention can train there (`inference_only` skips that check: see build_transformer_seed).

@@ -67,7 +67,9 @@ def build_plan(model: MorphogeneticModel, ablate_fossils: bool = False) -> Count
     if len(live) >= 2:
         off(live, "all_off")
     return CounterfactualPlan(
-        tuple(names), torch.stack(rows), tuple(slots[i].slot_id for i in ablated),
+        tuple(names),
+        torch.stack(rows),
+        tuple(slots[i].slot_id for i in ablated),
         pairs=tuple((slots[i].slot_id, slots[j].slot_id) for i, j in pairs),
         committed_slots=tuple(slots[i].slot_id for i in fossils),
     )

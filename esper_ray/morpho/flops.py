@@ -50,6 +50,7 @@ def _add_flops(tally: list[int]) -> Callable[[nn.Module, tuple[torch.Tensor, ...
         elif isinstance(module, ATTENTION_MODULES):
             b, t, c = inputs[0].shape
             tally[0] += 2 * (2 * b * t * t * c)
+
     return hook
 
 
@@ -75,7 +76,7 @@ class HostFlops:
     """Injection points in forward order (r0c0, r1c0, r0c1, ... for a CNN)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_flops(preset: str) -> HostFlops:
     """Forward FLOPs per row of a host preset, and how many of them come before each injection point."""
     with torch.device("meta"):
@@ -98,7 +99,7 @@ def host_flops(preset: str) -> HostFlops:
     return HostFlops(forward=tally[0], before_slot=before, order=tuple(before))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seed_flops(blueprint: Blueprint, topology: Topology, feature_shape: tuple[int, ...]) -> int:
     """Forward FLOPs per row of a seed on features of `feature_shape` ((C, H, W) or (T, C)). flex_attention does
     the attention seed's arithmetic, so it is counted as one."""
@@ -109,7 +110,7 @@ def seed_flops(blueprint: Blueprint, topology: Topology, feature_shape: tuple[in
     return _counting(seed, lambda: seed(x))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gate_flops(topology: Topology, feature_shape: tuple[int, ...]) -> int:
     """Forward FLOPs per row of the GATE blend's gate (a small MLP on the pooled features)."""
     with torch.device("meta"):
@@ -147,8 +148,12 @@ class FlopTally:
     """The extra configurations of the fused counterfactual validation (seeds switched off)."""
 
     def as_info(self) -> dict[str, int]:
-        return {"flops/train": self.train, "flops/train_seeds": self.train_seeds, "flops/validation": self.validation,
-                "flops/counterfactual": self.counterfactual}
+        return {
+            "flops/train": self.train,
+            "flops/train_seeds": self.train_seeds,
+            "flops/validation": self.validation,
+            "flops/counterfactual": self.counterfactual,
+        }
 
 
 class FlopCounter:
@@ -181,6 +186,6 @@ class FlopCounter:
         first = next((s for s in order if by_id[s].is_active and differs[column[s]]), None)
         if first is None or k == 1:
             return rows * main, 0
-        after = order[order.index(first):]
+        after = order[order.index(first) :]
         suffix = self.host.forward - self.host.before_slot[first] + sum(forward[s] for s in after[1:])
         return rows * main, rows * (k - 1) * suffix

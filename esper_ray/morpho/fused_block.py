@@ -54,9 +54,20 @@ def available() -> bool:
     return torch.cuda.is_available() and has_triton()
 
 
-def conv_bn_relu(x: torch.Tensor, weight: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-                 running_mean: torch.Tensor, running_var: torch.Tensor, batches_tracked: torch.Tensor, *,
-                 padding: int, momentum: float, eps: float, pool: bool) -> torch.Tensor:
+def conv_bn_relu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    batches_tracked: torch.Tensor,
+    *,
+    padding: int,
+    momentum: float,
+    eps: float,
+    pool: bool,
+) -> torch.Tensor:
     """What ConvBlock does in training (batch statistics, running statistics updated in place), then the pool."""
     batches_tracked.add_(1)
     y = F.conv2d(x, weight, None, 1, padding)
@@ -70,8 +81,9 @@ def _compiled():  # type: ignore[no-untyped-def]
     return torch.compile(conv_bn_relu, dynamic=False)
 
 
-def run_compiled(x: torch.Tensor, *tensors: torch.Tensor, padding: int, momentum: float, eps: float,
-                 pool: bool) -> torch.Tensor:
+def run_compiled(
+    x: torch.Tensor, *tensors: torch.Tensor, padding: int, momentum: float, eps: float, pool: bool
+) -> torch.Tensor:
     """conv_bn_relu, compiled. The input is first brought to what the convolution computes in (channels-last, the
     autocast dtype), as the plain modules would, so that only a block's shape and pooling tell its compiled versions
     apart: a few per host. Each block of each host a process trains is one version, within the limit set here."""

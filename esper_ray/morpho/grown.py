@@ -54,8 +54,13 @@ class GrownSeedSpec:
     """Its lifecycle stage when the run ended (FOSSILIZED: kept for good; BLENDING/HOLDING: still on trial)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"slot": self.slot, "blueprint": self.blueprint.key, "blend": self.blend.name.lower(),
-                "alpha": self.alpha, "stage": self.stage.name}
+        return {
+            "slot": self.slot,
+            "blueprint": self.blueprint.key,
+            "blend": self.blend.name.lower(),
+            "alpha": self.alpha,
+            "stage": self.stage.name,
+        }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str) -> GrownSeedSpec:
@@ -65,7 +70,9 @@ class GrownSeedSpec:
             try:
                 return parse(raw[key])
             except (KeyError, ValueError, TypeError):
-                raise ValueError(f"{where}: seed {raw.get('slot')!r} has {key}={raw[key]!r}; expected {allowed}") from None
+                raise ValueError(
+                    f"{where}: seed {raw.get('slot')!r} has {key}={raw[key]!r}; expected {allowed}"
+                ) from None
 
         alpha = field("alpha", float, "a number in (0, 1]")
         if not 0.0 < alpha <= 1.0:
@@ -73,7 +80,9 @@ class GrownSeedSpec:
         return cls(
             slot=field("slot", str, "a slot name such as 'r0c1'"),
             blueprint=field("blueprint", lambda v: Blueprint[str(v).upper()], f"one of {[b.key for b in Blueprint]}"),
-            blend=field("blend", lambda v: BlendAlgorithm[str(v).upper()], f"one of {[a.name.lower() for a in BlendAlgorithm]}"),
+            blend=field(
+                "blend", lambda v: BlendAlgorithm[str(v).upper()], f"one of {[a.name.lower() for a in BlendAlgorithm]}"
+            ),
             alpha=alpha,
             stage=field("stage", _kept_stage, f"one of {sorted(s.name for s in KEPT_STAGES)}"),
         )
@@ -92,7 +101,9 @@ class GrownSeed(nn.Module):
     def __init__(self, spec: GrownSeedSpec, seed: nn.Module, gate: GatedBlend | None) -> None:
         super().__init__()
         if (gate is None) != (spec.blend is not BlendAlgorithm.GATE):
-            raise ValueError(f"slot {spec.slot}: blend {spec.blend.name.lower()} {'needs' if gate is None else 'takes no'} gate")
+            raise ValueError(
+                f"slot {spec.slot}: blend {spec.blend.name.lower()} {'needs' if gate is None else 'takes no'} gate"
+            )
         self.spec = spec
         self.seed = seed
         self.gate = gate
@@ -183,8 +194,13 @@ def build_host_from_config(topology: Topology, config: Mapping[str, Any], host_n
     raise ValueError(f"a {topology.value} host is rebuilt by its registered name, and this file names none")
 
 
-def empty_grown_network(topology: Topology, host_config: Mapping[str, Any], specs: Sequence[GrownSeedSpec],
-                        host_name: str | None = None, plugins: Sequence[str] = ()) -> GrownNetwork:
+def empty_grown_network(
+    topology: Topology,
+    host_config: Mapping[str, Any],
+    specs: Sequence[GrownSeedSpec],
+    host_name: str | None = None,
+    plugins: Sequence[str] = (),
+) -> GrownNetwork:
     """The network's modules, freshly initialised, ready for `load_state_dict` of a saved one."""
     host = build_host_from_config(topology, host_config, host_name)
     seeds = {}

@@ -47,7 +47,11 @@ def describe(network: GrownNetwork) -> dict[str, Any]:
         "host_config": host_config_of(network.host),
         "contents": CONTENTS,
         "seeds": seeds,
-        "params": {"host": network.host_params, "seeds": sum(s["params"] for s in seeds), "total": count_params(network)},
+        "params": {
+            "host": network.host_params,
+            "seeds": sum(s["params"] for s in seeds),
+            "total": count_params(network),
+        },
     }
 
 
@@ -84,26 +88,38 @@ def read_architecture(directory: str | Path) -> dict[str, Any]:
     folder = Path(directory).expanduser()
     path = _required(folder, ARCHITECTURE_FILE)
     if path.stat().st_size > MAX_ARCHITECTURE_BYTES:
-        raise ValueError(f"{path}: {path.stat().st_size:,} bytes, more than an architecture file holds "
-                         f"({MAX_ARCHITECTURE_BYTES:,} at most); it is not one esper-ray wrote")
+        raise ValueError(
+            f"{path}: {path.stat().st_size:,} bytes, more than an architecture file holds "
+            f"({MAX_ARCHITECTURE_BYTES:,} at most); it is not one esper-ray wrote"
+        )
     try:
         raw = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting deeper than JSON needs
-        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
-                         "save the network again") from None
+        raise ValueError(
+            f"{path}: not valid JSON ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
+            "save the network again"
+        ) from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path}: not the architecture file of a grown network (its 'format' is not {FORMAT!r})")
     if raw.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version={raw.get('format_version')!r}; this esper-ray reads version {FORMAT_VERSION}")
-    for key, kind, expected in (("topology", str, "a string"), ("host_config", dict, "a mapping"),
-                                ("seeds", list, "a list"), ("params", dict, "a mapping")):
+        raise ValueError(
+            f"{path}: format_version={raw.get('format_version')!r}; this esper-ray reads version {FORMAT_VERSION}"
+        )
+    for key, kind, expected in (
+        ("topology", str, "a string"),
+        ("host_config", dict, "a mapping"),
+        ("seeds", list, "a list"),
+        ("params", dict, "a mapping"),
+    ):
         if key not in raw:
             raise ValueError(f"{path}: has no {key!r}; the file is damaged, save the network again")
         if not isinstance(raw[key], kind):
             raise ValueError(f"{path}: {key}={_short(raw[key])}; expected {expected}")
     for i, seed in enumerate(raw["seeds"]):
         if not isinstance(seed, dict):
-            raise ValueError(f"{path}: seeds[{i}]={_short(seed)}; expected a mapping (slot, blueprint, blend, alpha, stage)")
+            raise ValueError(
+                f"{path}: seeds[{i}]={_short(seed)}; expected a mapping (slot, blueprint, blend, alpha, stage)"
+            )
     return raw
 
 
@@ -130,7 +146,9 @@ def load_grown(directory: str | Path, plugins: Sequence[str] | None = None) -> G
     try:
         topology = Topology(architecture["topology"])
     except ValueError:
-        raise ValueError(f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}") from None
+        raise ValueError(
+            f"{where}: topology={architecture['topology']!r}; expected one of {[t.value for t in Topology]}"
+        ) from None
     host_name, named = _checked_parts(architecture, where)
     specs = [GrownSeedSpec.from_dict(s, where) for s in architecture["seeds"]]
     registry.load_plugins(trusted, field="load_grown(plugins=...)", hint="")  # the caller's trust, never the file's
@@ -148,14 +166,27 @@ def load_grown(directory: str | Path, plugins: Sequence[str] | None = None) -> G
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused an object: the file is more than tensors
-        refused = next((line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "Unsupported" in line),
-                       _first_line(err)).split(". ")[0]  # what was refused, without torch's advice to allow it
-        raise ValueError(f"{weights}: refused, it holds more than tensors ({refused}); esper-ray saves tensors only, so "
-                         "this file was written by something else: never load it with weights_only=False unless you "
-                         "trust where it came from") from None
-    except (RuntimeError, OSError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as err:  # a truncated zip: OSError
-        raise ValueError(f"{weights}: unreadable ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
-                         "save the network again") from None
+        refused = next(
+            (line.strip() for line in str(err).splitlines() if "GLOBAL" in line or "Unsupported" in line),
+            _first_line(err),
+        ).split(". ")[0]  # what was refused, without torch's advice to allow it
+        raise ValueError(
+            f"{weights}: refused, it holds more than tensors ({refused}); esper-ray saves tensors only, so "
+            "this file was written by something else: never load it with weights_only=False unless you "
+            "trust where it came from"
+        ) from None
+    except (
+        RuntimeError,
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        ValueError,
+        KeyError,
+    ) as err:  # a truncated zip: OSError
+        raise ValueError(
+            f"{weights}: unreadable ({type(err).__name__}: {_first_line(err)}); the file is damaged, "
+            "save the network again"
+        ) from None
     if not isinstance(state, dict):
         raise ValueError(f"{weights}: holds a {type(state).__name__}, not a state_dict; save the network again")
     try:
@@ -164,15 +195,23 @@ def load_grown(directory: str | Path, plugins: Sequence[str] | None = None) -> G
         raise ValueError(f"{weights} does not fit {where}: {' '.join(str(err).split())}") from None  # one line
     total = architecture["params"].get("total")
     if count_params(network) != total:
-        raise ValueError(f"{where} says {_short(total)} parameters; the network built from it has {count_params(network)}")
+        raise ValueError(
+            f"{where} says {_short(total)} parameters; the network built from it has {count_params(network)}"
+        )
     return network.eval()
 
 
 def _checked_caller_plugins(plugins: Sequence[str] | None) -> list[str]:
     if plugins is None:
         return []
-    if isinstance(plugins, (str, bytes)) or not isinstance(plugins, Sequence) or not all(isinstance(p, str) for p in plugins):
-        raise ValueError(f"load_grown(plugins={_short(plugins)}): expected a list of import strings, e.g. plugins=['my_mlp']")
+    if (
+        isinstance(plugins, (str, bytes))
+        or not isinstance(plugins, Sequence)
+        or not all(isinstance(p, str) for p in plugins)
+    ):
+        raise ValueError(
+            f"load_grown(plugins={_short(plugins)}): expected a list of import strings, e.g. plugins=['my_mlp']"
+        )
     return list(plugins)
 
 
@@ -186,8 +225,14 @@ def plugins_needed(architecture: Mapping[str, Any]) -> list[str]:
     return named
 
 
-def _registered_parts(folder: Path, topology: Topology, host_name: str | None, specs: list[GrownSeedSpec],
-                      named: list[str], trusted: list[str]) -> registry.HostEntry | None:
+def _registered_parts(
+    folder: Path,
+    topology: Topology,
+    host_name: str | None,
+    specs: list[GrownSeedSpec],
+    named: list[str],
+    trusted: list[str],
+) -> registry.HostEntry | None:
     """The host's registry entry (None for files written before the registry), once the host and every seed's
     blueprint are registered in this process. A host import string is resolved only where `trusted` (the caller's
     plug-ins) names its module, already imported, and it names a HostModule class: never on the file's word."""
@@ -202,15 +247,20 @@ def _registered_parts(folder: Path, topology: Topology, host_name: str | None, s
         else:
             missing.append(f"host {host_name!r}")
     host_missing = bool(missing)
-    missing += [f"{topology.value} blueprint {s.blueprint.key!r}" for s in specs
-                if not registry.has_blueprint(topology.value, s.blueprint.key)]
+    missing += [
+        f"{topology.value} blueprint {s.blueprint.key!r}"
+        for s in specs
+        if not registry.has_blueprint(topology.value, s.blueprint.key)
+    ]
     if missing and (named or host_missing):  # else a file naming no plug-in and a known host: the build says what fits
         suggested = plugins_needed({"plugins": named, "host": host_name}) or ["your_module"]
         where = folder / ARCHITECTURE_FILE
         said = f"plug-ins {named}" if named else "no plug-in"
-        raise ValueError(f"{where}: {', '.join(missing)} not registered in this process; the file names {said}, and "
-                         "load_grown imports no code a file names: if you trust them, pass them, "
-                         f"esper_ray.load_grown({str(folder)!r}, plugins={suggested!r}), or import the module first")
+        raise ValueError(
+            f"{where}: {', '.join(missing)} not registered in this process; the file names {said}, and "
+            "load_grown imports no code a file names: if you trust them, pass them, "
+            f"esper_ray.load_grown({str(folder)!r}, plugins={suggested!r}), or import the module first"
+        )
     return entry
 
 
@@ -228,7 +278,9 @@ def _checked_host_config(config: dict[str, Any], where: str, *, plugin: bool = F
             if isinstance(item, bool) or not isinstance(item, int):
                 raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
             if not 0 <= item <= limit:
-                raise ValueError(f"{where}: host_config.{key}={_short(value) if plugin else value}; expected an integer in [0, {limit:,}]")
+                raise ValueError(
+                    f"{where}: host_config.{key}={_short(value) if plugin else value}; expected an integer in [0, {limit:,}]"
+                )
     return config
 
 
@@ -242,11 +294,23 @@ def _checked_parts(architecture: dict[str, Any], where: str) -> tuple[str | None
     return host_name, plugins
 
 
-def _build(topology: Topology, host_config: dict[str, Any], specs: list[GrownSeedSpec], where: str,
-           host_name: str | None = None, plugins: list[str] | tuple[str, ...] = ()) -> GrownNetwork:
+def _build(
+    topology: Topology,
+    host_config: dict[str, Any],
+    specs: list[GrownSeedSpec],
+    where: str,
+    host_name: str | None = None,
+    plugins: list[str] | tuple[str, ...] = (),
+) -> GrownNetwork:
     try:
         return empty_grown_network(topology, host_config, specs, host_name, plugins)
-    except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as err:  # fields the config does not take, ...
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        RuntimeError,
+        OverflowError,
+    ) as err:  # fields the config does not take, ...
         raise ValueError(f"{where}: describes no network this esper-ray can build ({_first_line(err)})") from None
 
 
@@ -257,26 +321,38 @@ def _check_weights_size(weights: Path, stored: int, entries: int, where: str) ->
     plus the zip's records. So what is allocated is bounded by the bytes on disk, whatever the JSON asks for."""
     size = weights.stat().st_size
     if size == 0:
-        raise ValueError(f"{weights}: empty (0 bytes), as an interrupted copy leaves it; save or copy the network again")
+        raise ValueError(
+            f"{weights}: empty (0 bytes), as an interrupted copy leaves it; save or copy the network again"
+        )
     try:
         with zipfile.ZipFile(weights) as archive:
             listed = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
-        raise ValueError(f"{weights}: unreadable, not the zip file torch.save writes ({_first_line(err)}); the file is "
-                         "damaged, save the network again") from None
+        raise ValueError(
+            f"{weights}: unreadable, not the zip file torch.save writes ({_first_line(err)}); the file is "
+            "damaged, save the network again"
+        ) from None
     packed = next((e for e in listed if e.compress_type != zipfile.ZIP_STORED or e.compress_size != e.file_size), None)
     if packed is not None:
-        raise ValueError(f"{weights}: entry {packed.filename!r} is compressed; torch.save stores entries as they are, so "
-                         "this file was not written by esper-ray; not loaded")
+        raise ValueError(
+            f"{weights}: entry {packed.filename!r} is compressed; torch.save stores entries as they are, so "
+            "this file was not written by esper-ray; not loaded"
+        )
     declared = sum(e.file_size for e in listed)
     if declared > size:
-        raise ValueError(f"{weights}: its entries declare {declared:,} bytes in a file of {size:,}; the file is damaged")
+        raise ValueError(
+            f"{weights}: its entries declare {declared:,} bytes in a file of {size:,}; the file is damaged"
+        )
     if declared < stored:
-        raise ValueError(f"{where} describes {stored:,} bytes of tensors and {weights} holds {declared:,}: not the "
-                         "weights of that network (or a file cut short); not loaded")
+        raise ValueError(
+            f"{where} describes {stored:,} bytes of tensors and {weights} holds {declared:,}: not the "
+            "weights of that network (or a file cut short); not loaded"
+        )
     if declared > entries + WEIGHTS_SLACK_BYTES:
-        raise ValueError(f"{weights}: holds {declared:,} bytes, more than the {entries:,} bytes of tensors {where} "
-                         "describes; not loaded")
+        raise ValueError(
+            f"{weights}: holds {declared:,} bytes, more than the {entries:,} bytes of tensors {where} "
+            "describes; not loaded"
+        )
 
 
 def _check_derived_size(skeleton: GrownNetwork, stored: Mapping[str, torch.Tensor], where: str) -> None:
@@ -286,9 +362,11 @@ def _check_derived_size(skeleton: GrownNetwork, stored: Mapping[str, torch.Tenso
     total = sum(derived.values())
     if total > MAX_DERIVED_BYTES:
         largest = max(derived, key=derived.__getitem__)
-        raise ValueError(f"{where}: its host_config builds {total:,} bytes of buffers that {WEIGHTS_FILE} does not hold "
-                         f"({len(derived)} of them, {largest} {derived[largest]:,} bytes); at most {MAX_DERIVED_BYTES:,} "
-                         "are allowed; not loaded")
+        raise ValueError(
+            f"{where}: its host_config builds {total:,} bytes of buffers that {WEIGHTS_FILE} does not hold "
+            f"({len(derived)} of them, {largest} {derived[largest]:,} bytes); at most {MAX_DERIVED_BYTES:,} "
+            "are allowed; not loaded"
+        )
 
 
 def _first_line(err: BaseException) -> str:
@@ -307,6 +385,8 @@ def _required(folder: Path, name: str) -> Path:
     path = folder / name
     if not path.is_file():
         present = sorted(p.name for p in folder.iterdir())
-        raise FileNotFoundError(f"{path} is missing: {folder} is not a complete grown network (it holds {present or 'nothing'}; "
-                                f"{WRITTEN_BY} writes {WEIGHTS_FILE} and {ARCHITECTURE_FILE}, the latter last)")
+        raise FileNotFoundError(
+            f"{path} is missing: {folder} is not a complete grown network (it holds {present or 'nothing'}; "
+            f"{WRITTEN_BY} writes {WEIGHTS_FILE} and {ARCHITECTURE_FILE}, the latter last)"
+        )
     return path

@@ -25,7 +25,6 @@ HOST_PRESETS: dict[str, HostConfig] = {
 HOST_PRESETS["synthetic"] = HOST_PRESETS["cifar10"]
 
 
-
 def host_preset(name: str) -> HostConfig:
     if name not in HOST_PRESETS:
         raise ValueError(f"unknown host preset {name!r}; available: {', '.join(sorted(HOST_PRESETS))}")
@@ -57,8 +56,12 @@ class ConvBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, pool: bool = False) -> torch.Tensor:
         """relu(norm(conv(x))), 2x2 max-pooled if `pool`."""
-        if (self.full_precision and not self.training and x.device.type in ("cuda", "cpu")
-                and torch.is_autocast_enabled(x.device.type)):
+        if (
+            self.full_precision
+            and not self.training
+            and x.device.type in ("cuda", "cpu")
+            and torch.is_autocast_enabled(x.device.type)
+        ):
             with torch.autocast(x.device.type, enabled=False):
                 return self._forward(x.float(), pool)
         return self._forward(x, pool)
@@ -67,26 +70,44 @@ class ConvBlock(nn.Module):
         if self.training and x.is_cuda and fused_block.active() and self.norm.momentum is not None:
             norm = self.norm
             return fused_block.run_compiled(
-                x, self.conv.weight, norm.weight, norm.bias, norm.running_mean, norm.running_var, norm.num_batches_tracked,
-                padding=self.conv.padding[0], momentum=norm.momentum, eps=norm.eps, pool=pool)
+                x,
+                self.conv.weight,
+                norm.weight,
+                norm.bias,
+                norm.running_mean,
+                norm.running_var,
+                norm.num_batches_tracked,
+                padding=self.conv.padding[0],
+                momentum=norm.momentum,
+                eps=norm.eps,
+                pool=pool,
+            )
         y = self._conv_bn_relu(x)
         return nn.functional.max_pool2d(y, 2) if pool else y
 
     def _conv_bn_relu(self, x: torch.Tensor) -> torch.Tensor:
         if FUSED_EVAL and x.is_cuda and not self.training and not torch.is_grad_enabled():
             weight, bias = self.folded()
-            if torch.is_autocast_enabled(x.device.type):  # the fused op is not on autocast's lists: cast as conv2d would
+            if torch.is_autocast_enabled(
+                x.device.type
+            ):  # the fused op is not on autocast's lists: cast as conv2d would
                 dtype = torch.get_autocast_dtype(x.device.type)
                 x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
-            weight = weight.contiguous(memory_format=torch.channels_last if x.is_contiguous(
-                memory_format=torch.channels_last) else torch.contiguous_format)
-            return torch.cudnn_convolution_relu(x, weight, bias, self.conv.stride, self.conv.padding,
-                                                self.conv.dilation, self.conv.groups)
+            weight = weight.contiguous(
+                memory_format=torch.channels_last
+                if x.is_contiguous(memory_format=torch.channels_last)
+                else torch.contiguous_format
+            )
+            return torch.cudnn_convolution_relu(
+                x, weight, bias, self.conv.stride, self.conv.padding, self.conv.dilation, self.conv.groups
+            )
         return torch.relu(self.norm(self._conv(x)))
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.conv.weight
-        if weight.shape[2:] == (1, 1) and cpu_step.on(x.device):  # stride 1, no padding, no bias: a product over channels
+        if weight.shape[2:] == (1, 1) and cpu_step.on(
+            x.device
+        ):  # stride 1, no padding, no bias: a product over channels
             # contiguous: the layout the convolution gives, which the batch norm and a seed's convolution read fastest
             return nn.functional.linear(x.permute(0, 2, 3, 1), weight.flatten(1)).permute(0, 3, 1, 2).contiguous()
         return self.conv(x)
@@ -152,12 +173,15 @@ class CNNHost(HostModule):
         side = self.cfg.spatial(col, after_pool=row == 1)
         return self.slot_channels(slot), side, side
 
-    def forward(self, x: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None
+    ) -> torch.Tensor:
         """Logits [B, classes] for images [B, C, H, W]; `at_slot(slot_id, h)` may replace features at a slot.
 
         `hooked`: the slots whose hook may change their features (None: every slot); the others' hooks are not called.
         A block whose pre-pool slot is not hooked pools in the same call (fused_block.py fuses the two in training on
         CUDA)."""
+
         def reads(slot: str) -> bool:
             return at_slot is not None and (hooked is None or slot in hooked)
 

@@ -48,7 +48,9 @@ class HostModule(nn.Module):
         """One input row ([1, ...], of the dtype `forward` takes): FLOPs are counted from a forward of it."""
         raise NotImplementedError(f"{type(self).__name__}.example_input(): one input row, e.g. torch.zeros(1, 64)")
 
-    def forward(self, x: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None
+    ) -> torch.Tensor:
         """Logits for a batch `x`; at each slot, `h = at_slot(slot_id, h)` (when `at_slot` is given and `hooked` is
         None or holds the slot: others may be skipped, calling them anyway is harmless)."""
         raise NotImplementedError
@@ -58,8 +60,10 @@ class HostModule(nn.Module):
     def topology(self) -> Topology:
         kinds = {s.topology for s in self.slots()}
         if len(kinds) != 1:
-            raise ValueError(f"{type(self).__name__}: slots of topologies {sorted(k.value for k in kinds)}; a host's "
-                             "slots share one topology (the policy's blueprint mask is one per host)")
+            raise ValueError(
+                f"{type(self).__name__}: slots of topologies {sorted(k.value for k in kinds)}; a host's "
+                "slots share one topology (the policy's blueprint mask is one per host)"
+            )
         return kinds.pop()
 
     @property
@@ -82,8 +86,10 @@ class HostModule(nn.Module):
 def checked_host(host: Any, name: str) -> HostModule:
     """`host` if it offers the host API, else ValueError in one line naming the host and what is missing."""
     if not isinstance(host, HostModule):
-        raise ValueError(f"host {name!r}: its builder returned a {type(host).__name__}; a host subclasses "
-                         "esper_ray.HostModule (docs/plugins.md)")
+        raise ValueError(
+            f"host {name!r}: its builder returned a {type(host).__name__}; a host subclasses "
+            "esper_ray.HostModule (docs/plugins.md)"
+        )
     slots = host.slots()
     if not slots or not all(isinstance(s, SlotSpec) for s in slots):
         raise ValueError(f"host {name!r}: slots() returned {slots!r}; expected a non-empty list of SlotSpec")

@@ -41,7 +41,7 @@ def rebuild_host(name: str, description: dict[str, Any]) -> HostModule:
     return host
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_topology(name: str) -> Topology:
     """The topology a registered host declares (built on the meta device: shapes only)."""
     with torch.device("meta"):
@@ -57,11 +57,11 @@ def default_host(task: str) -> str:
 
 
 def topology_of(task: str, host: str | None = None) -> str:
-    """"cnn", "transformer" or "vector": the topology of `host`, or of the task's own host."""
+    """ "cnn", "transformer" or "vector": the topology of `host`, or of the task's own host."""
     return host_topology(host if host is not None else default_host(task)).value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_slot_ids(name: str) -> tuple[str, ...]:
     """The slots a registered host declares, in its order (built on the meta device: shapes only)."""
     with torch.device("meta"):

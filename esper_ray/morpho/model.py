@@ -27,8 +27,9 @@ class MorphogeneticModel(nn.Module):
     """`host`: a CNNHost or a TransformerHost (anything with `topology`, `slot_ids`, `slot_channels` and
     `forward(x, at_slot)`)."""
 
-    def __init__(self, host: CNNHost | TransformerHost, slots: Sequence[str],
-                 lifecycle: LifecycleConfig | None = None) -> None:
+    def __init__(
+        self, host: CNNHost | TransformerHost, slots: Sequence[str], lifecycle: LifecycleConfig | None = None
+    ) -> None:
         super().__init__()
         self.host = host
         self.topology: Topology = host.topology
@@ -61,7 +62,9 @@ class MorphogeneticModel(nn.Module):
 
         return self.host(x, at_slot, self.active_slot_ids())
 
-    def fused_forward(self, x: torch.Tensor, alphas: torch.Tensor, differs: Sequence[bool] | None = None) -> torch.Tensor:
+    def fused_forward(
+        self, x: torch.Tensor, alphas: torch.Tensor, differs: Sequence[bool] | None = None
+    ) -> torch.Tensor:
         """Evaluate K alpha configurations in one pass.
 
         Args:

@@ -110,12 +110,7 @@ class SeedSlot(nn.Module):
         return self.topology is Topology.CNN or self.stage is Stage.TRAINING
 
     def can_prune(self) -> bool:
-        return (
-            self.is_live
-            and not self.pruning
-            and self.metrics.age >= self.cfg.min_prune_age
-            and self.alpha.holding
-        )
+        return self.is_live and not self.pruning and self.metrics.age >= self.cfg.min_prune_age and self.alpha.holding
 
     def can_set_alpha_target(self) -> bool:
         return self.stage in (Stage.BLENDING, Stage.HOLDING) and self.alpha.holding and not self.pruning
@@ -162,25 +157,34 @@ class SeedSlot(nn.Module):
         resolved = resolve_blueprint(blueprint, self.topology)
         check_transition(self.slot_id, self.stage, Stage.GERMINATED)
         device = self.alpha_value.device
-        seed = build_seed(resolved, self.channels, self.topology, device,
-                          multiply=style.algorithm is BlendAlgorithm.MULTIPLY).to(device)
+        seed = build_seed(
+            resolved, self.channels, self.topology, device, multiply=style.algorithm is BlendAlgorithm.MULTIPLY
+        ).to(device)
         gate = GatedBlend(self.channels, self.topology).to(device) if style.algorithm is BlendAlgorithm.GATE else None
         self._enter(Stage.GERMINATED)
         self.seed, self.gate, self.blueprint = seed, gate, resolved
         self.algorithm, self.tempo_epochs, self.initial_target = style.algorithm, tempo.epochs, alpha_target.alpha
         self.initial_curve = style.curve
-        self.metrics = SeedMetrics(accuracy_at_germination=self.last_accuracy, accuracy_at_stage_start=self.last_accuracy)
+        self.metrics = SeedMetrics(
+            accuracy_at_germination=self.last_accuracy, accuracy_at_stage_start=self.last_accuracy
+        )
         # The fused SGD kernel: on CUDA one launch a step instead of the foreach version's several (a captured step
         # of the cifar10 host, bf16, H200: 1.628 -> 1.513 us a training sample, benchmarks/probes/fusion_probe.py); on
         # the CPU one call instead of a kernel per tensor (cpu_step.py).
-        self.optimizer = torch.optim.SGD(self.seed_parameters(), lr=self.cfg.seed_lr, momentum=self.cfg.seed_momentum,
-                                         fused=cpu_step.fused_sgd(device))
+        self.optimizer = torch.optim.SGD(
+            self.seed_parameters(),
+            lr=self.cfg.seed_lr,
+            momentum=self.cfg.seed_momentum,
+            fused=cpu_step.fused_sgd(device),
+        )
         return _OK
 
     def check_advance(self) -> GateResult:
         if self.stage not in _NEXT_BY_ADVANCE:
             target = Stage.FOSSILIZED if self.stage is Stage.HOLDING else Stage.TRAINING
-            raise IllegalTransitionError(self.slot_id, self.stage, target, "ADVANCE moves only GERMINATED, TRAINING, BLENDING")
+            raise IllegalTransitionError(
+                self.slot_id, self.stage, target, "ADVANCE moves only GERMINATED, TRAINING, BLENDING"
+            )
         if self.pruning:
             return _refused("a prune is ramping alpha down")
         return check_gate(_NEXT_BY_ADVANCE[self.stage], self.stage, self.metrics, self.alpha, self.cfg)
@@ -242,7 +246,9 @@ class SeedSlot(nn.Module):
         self, target: AlphaTarget, speed: AlphaSpeed = AlphaSpeed.INSTANT, curve: AlphaCurve = AlphaCurve.LINEAR
     ) -> GateResult:
         if self.stage not in (Stage.BLENDING, Stage.HOLDING):
-            raise IllegalTransitionError(self.slot_id, self.stage, Stage.BLENDING, "SET_ALPHA_TARGET needs BLENDING or HOLDING")
+            raise IllegalTransitionError(
+                self.slot_id, self.stage, Stage.BLENDING, "SET_ALPHA_TARGET needs BLENDING or HOLDING"
+            )
         if not self.can_set_alpha_target():
             return _refused("alpha is still ramping (or a prune is running); retarget only from HOLD")
         if self.stage is Stage.HOLDING and target.alpha < 1.0:

@@ -33,7 +33,9 @@ TRANSFORMER_PRESETS: dict[str, TransformerHostConfig] = {
     # A starved host that seeds can rescue (as digits-impaired is for the CNN): the text host whose own attention
     # sees only the current byte, so it can at best learn which byte follows which (a bigram model). An
     # attention seed is the only way it gets context. Same parameters as "text".
-    "text-starved": TransformerHostConfig(vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=3, attention_window=1),
+    "text-starved": TransformerHostConfig(
+        vocab_size=256, seq_len=64, d_model=64, n_heads=4, n_layers=3, attention_window=1
+    ),
 }
 
 
@@ -41,7 +43,9 @@ class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which position t attends to positions <= t only (with `window`, only to the
     last `window` of them, t included)."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, window: int | None = None, seq_len: int = 0) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float = 0.0, window: int | None = None, seq_len: int = 0
+    ) -> None:
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
@@ -57,12 +61,16 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))  # (B, nh, T, hs)
+        q, k, v = (
+            t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2)
+        )  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         if self.window is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, nh, T, hs)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.band[:T, :T], dropout_p=dropout_p)  # (B, nh, T, hs)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self.band[:T, :T], dropout_p=dropout_p
+            )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
         return self.resid_drop(self.proj(y))
 
@@ -158,7 +166,9 @@ class TransformerHost(HostModule):
         """(T, C) of the features a slot sees: (seq_len, d_model) for a full-length sequence."""
         return self.cfg.seq_len, self.slot_channels(slot)
 
-    def forward(self, idx: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, at_slot: SlotHook | None = None, hooked: Container[str] | None = None
+    ) -> torch.Tensor:
         """Next-token logits [B, T, vocab] for token ids idx [B, T] (int64, T <= seq_len).
 
         `at_slot(slot_id, h)` receives the residual stream h [B, T, d_model] after each block and returns

@@ -129,7 +129,7 @@ def eager_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bloc
         return flex_attention(q, k, v, block_mask=block_mask)  # type: ignore[arg-type, return-value]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     """flex_attention through torch.compile, made once per process on first use (importing the compiler costs
     seconds). Compiled, FlexAttention runs as fused kernels; eager, torch computes it with a dense reference that
@@ -195,7 +195,7 @@ def runs_in_cuda_graphs(seed: nn.Module) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_flex_attention(device: str) -> tuple[bool, str]:
     try:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -220,7 +220,10 @@ def flex_attention_available(device: torch.device | str = "cpu") -> tuple[bool, 
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            return False, f"flex_attention cannot run on {str(dev)!r} with torch {torch.__version__}: CUDA is not available here"
+            return (
+                False,
+                f"flex_attention cannot run on {str(dev)!r} with torch {torch.__version__}: CUDA is not available here",
+            )
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
     return _probe_flex_attention(str(dev))
@@ -243,8 +246,9 @@ def resolve_transformer_blueprint(name: str | Blueprint) -> Blueprint:
     return parse_blueprint(name, TRANSFORMER_BLUEPRINTS, "transformer hosts")
 
 
-def build_transformer_seed(blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu", *,
-                           inference_only: bool = False) -> nn.Module:
+def build_transformer_seed(
+    blueprint: str | Blueprint, channels: int, device: torch.device | str = "cpu", *, inference_only: bool = False
+) -> nn.Module:
     """A fresh seed for a slot of width `channels`, to be trained on `device`. No silent fallback.
 
     `device` only matters for flex_attention, which raises ValueError where it cannot train there, unless

@@ -30,15 +30,29 @@ def wait_action() -> np.ndarray:
     return action
 
 
-def lifecycle_action(op: Op, slot_index: int | None, *, blueprint: Blueprint = Blueprint.CONV_LIGHT,
-                     style: Style = Style.SIGMOID_ADD, tempo: Tempo = Tempo.STANDARD,
-                     alpha_target: AlphaTarget = AlphaTarget.FULL) -> np.ndarray:
+def lifecycle_action(
+    op: Op,
+    slot_index: int | None,
+    *,
+    blueprint: Blueprint = Blueprint.CONV_LIGHT,
+    style: Style = Style.SIGMOID_ADD,
+    tempo: Tempo = Tempo.STANDARD,
+    alpha_target: AlphaTarget = AlphaTarget.FULL,
+) -> np.ndarray:
     """One action of a rule-based controller: the heads GERMINATE reads as given, the others at their defaults
     (a prune is instant, a retarget linear)."""
-    return np.array([
-        encode_joint(op, slot_index), int(blueprint), int(style), int(tempo), int(alpha_target),
-        int(AlphaSpeed.INSTANT), int(AlphaCurve.LINEAR),
-    ], dtype=np.int64)
+    return np.array(
+        [
+            encode_joint(op, slot_index),
+            int(blueprint),
+            int(style),
+            int(tempo),
+            int(alpha_target),
+            int(AlphaSpeed.INSTANT),
+            int(AlphaCurve.LINEAR),
+        ],
+        dtype=np.int64,
+    )
 
 
 class NoGrowthController:

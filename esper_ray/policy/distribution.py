@@ -80,7 +80,10 @@ class CausalFactoredDistribution(Distribution):
     def head_entropies(self) -> dict[str, torch.Tensor]:
         """Entropy of each head, argument heads weighted by the chance they are read."""
         weighted = self.weighted_argument_entropies(detach_read=False)
-        return {HEAD_NAMES[0]: self.joint.entropy(), **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])}}
+        return {
+            HEAD_NAMES[0]: self.joint.entropy(),
+            **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])},
+        }
 
     def argument_entropy(self, name: str) -> torch.Tensor:
         """P(head read) H(pi_head) of one argument head, P(read) held constant for the gradient as in entropy()."""

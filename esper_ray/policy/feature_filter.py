@@ -68,8 +68,16 @@ class FeatureMeanStdFilter(MeanStdFilter):
         self.layout = layout or FeatureLayout()
 
     @override(MeanStdFilter)
-    def __call__(self, *, rl_module: Any, batch: dict[str, Any], episodes: list[Any], explore: Any = None,
-                 persistent_data: Any = None, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[str, Any],
+        episodes: list[Any],
+        explore: Any = None,
+        persistent_data: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         for episode in self.single_agent_episode_iterator(episodes):
             obs = dict(episode.get_observations(indices=-1))
             obs[FEATURES] = self.normalize(obs[FEATURES], update=self._update_stats)
@@ -87,18 +95,18 @@ class FeatureMeanStdFilter(MeanStdFilter):
         if x.shape != (lay.size,):
             raise ValueError(f"observation features of shape {x.shape}; the filter's layout has ({lay.size},)")
         out = np.zeros_like(x)
-        out[:lay.base] = self._filters[None](x[:lay.base], update=update)
-        blocks = x[lay.base:].reshape(lay.slots, lay.block)
+        out[: lay.base] = self._filters[None](x[: lay.base], update=update)
+        blocks = x[lay.base :].reshape(lay.slots, lay.block)
         present = blocks[:, lay.present] > 0.5
         pooled = self._filters[SLOTS]
         if update:
-            for measured in blocks[present, :lay.measured]:
+            for measured in blocks[present, : lay.measured]:
                 pooled.running_stats.push(measured)
                 pooled.buffer.push(measured)
-        shaped = out[lay.base:].reshape(lay.slots, lay.block)
+        shaped = out[lay.base :].reshape(lay.slots, lay.block)
         shaped[present] = blocks[present]
         if present.any():
-            shaped[present, :lay.measured] = pooled(blocks[present, :lay.measured], update=False)
+            shaped[present, : lay.measured] = pooled(blocks[present, : lay.measured], update=False)
         return out
 
     @override(MeanStdFilter)
@@ -111,8 +119,10 @@ class FeatureMeanStdFilter(MeanStdFilter):
     @override(MeanStdFilter)
     def set_state(self, state: StateDict) -> None:
         if set(state) != {None, SLOTS}:
-            raise ValueError(f"observation filter state has parts {sorted(map(str, state))}; expected the base features "
-                             f"and pooled slot statistics (a filter saved before issue 68 cannot be loaded)")
+            raise ValueError(
+                f"observation filter state has parts {sorted(map(str, state))}; expected the base features "
+                f"and pooled slot statistics (a filter saved before issue 68 cannot be loaded)"
+            )
         super().set_state(state)
         self.start_next_report()
 
@@ -139,7 +149,9 @@ class FeatureMeanStdFilter(MeanStdFilter):
             raise ValueError(f"observation features of size {size}; the filter's layout has {self.layout.size}")
 
         def running(n: int) -> RunningMeanStd:
-            return RunningMeanStd(np.array([n]), demean=self.de_mean_to_zero, destd=self.de_std_to_one, clip=self.clip_by_value)
+            return RunningMeanStd(
+                np.array([n]), demean=self.de_mean_to_zero, destd=self.de_std_to_one, clip=self.clip_by_value
+            )
 
         self._filters = {None: running(self.layout.base), SLOTS: running(self.layout.measured)}
 
@@ -148,5 +160,7 @@ def feature_filter_of(pipeline: Any, where: str) -> FeatureMeanStdFilter:
     """The one FeatureMeanStdFilter of an env-to-module connector pipeline; `where` names the pipeline in the error."""
     filters = [c for c in pipeline.connectors if isinstance(c, FeatureMeanStdFilter)]
     if len(filters) != 1:
-        raise ValueError(f"{where}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}")
+        raise ValueError(
+            f"{where}: expected one FeatureMeanStdFilter in the env-to-module pipeline, found {len(filters)}"
+        )
     return filters[0]

@@ -44,8 +44,14 @@ class FixedSeedController:
         op = self._wanted(decode_stage(block), block)
         if op is None or not allows(obs["action_mask"], op, self.index, self.seed.tempo):
             return wait_action()
-        return lifecycle_action(op, self.index, blueprint=self.seed.blueprint, style=self.seed.style,
-                                tempo=self.seed.tempo, alpha_target=AlphaTarget.FULL)
+        return lifecycle_action(
+            op,
+            self.index,
+            blueprint=self.seed.blueprint,
+            style=self.seed.style,
+            tempo=self.seed.tempo,
+            alpha_target=AlphaTarget.FULL,
+        )
 
     def _wanted(self, stage: Stage, block: np.ndarray) -> Op | None:
         if stage is Stage.DORMANT:

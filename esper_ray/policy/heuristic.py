@@ -45,7 +45,13 @@ from esper_ray.policy.baselines import lifecycle_action
 TEMPO = Tempo.STANDARD
 """The ramp every seed the heuristic plants takes (the original's default)."""
 
-DEFAULT_ROTATION = (Blueprint.CONV_LIGHT, Blueprint.CONV_HEAVY, Blueprint.ATTENTION, Blueprint.NORM, Blueprint.DEPTHWISE)
+DEFAULT_ROTATION = (
+    Blueprint.CONV_LIGHT,
+    Blueprint.CONV_HEAVY,
+    Blueprint.ATTENTION,
+    Blueprint.NORM,
+    Blueprint.DEPTHWISE,
+)
 # On a transformer host: the original's rotation less the blueprints a transformer cannot take (attention, norm),
 # then the transformer-only ones. A 25-epoch run has room for one lifecycle, so the first blueprint is the one
 # tried; with the cheap adapters first (as before issue 30) it was lora, pruned on text-starved every time.
@@ -107,7 +113,9 @@ class HeuristicConfig:
         if self.rotation is not None and not self.rotation:
             raise ValueError("rotation: needs at least one blueprint")
         if self.reference_epochs is not None and self.reference_epochs < 1:
-            raise ValueError(f"reference_epochs={self.reference_epochs}: must be >= 1 (or None to use the numbers as given)")
+            raise ValueError(
+                f"reference_epochs={self.reference_epochs}: must be >= 1 (or None to use the numbers as given)"
+            )
 
     def scaled_to(self, max_epochs: int) -> HeuristicConfig:
         """These settings for a run of `max_epochs` (module docstring); unchanged when reference_epochs is None."""
@@ -120,9 +128,13 @@ class HeuristicConfig:
 
         low, high = self.stable_band
         return dataclasses.replace(
-            self, min_epoch=epochs(self.min_epoch), plateau_epochs=epochs(self.plateau_epochs),
-            stable_epochs=epochs(self.stable_epochs), embargo_epochs=epochs(self.embargo_epochs),
-            prune_patience=epochs(self.prune_patience), stable_band=(low / scale, high / scale),
+            self,
+            min_epoch=epochs(self.min_epoch),
+            plateau_epochs=epochs(self.plateau_epochs),
+            stable_epochs=epochs(self.stable_epochs),
+            embargo_epochs=epochs(self.embargo_epochs),
+            prune_patience=epochs(self.prune_patience),
+            stable_band=(low / scale, high / scale),
             plateau_threshold=None if self.plateau_threshold is None else self.plateau_threshold / scale,
             reference_epochs=None,
         )
@@ -133,7 +145,9 @@ class HeuristicConfig:
         fits = topology_blueprints(topology)
         bad = [b for b in rotation if b not in fits]
         if bad:
-            raise ValueError(f"rotation: {[b.key for b in bad]} are not {topology} blueprints; choose from {[b.key for b in fits]}")
+            raise ValueError(
+                f"rotation: {[b.key for b in bad]} are not {topology} blueprints; choose from {[b.key for b in fits]}"
+            )
         return rotation
 
 
@@ -159,8 +173,9 @@ class _Tracker:
 
 
 class HeuristicController:
-    def __init__(self, slot_ids: Sequence[str], max_epochs: int, cfg: HeuristicConfig | None = None,
-                 topology: str = "cnn") -> None:
+    def __init__(
+        self, slot_ids: Sequence[str], max_epochs: int, cfg: HeuristicConfig | None = None, topology: str = "cnn"
+    ) -> None:
         self.slot_ids = list(slot_ids)
         self.max_epochs = max_epochs
         given = cfg or HeuristicConfig()

@@ -37,10 +37,14 @@ def policy_layout() -> dict[str, Any]:
 def check_layout(saved: Any, where: str) -> None:
     """ValueError in one line when `saved` (a checkpoint's layout) is not this code's; `where` names the checkpoint."""
     if not isinstance(saved, dict):
-        raise ValueError(f"{where}: records no policy layout: it was saved before policies ran on any host (issue 68), "
-                         f"its spaces sized for its own host's slots; train it again")
+        raise ValueError(
+            f"{where}: records no policy layout: it was saved before policies ran on any host (issue 68), "
+            f"its spaces sized for its own host's slots; train it again"
+        )
     current = policy_layout()
-    differ = [f"{key} {saved.get(key)!r} there, {value!r} here" for key, value in current.items() if saved.get(key) != value]
+    differ = [
+        f"{key} {saved.get(key)!r} there, {value!r} here" for key, value in current.items() if saved.get(key) != value
+    ]
     if differ:
         raise ValueError(f"{where}: its policy layout does not match this code's: {'; '.join(differ)}")
 

@@ -61,8 +61,10 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
         features = int(spaces["features"].shape[0])
         self.nvec = [int(n) for n in self.action_space.nvec]  # type: ignore[union-attr]
         if (self.num_slots, features, self.nvec) != (MAX_SLOTS, feature_size(), action_nvec()):
-            raise ValueError(f"policy: spaces of {self.num_slots} slots, {features} features and action heads {self.nvec}; "
-                             f"this code's are {MAX_SLOTS}, {feature_size()} and {action_nvec()} (MAX_SLOTS={MAX_SLOTS})")
+            raise ValueError(
+                f"policy: spaces of {self.num_slots} slots, {features} features and action heads {self.nvec}; "
+                f"this code's are {MAX_SLOTS}, {feature_size()} and {action_nvec()} (MAX_SLOTS={MAX_SLOTS})"
+            )
         self.present_columns = [slot_offset(i) + SLOT_PRESENT for i in range(MAX_SLOTS)]
         self.cell = int(cfg["lstm_cell_size"])
         self.embedding = nn.Embedding(BLUEPRINT_NONE_INDEX + 1, int(cfg["blueprint_embedding"]))
@@ -99,8 +101,14 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
             # re-packs the weights on every call: 5.0-5.8 ms against 0.21-0.23 ms a step for the 512-unit `gpu` preset
             # on one core (0.08 against 0.02 ms for `cpu`; benchmarks/probes/lstm_step.py); same weights, same math.
             lstm = self.lstm
-            h, c = torch.lstm_cell(x[:, 0], (state["h"], state["c"]), lstm.weight_ih_l0, lstm.weight_hh_l0,
-                                   lstm.bias_ih_l0, lstm.bias_hh_l0)
+            h, c = torch.lstm_cell(
+                x[:, 0],
+                (state["h"], state["c"]),
+                lstm.weight_ih_l0,
+                lstm.weight_hh_l0,
+                lstm.bias_ih_l0,
+                lstm.bias_hh_l0,
+            )
             return h.unsqueeze(1), {"h": h, "c": c}
         out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
         return out, {"h": h.squeeze(0), "c": c.squeeze(0)}

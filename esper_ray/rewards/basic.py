@@ -29,10 +29,14 @@ def fossilize_bonus(signal: StepSignal) -> float:
 def compute(signal: StepSignal, cfg: RewardConfig) -> RewardBreakdown:
     terminal = 0.0
     if signal.is_terminal:
-        terminal = cfg.basic_acc_delta_weight * (signal.committed_accuracy - signal.initial_val_accuracy)  # what the run keeps
-    return breakdown({
-        "pbrs": rc.pbrs(signal, cfg),
-        "param_cost": -cfg.param_penalty_weight * rc.rent_overhead(signal) / cfg.param_budget,
-        "fossilize": fossilize_bonus(signal),
-        "terminal": terminal,
-    })
+        terminal = cfg.basic_acc_delta_weight * (
+            signal.committed_accuracy - signal.initial_val_accuracy
+        )  # what the run keeps
+    return breakdown(
+        {
+            "pbrs": rc.pbrs(signal, cfg),
+            "param_cost": -cfg.param_penalty_weight * rc.rent_overhead(signal) / cfg.param_budget,
+            "fossilize": fossilize_bonus(signal),
+            "terminal": terminal,
+        }
+    )

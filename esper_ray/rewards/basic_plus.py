@@ -32,7 +32,13 @@ def compute(signal: StepSignal, cfg: RewardConfig) -> RewardBreakdown:
     epochs_left = max(signal.max_epochs - signal.epoch, 0)
     for s in signal.slots:
         pool = pools[s.slot_id]
-        if s.stage_after is not Stage.FOSSILIZED or pool <= 0 or s.contribution_after is None or s.slot_id == signal.target_slot and signal.op is Op.FOSSILIZE:
+        if (
+            s.stage_after is not Stage.FOSSILIZED
+            or pool <= 0
+            or s.contribution_after is None
+            or s.slot_id == signal.target_slot
+            and signal.op is Op.FOSSILIZE
+        ):
             continue
         scale = pool / max(epochs_left, MIN_DRIP_EPOCHS)
         drip += min(max(scale * PP * s.contribution_after, DRIP_CLIP[0]), DRIP_CLIP[1])

@@ -49,7 +49,9 @@ def rent(signal: StepSignal, cfg: RewardConfig) -> float:
 
 def alpha_shock(signal: StepSignal) -> float:
     """Penalty for sudden alpha changes, weighted by seed size relative to the host."""
-    shock = sum((s.alpha_after - s.alpha_before) ** 2 * s.seed_params / max(signal.host_params, 1) for s in signal.slots)
+    shock = sum(
+        (s.alpha_after - s.alpha_before) ** 2 * s.seed_params / max(signal.host_params, 1) for s in signal.slots
+    )
     return -min(0.1958 * shock, 1.0)
 
 

@@ -22,15 +22,19 @@ def compute(signal: StepSignal, cfg: RewardConfig) -> RewardBreakdown:
     scaled = min(max(delta / cfg.loss_sigma, -MAX_SIGMAS), MAX_SIGMAS)
     if scaled > 0:
         scaled *= REGRESSION_WEIGHT  # a regression is punished half as hard as an equal gain is paid
-    grown = sum(s.seed_params for s in signal.slots if s.stage_after in rc.RENT_STAGES and s.age >= cfg.loss_rent_grace_epochs)
+    grown = sum(
+        s.seed_params for s in signal.slots if s.stage_after in rc.RENT_STAGES and s.age >= cfg.loss_rent_grace_epochs
+    )
     rent = -cfg.loss_rent_weight * min(math.log1p(grown / max(signal.host_params, 1)), MAX_RENT)
     terminal = 0.0
     if signal.is_terminal:
         span = signal.random_guess_loss - cfg.loss_target
         terminal = min(max((signal.random_guess_loss - signal.val_loss) / span, 0.0), 1.0)
-    return breakdown({
-        "loss_delta": -5.0 * scaled,
-        "pbrs": rc.pbrs(signal, cfg, weight=0.1),
-        "rent": rent,
-        "terminal": terminal,
-    })
+    return breakdown(
+        {
+            "loss_delta": -5.0 * scaled,
+            "pbrs": rc.pbrs(signal, cfg, weight=0.1),
+            "rent": rent,
+            "terminal": terminal,
+        }
+    )

@@ -63,7 +63,12 @@ def stage_warnings(signal: StepSignal) -> float:
         if s.stage_after is Stage.BLENDING and cf < 0:
             total -= 0.1 + min(0.05 * s.epochs_in_stage_after, 0.3)
         decided = s.slot_id == signal.target_slot and signal.op in (Op.FOSSILIZE, Op.PRUNE)
-        if s.stage_before is Stage.HOLDING and not decided and s.epochs_in_stage_before >= 2 and rc.attribution(signal, s) > 0:
+        if (
+            s.stage_before is Stage.HOLDING
+            and not decided
+            and s.epochs_in_stage_before >= 2
+            and rc.attribution(signal, s) > 0
+        ):
             total -= min(0.1 + 0.05 * max(0, s.epochs_in_stage_before - 2), 0.3)
     return total
 

@@ -15,12 +15,16 @@ def compute(signal: StepSignal, cfg: RewardConfig) -> RewardBreakdown:
     terminal = 0.0
     if signal.is_terminal:
         contributing = sum(
-            s.stage_after is Stage.FOSSILIZED and s.contribution is not None and 100 * s.contribution >= rc.CONTRIBUTING_PP
+            s.stage_after is Stage.FOSSILIZED
+            and s.contribution is not None
+            and 100 * s.contribution >= rc.CONTRIBUTING_PP
             for s in signal.slots
         )
         terminal = 3.0 * signal.committed_accuracy + 2.0 * contributing  # what the run keeps
-    return breakdown({
-        "pbrs": rc.pbrs(signal, cfg),
-        "action": -0.01 if signal.op is not Op.WAIT else 0.0,
-        "terminal": terminal,
-    })
+    return breakdown(
+        {
+            "pbrs": rc.pbrs(signal, cfg),
+            "action": -0.01 if signal.op is not Op.WAIT else 0.0,
+            "terminal": terminal,
+        }
+    )

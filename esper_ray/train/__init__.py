@@ -16,8 +16,19 @@ import importlib.machinery
 import sys
 from types import ModuleType
 
-PICKLED_BEFORE_THE_MOVE = ("algorithm_host", "callbacks", "clawback", "env_factory", "env_runner", "learner", "overlap",
-                           "ppo_config", "reward_normalizer", "rounds", "step_failures")
+PICKLED_BEFORE_THE_MOVE = (
+    "algorithm_host",
+    "callbacks",
+    "clawback",
+    "env_factory",
+    "env_runner",
+    "learner",
+    "overlap",
+    "ppo_config",
+    "reward_normalizer",
+    "rounds",
+    "step_failures",
+)
 MOVED = {f"{__name__}.{name}": f"{__name__}.rllib.{name}" for name in PICKLED_BEFORE_THE_MOVE}
 """Old module path -> where the module is now."""
 

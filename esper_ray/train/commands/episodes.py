@@ -149,24 +149,43 @@ def run_episode(
     test = env.measure_test() if measure_test else None
     kept = int(info["committed_seed_params"])
     return EpisodeSummary(
-        episode=episode, steps=steps, episode_return=total, initial_accuracy=initial,
-        final_accuracy=float(info["committed_accuracy"]), host_params=int(info["host_params"]),
-        params_added=kept, germinated=int(info["count/germinated"]),
-        fossilized=int(info["count/fossilized"]), pruned=int(info["count/pruned"]),
-        rollbacks=int(info["count/rollbacks"]), refused=int(info["count/refused"]), train_flops=int(info["flops/train"]),
-        seed_train_flops=int(info["flops/train_seeds"]), validation_flops=int(info["flops/validation"]),
-        counterfactual_flops=int(info["flops/counterfactual"]), rolled_back=bool(info["rollback"]),
+        episode=episode,
+        steps=steps,
+        episode_return=total,
+        initial_accuracy=initial,
+        final_accuracy=float(info["committed_accuracy"]),
+        host_params=int(info["host_params"]),
+        params_added=kept,
+        germinated=int(info["count/germinated"]),
+        fossilized=int(info["count/fossilized"]),
+        pruned=int(info["count/pruned"]),
+        rollbacks=int(info["count/rollbacks"]),
+        refused=int(info["count/refused"]),
+        train_flops=int(info["flops/train"]),
+        seed_train_flops=int(info["flops/train_seeds"]),
+        validation_flops=int(info["flops/validation"]),
+        counterfactual_flops=int(info["flops/counterfactual"]),
+        rolled_back=bool(info["rollback"]),
         seconds=time.perf_counter() - start,
-        test_accuracy=test.accuracy if test else None, test_loss=test.loss if test else None,
-        final_accuracy_with_probation=float(info["val_accuracy"]), params_on_probation=int(info["seed_params"]) - kept,
+        test_accuracy=test.accuracy if test else None,
+        test_loss=test.loss if test else None,
+        final_accuracy_with_probation=float(info["val_accuracy"]),
+        params_on_probation=int(info["seed_params"]) - kept,
         test_accuracy_with_probation=test.accuracy_with_probation if test else None,
-        family_member=info.get("family_member"), torch_threads=torch.get_num_threads(),
+        family_member=info.get("family_member"),
+        torch_threads=torch.get_num_threads(),
     )
 
 
-def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, progress: bool,
-                 measure_test: bool = False, on_episode_end: EpisodeEnd | None = None,
-                 label: str = "episodes") -> list[EpisodeSummary]:
+def run_episodes(
+    env: MorphogeneticEnv,
+    controller: Controller,
+    episodes: int,
+    progress: bool,
+    measure_test: bool = False,
+    on_episode_end: EpisodeEnd | None = None,
+    label: str = "episodes",
+) -> list[EpisodeSummary]:
     """`episodes` episodes in a row; with `progress`, lines on stderr that begin with `label`, one per episode and
     one per slow epoch, each with the time left (progress_lines.py). `on_episode_end` sees each one's env,
     summary and history before the next episode resets the env."""
@@ -178,8 +197,16 @@ def run_episodes(env: MorphogeneticEnv, controller: Controller, episodes: int, p
     summaries: list[EpisodeSummary] = []
     for episode in range(episodes):
         history = EpisodeHistory()
-        summaries.append(run_episode(env, controller, episode, on_step=lines.epoch if lines else None,
-                                     measure_test=measure_test, history=history))
+        summaries.append(
+            run_episode(
+                env,
+                controller,
+                episode,
+                on_step=lines.epoch if lines else None,
+                measure_test=measure_test,
+                history=history,
+            )
+        )
         if on_episode_end is not None:
             on_episode_end(env, summaries[-1], history)
         if lines is not None:
@@ -192,13 +219,18 @@ def format_summary(s: EpisodeSummary) -> str:
     test = f", test acc {100 * s.test_accuracy:.2f}%" if s.test_accuracy is not None else ""
     probation = ""
     if s.params_on_probation:
-        with_probation = s.test_accuracy_with_probation if s.test_accuracy_with_probation is not None else s.final_accuracy_with_probation
-        probation = (f" ({s.params_on_probation:,} params still on probation dropped; with them "
-                     f"{100 * (with_probation or 0.0):.2f}%)")
+        with_probation = (
+            s.test_accuracy_with_probation
+            if s.test_accuracy_with_probation is not None
+            else s.final_accuracy_with_probation
+        )
+        probation = (
+            f" ({s.params_on_probation:,} params still on probation dropped; with them "
+            f"{100 * (with_probation or 0.0):.2f}%)"
+        )
     return (
         f"episode {s.episode}{f' ({s.family_member})' if s.family_member else ''}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
         f"params kept {s.params_added:,} on a {s.host_params:,}-param host{probation}, seeds germinated {s.germinated} / "
         f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, training {s.train_flops:.3g} FLOPs, "
-        f"{s.seconds:.1f}s"
-        + (", ended by governor rollback" if s.rolled_back else "")
+        f"{s.seconds:.1f}s" + (", ended by governor rollback" if s.rolled_back else "")
     )

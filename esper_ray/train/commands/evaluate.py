@@ -30,19 +30,26 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.morpho.hosts import topology_of
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.morpho.hosts import topology_of
 from esper_ray.policy.baselines import NoGrowthController, RandomController
 from esper_ray.policy.feature_filter import FEATURES, FeatureMeanStdFilter, feature_filter_of
 from esper_ray.policy.fixed import FixedPlanController
 from esper_ray.policy.heuristic import HeuristicConfig, HeuristicController
 from esper_ray.policy.layout import check_layout, saved_layout
-from esper_ray.train.commands.episodes import Controller, EpisodeEnd, EpisodeHistory, EpisodeSummary, run_episode, run_episodes
+from esper_ray.train.commands.episodes import (
+    Controller,
+    EpisodeEnd,
+    EpisodeHistory,
+    EpisodeSummary,
+    run_episode,
+    run_episodes,
+)
 from esper_ray.train.commands.grow import NetworkFiles, network_keeper
 from esper_ray.train.folders.checkpoints import load_checkpoint_config
+from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 from esper_ray.train.rllib.overlap import learn_pending
 from esper_ray.train.rllib.rounds import MODULE_PATH
-from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 ENV_TO_MODULE_PATH = Path("env_runner") / "env_to_module_connector"
 EVAL_SEED_STRIDE = 1_000_000  # reset seeds of evaluation episodes start here; training resets use small seeds
@@ -65,17 +72,23 @@ def evaluation_episodes(cfg: TrainConfig, episodes: int) -> list[EvalEpisode]:
     ]
 
 
-def run_evaluation_episodes(plan: list[EvalEpisode], controller: Controller,
-                            on_step: Callable[[int, dict[str, Any]], None] | None = None,
-                            on_episode_end: EpisodeEnd | None = None) -> list[EpisodeSummary]:
+def run_evaluation_episodes(
+    plan: list[EvalEpisode],
+    controller: Controller,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    on_episode_end: EpisodeEnd | None = None,
+) -> list[EpisodeSummary]:
     """Run `plan` with one controller, one fresh env per episode; each summary carries its test accuracy.
     `on_episode_end` sees each episode's env, summary and history while the env holds the final network."""
     summaries = []
     for item in plan:
         env = MorphogeneticEnv(item.env_config)
         history = EpisodeHistory() if on_episode_end is not None else None
-        summaries.append(run_episode(env, controller, item.index, on_step, reset_seed=item.reset_seed, measure_test=True,
-                                     history=history))
+        summaries.append(
+            run_episode(
+                env, controller, item.index, on_step, reset_seed=item.reset_seed, measure_test=True, history=history
+            )
+        )
         if on_episode_end is not None:
             on_episode_end(env, summaries[-1], history)
     return summaries
@@ -84,14 +97,18 @@ def run_evaluation_episodes(plan: list[EvalEpisode], controller: Controller,
 class GreedyPolicyController:
     """Most likely action of every head, with the LSTM state carried through the episode."""
 
-    def __init__(self, module: RLModule, feature_filter: FeatureMeanStdFilter, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, module: RLModule, feature_filter: FeatureMeanStdFilter, device: torch.device | str = "cpu"
+    ) -> None:
         self.module = module
         self.filter = feature_filter
         self.device = torch.device(device)
         self.reset()
 
     def reset(self) -> None:
-        self.state = {k: torch.as_tensor(v, device=self.device)[None] for k, v in self.module.get_initial_state().items()}
+        self.state = {
+            k: torch.as_tensor(v, device=self.device)[None] for k, v in self.module.get_initial_state().items()
+        }
 
     def act(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         batch = policy_batch(self.filter, obs, self.state, self.device)
@@ -106,10 +123,15 @@ class GreedyPolicyController:
         return dist.to_deterministic().sample()
 
 
-def policy_batch(feature_filter: FeatureMeanStdFilter, obs: Mapping[str, np.ndarray], state: dict[str, torch.Tensor],
-                 device: torch.device | str = "cpu") -> dict[str, Any]:
+def policy_batch(
+    feature_filter: FeatureMeanStdFilter,
+    obs: Mapping[str, np.ndarray],
+    state: dict[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+) -> dict[str, Any]:
     """One observation as the module's batch of one step, its features normalised with the frozen training
     statistics, and the LSTM `state` carried in."""
+
     def tensor(x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.as_tensor(x, dtype=dtype, device=device)[None, None]
 
@@ -152,18 +174,29 @@ def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan
         return RandomController(cfg.slots, seed=EVAL_SEED_STRIDE + cfg.seed)
     if kind is ControllerKind.HEURISTIC:
         lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
-        return HeuristicController(cfg.slots, cfg.max_epochs, HeuristicConfig.for_lifecycle(lifecycle),
-                                   topology=topology_of(cfg.task, cfg.host_name))
+        return HeuristicController(
+            cfg.slots,
+            cfg.max_epochs,
+            HeuristicConfig.for_lifecycle(lifecycle),
+            topology=topology_of(cfg.task, cfg.host_name),
+        )
     if kind is ControllerKind.FIXED:
         if fixed is None:
             raise ValueError("controller='fixed' needs the seed it plants (fixed: {blueprint: ..., slot: ...})")
         lifecycle = EnvConfig.from_mapping(cfg.env_config(shard=0, num_shards=1)).lifecycle
         return FixedPlanController(cfg.slots, cfg.max_epochs, fixed, lifecycle.min_training_epochs)
-    raise ValueError(f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm")
+    raise ValueError(
+        f"controller={kind.value!r} is trained, not a baseline; evaluate it from its checkpoint or algorithm"
+    )
 
 
-def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_networks: str | None = None,
-                            networks: dict[int, NetworkFiles] | None = None) -> list[EpisodeSummary]:
+def evaluate_on_env_runners(
+    algo: Any,
+    cfg: TrainConfig,
+    episodes: int,
+    keep_networks: str | None = None,
+    networks: dict[int, NetworkFiles] | None = None,
+) -> list[EpisodeSummary]:
     """Evaluate the algorithm's current greedy policy on its own env runners (their devices, in parallel).
 
     Env runner k runs the episodes of its own shard with its own copy of the weights (synced after every
@@ -179,8 +212,11 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_net
         feature_filter = feature_filter_of(runner._env_to_module, f"env runner {runner.worker_index}")
         runner.module.eval()
         kept: dict[int, NetworkFiles] = {}
-        summaries = run_evaluation_episodes(mine, GreedyPolicyController(runner.module, feature_filter, runner._device),
-                                            on_episode_end=network_keeper(keep_networks, kept) if keep_networks else None)
+        summaries = run_evaluation_episodes(
+            mine,
+            GreedyPolicyController(runner.module, feature_filter, runner._device),
+            on_episode_end=network_keeper(keep_networks, kept) if keep_networks else None,
+        )
         return [(s, kept.get(s.episode)) for s in summaries]
 
     # The actor manager itself, not EnvRunnerGroup.foreach_env_runner: with fault tolerance on, the latter logs and
@@ -195,8 +231,10 @@ def evaluate_on_env_runners(algo: Any, cfg: TrainConfig, episodes: int, keep_net
     summaries = sorted((s for s, _ in returned), key=lambda s: s.episode)
     done = [s.episode for s in summaries]
     if done != list(range(episodes)):
-        raise RuntimeError(f"evaluation: episodes {sorted(set(range(episodes)) - set(done))} did not return "
-                           f"(an env runner failed); {len(done)} of {episodes} finished")
+        raise RuntimeError(
+            f"evaluation: episodes {sorted(set(range(episodes)) - set(done))} did not return "
+            f"(an env runner failed); {len(done)} of {episodes} finished"
+        )
     return summaries
 
 
@@ -209,14 +247,22 @@ def mean_line(summaries: Sequence[EpisodeSummary]) -> str:
     tested = [s.test_accuracy for s in summaries if s.test_accuracy is not None]
     test = f"test acc {100 * float(np.mean(tested)):.2f}%" if len(tested) == n and n else "test acc not measured"
     spread = f" (min {100 * min(tested):.2f}%, max {100 * max(tested):.2f}%)" if n > 1 and len(tested) == n else ""
-    return (f"mean over {n} episode{'s' if n != 1 else ''}: {test}{spread}, params kept "
-            f"{float(np.mean([s.params_added for s in summaries])):,.0f} (committed network "
-            f"{float(np.mean([s.total_params for s in summaries])):,.0f} params in all)")
+    return (
+        f"mean over {n} episode{'s' if n != 1 else ''}: {test}{spread}, params kept "
+        f"{float(np.mean([s.params_added for s in summaries])):,.0f} (committed network "
+        f"{float(np.mean([s.total_params for s in summaries])):,.0f} params in all)"
+    )
 
 
-def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env_overrides: Mapping[str, Any] | None = None,
-                   progress: bool = True, on_episode_end: EpisodeEnd | None = None,
-                   threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
+def run_evaluation(
+    checkpoint: Path,
+    episodes: int,
+    seed: int | None = None,
+    env_overrides: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    on_episode_end: EpisodeEnd | None = None,
+    threads: int = COMMAND_THREADS,
+) -> list[EpisodeSummary]:
     """`esper-ray eval`: the checkpoint's greedy policy on fresh episodes (env settings may be overridden), with
     `threads` torch threads (train/process/threads.py; the policy's forward passes too)."""
     use_threads(threads)
@@ -227,5 +273,12 @@ def run_evaluation(checkpoint: Path, episodes: int, seed: int | None = None, env
     env = MorphogeneticEnv(env_config)
     check_policy_fits(checkpoint, env)
     module, feature_filter = load_policy(checkpoint)
-    return run_episodes(env, GreedyPolicyController(module, feature_filter), episodes, progress, measure_test=True,
-                        on_episode_end=on_episode_end, label="eval")
+    return run_episodes(
+        env,
+        GreedyPolicyController(module, feature_filter),
+        episodes,
+        progress,
+        measure_test=True,
+        on_episode_end=on_episode_end,
+        label="eval",
+    )

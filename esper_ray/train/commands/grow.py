@@ -25,15 +25,23 @@ from esper_ray.env.precision import resolve_amp
 from esper_ray.morpho.grown import grown_from, kept_alpha
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE, describe, plugins_needed, save_grown_network
 from esper_ray.train.commands.episodes import EpisodeEnd, EpisodeHistory, EpisodeSummary
-from esper_ray.train.commands.grow_summary import CURVE_FILE, SUMMARY_FILE, no_seed_note, plot_accuracy, summary_markdown
+from esper_ray.train.commands.grow_summary import (
+    CURVE_FILE,
+    SUMMARY_FILE,
+    no_seed_note,
+    plot_accuracy,
+    summary_markdown,
+)
 from esper_ray.train.folders.run_lock import writable_folder
 
 
 def check_save_folder(path: str | Path, episodes: int) -> Path:
     """The folder `--save` will write, refused before any host trains if it cannot be written as asked."""
     if episodes != 1:
-        raise ValueError(f"--save keeps one host run's network and --episodes is {episodes}; give --episodes 1 "
-                         "(run again with another --seed to keep another network)")
+        raise ValueError(
+            f"--save keeps one host run's network and --episodes is {episodes}; give --episodes 1 "
+            "(run again with another --seed to keep another network)"
+        )
     folder = Path(path).expanduser().resolve()
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"--save {folder}: already exists and is not an empty folder; choose a new one")
@@ -44,23 +52,45 @@ def input_description(data: TaskData, example: Any) -> dict[str, Any]:
     """How to turn the task's raw samples into what the network's forward takes (TaskData.prepare)."""
     if data.tokens:
         vocab = data.num_classes
-        return {"kind": "tokens", "shape": list(example.shape), "dtype": "int64", "vocab": vocab,
-                "prepare": f"token ids [B, T] (0..{vocab - 1}) as they are; logits [B, T, {vocab}] predict the next "
-                           "token"}
+        return {
+            "kind": "tokens",
+            "shape": list(example.shape),
+            "dtype": "int64",
+            "vocab": vocab,
+            "prepare": f"token ids [B, T] (0..{vocab - 1}) as they are; logits [B, T, {vocab}] predict the next token",
+        }
     if not data.mean:  # a plug-in's own features: scaled only (TaskData.prepare)
-        return {"kind": "features", "shape": list(example.shape), "scale": data.scale,
-                "prepare": "x = raw / scale, for raw inputs [B, ...] stored as the task stores them; logits [B, classes]"}
-    return {"kind": "images", "shape": list(example.shape), "scale": data.scale, "mean": list(data.mean), "std": list(data.std),
-            "prepare": "x = (raw / scale - mean) / std per channel, for raw images [B, C, H, W] stored as the task "
-                       "stores them; logits [B, classes]"}
+        return {
+            "kind": "features",
+            "shape": list(example.shape),
+            "scale": data.scale,
+            "prepare": "x = raw / scale, for raw inputs [B, ...] stored as the task stores them; logits [B, classes]",
+        }
+    return {
+        "kind": "images",
+        "shape": list(example.shape),
+        "scale": data.scale,
+        "mean": list(data.mean),
+        "std": list(data.std),
+        "prepare": "x = (raw / scale - mean) / std per channel, for raw images [B, C, H, W] stored as the task "
+        "stores them; logits [B, classes]",
+    }
 
 
-def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary, history: EpisodeHistory, controller: str,
-                   checkpoint: str | None = None) -> None:
+def save_grown_run(
+    folder: Path,
+    env: MorphogeneticEnv,
+    summary: EpisodeSummary,
+    history: EpisodeHistory,
+    controller: str,
+    checkpoint: str | None = None,
+) -> None:
     """Write the env's final network and its description into `folder` (summary needs its test accuracy);
     `checkpoint`: the policy's checkpoint as files meant for sharing name it (RUN/checkpoints/round_N), if one grew it."""
     if env.model is None or summary.test_accuracy is None or summary.test_loss is None:
-        raise RuntimeError("save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)")
+        raise RuntimeError(
+            "save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)"
+        )
     network = grown_from(env.model, env.cfg.plugins)
     slots = {}
     for slot in env.model.seed_slots():
@@ -74,15 +104,26 @@ def save_grown_run(folder: Path, env: MorphogeneticEnv, summary: EpisodeSummary,
             "fossilized_epoch": events.fossilized_epoch if events else None,
         }
     run = {
-        "task": env.cfg.task, "host_preset": env.cfg.effective_host_preset, "controller": controller,
-        "seed": env.cfg.seed, "episode_seed": history.episode_seed, "max_epochs": env.cfg.max_epochs, "epochs": summary.steps,
-        "ended_by_rollback": summary.rolled_back, "device": str(env.device), "amp": resolve_amp(env.cfg.amp, env.device),
+        "task": env.cfg.task,
+        "host_preset": env.cfg.effective_host_preset,
+        "controller": controller,
+        "seed": env.cfg.seed,
+        "episode_seed": history.episode_seed,
+        "max_epochs": env.cfg.max_epochs,
+        "epochs": summary.steps,
+        "ended_by_rollback": summary.rolled_back,
+        "device": str(env.device),
+        "amp": resolve_amp(env.cfg.amp, env.device),
         "test_accuracy": summary.test_accuracy,
         "test_accuracy_with_probation": summary.test_accuracy_with_probation,
         "params_dropped_on_probation": summary.params_on_probation,
-        "test_loss": summary.test_loss if math.isfinite(summary.test_loss) else None,  # strict JSON: a diverged loss is null
-        "initial_val_accuracy": summary.initial_accuracy, "final_val_accuracy": summary.final_accuracy,
-        "val_accuracy_by_epoch": history.val_accuracy, "train_accuracy_by_epoch": history.train_accuracy,
+        "test_loss": summary.test_loss
+        if math.isfinite(summary.test_loss)
+        else None,  # strict JSON: a diverged loss is null
+        "initial_val_accuracy": summary.initial_accuracy,
+        "final_val_accuracy": summary.final_accuracy,
+        "val_accuracy_by_epoch": history.val_accuracy,
+        "train_accuracy_by_epoch": history.train_accuracy,
         "esper_ray_version": esper_ray.__version__,
     }
     if checkpoint is not None:

@@ -25,14 +25,20 @@ import torch
 from esper_ray.contracts import registry
 from esper_ray.contracts.fields import parse_env_overrides, shared_name
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.formatting import clock_stamp, time_left
 from esper_ray.morpho.hosts import build_host
-from esper_ray.train.folders.checkpoints import in_a_run, load_checkpoint_config, resolve_checkpoint, round_of, run_folder_of
 from esper_ray.train.commands.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
 from esper_ray.train.commands.evaluate import GreedyPolicyController, check_policy_fits, load_policy
 from esper_ray.train.commands.grow import check_save_folder, save_grown_run, saved_line
-from esper_ray.formatting import clock_stamp, time_left
-from esper_ray.train.output.progress_lines import warn_short_run
+from esper_ray.train.folders.checkpoints import (
+    in_a_run,
+    load_checkpoint_config,
+    resolve_checkpoint,
+    round_of,
+    run_folder_of,
+)
 from esper_ray.train.folders.run_lock import writable_folder
+from esper_ray.train.output.progress_lines import warn_short_run
 from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 TASK_BOUND_ENV_KEYS = ("batch_size", "host_lr", "augment", "val_batch_size", "data_dir", "text_max_bytes")
@@ -72,8 +78,15 @@ class SampledPolicyController(GreedyPolicyController):
             return dist.sample()
 
 
-def grow_env_config(base: Mapping[str, Any], checkpoint_slots: Sequence[str], host: str, task: str | None,
-                    plugins: Sequence[str], overrides: Mapping[str, Any], seed: int | None) -> dict[str, Any]:
+def grow_env_config(
+    base: Mapping[str, Any],
+    checkpoint_slots: Sequence[str],
+    host: str,
+    task: str | None,
+    plugins: Sequence[str],
+    overrides: Mapping[str, Any],
+    seed: int | None,
+) -> dict[str, Any]:
     """The env settings of the grow run: the checkpoint's (`base`), with the host, its task, its slots and the
     plugins put in, then `overrides` (--env) and `seed`. Names that are unknown raise ValueError listing the known.
 
@@ -86,8 +99,10 @@ def grow_env_config(base: Mapping[str, Any], checkpoint_slots: Sequence[str], ho
     if task is None:
         owners = [t for t in registry.task_names() if host in registry.task(t).hosts]
         if not owners:
-            raise ValueError(f"--host {host}: no registered task lists it as its own host; name the data it grows "
-                             f"on with --task (one of {registry.task_names()}, or a package.module:loader)")
+            raise ValueError(
+                f"--host {host}: no registered task lists it as its own host; name the data it grows "
+                f"on with --task (one of {registry.task_names()}, or a package.module:loader)"
+            )
         task = base["task"] if base["task"] in owners else owners[0]
     else:
         try:
@@ -142,9 +157,12 @@ class GrowProgress:
             return
         elapsed = time.monotonic() - self.start
         left = time_left(elapsed, epoch, self.max_epochs) if elapsed >= 1 else ""  # a run of a second needs no estimate
-        print(f"{clock_stamp(elapsed)} grow: epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%, "
-              f"seeds planted {int(info['count/germinated'])}, committed {int(info['count/fossilized'])}, "
-              f"pruned {int(info['count/pruned'])}" + (f"; {left}" if left else ""), flush=True)
+        print(
+            f"{clock_stamp(elapsed)} grow: epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%, "
+            f"seeds planted {int(info['count/germinated'])}, committed {int(info['count/fossilized'])}, "
+            f"pruned {int(info['count/pruned'])}" + (f"; {left}" if left else ""),
+            flush=True,
+        )
 
 
 def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
@@ -154,8 +172,15 @@ def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
     checkpoint = resolve_checkpoint(request.checkpoint)
     cfg = load_checkpoint_config(checkpoint)
     plugins = list(dict.fromkeys([*cfg.plugins, *request.plugins]))  # the checkpoint's own, then the user's
-    env_config = grow_env_config(cfg.env_config(shard=0, num_shards=1), cfg.slots, request.host, request.task, plugins,
-                                 parse_env_overrides(list(request.env)), request.seed)
+    env_config = grow_env_config(
+        cfg.env_config(shard=0, num_shards=1),
+        cfg.slots,
+        request.host,
+        request.task,
+        plugins,
+        parse_env_overrides(list(request.env)),
+        request.seed,
+    )
     created = request.save is None or not Path(request.save).expanduser().exists()
     folder = check_save_folder(request.save, 1) if request.save is not None else None  # before the env loads any data
     try:
@@ -164,18 +189,24 @@ def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
         module, feature_filter = load_policy(checkpoint)
         if folder is None:
             folder = default_save_folder(checkpoint, request.host, env.cfg.seed)
-        controller = (SampledPolicyController(module, feature_filter, seed=env.cfg.seed) if request.sample
-                      else GreedyPolicyController(module, feature_filter))
+        controller = (
+            SampledPolicyController(module, feature_filter, seed=env.cfg.seed)
+            if request.sample
+            else GreedyPolicyController(module, feature_filter)
+        )
         how = "sampled" if request.sample else "greedy"
         name = shared_name(checkpoint)
-        print(f"esper-ray grow: {how} policy of checkpoint {checkpoint} (round {round_of(checkpoint)}) grows host "
-              f"{env.cfg.effective_host_preset} ({env.topology.value}; slots {', '.join(env.slot_ids)}) on task "
-              f"{env.cfg.task}, {env.cfg.max_epochs} epochs, env seed {env.cfg.seed}; the network goes to {folder}",
-              flush=True)
+        print(
+            f"esper-ray grow: {how} policy of checkpoint {checkpoint} (round {round_of(checkpoint)}) grows host "
+            f"{env.cfg.effective_host_preset} ({env.topology.value}; slots {', '.join(env.slot_ids)}) on task "
+            f"{env.cfg.task}, {env.cfg.max_epochs} epochs, env seed {env.cfg.seed}; the network goes to {folder}",
+            flush=True,
+        )
         warn_short_run("grow", env.base_cfg.short_run_warning())
         history = EpisodeHistory()
-        summary = run_episode(env, controller, 0, GrowProgress(env.cfg.max_epochs).epoch, measure_test=True,
-                              history=history)
+        summary = run_episode(
+            env, controller, 0, GrowProgress(env.cfg.max_epochs).epoch, measure_test=True, history=history
+        )
         save_grown_run(folder, env, summary, history, f"the {how} PPO policy of checkpoint {name}", name)
     except BaseException:  # refused or stopped before anything was kept: leave no empty folder of ours behind
         if created and folder is not None and folder.is_dir() and not any(folder.iterdir()):

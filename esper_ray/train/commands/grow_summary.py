@@ -19,7 +19,9 @@ from esper_ray.morpho.grown_artifact import plugins_needed  # noqa: E402
 
 SUMMARY_FILE = "summary.md"
 CURVE_FILE = "accuracy.png"
-EPOCH_NOTE = "Epoch t is the step whose decision came just before host epoch t trained (epoch 0: the host before training)."
+EPOCH_NOTE = (
+    "Epoch t is the step whose decision came just before host epoch t trained (epoch 0: the host before training)."
+)
 
 
 def _pct(x: float) -> str:
@@ -38,9 +40,13 @@ def architecture_rows(architecture: Mapping[str, Any]) -> list[str]:
     for slot, info in architecture["slots"].items():
         seed = seeds.get(slot)
         blend, alpha, params = (seed["blend"], f"{seed['alpha']:.4g}", f"{seed['params']:,}") if seed else ("", "", "")
-        germinated, fossilized = (info[k] if info[k] is not None else "" for k in ("germinated_epoch", "fossilized_epoch"))
-        rows.append(f"| {slot} | {info['blueprint'] or '-'} | {info['stage']} | {'yes' if seed else 'no'} | {blend} | {alpha} | "
-                    f"{params} | {germinated} | {fossilized} |")
+        germinated, fossilized = (
+            info[k] if info[k] is not None else "" for k in ("germinated_epoch", "fossilized_epoch")
+        )
+        rows.append(
+            f"| {slot} | {info['blueprint'] or '-'} | {info['stage']} | {'yes' if seed else 'no'} | {blend} | {alpha} | "
+            f"{params} | {germinated} | {fossilized} |"
+        )
     return rows
 
 
@@ -58,12 +64,16 @@ def prepare_lines(architecture: Mapping[str, Any]) -> list[str]:
         ]
     if spec["kind"] == "features":
         what = "float features" if architecture.get("topology") == "vector" else "inputs"
-        return [f"x = raw.float() / {spec['scale']}  # raw: [B, {shape}] {what} as the task stores them",
-                "logits = net(x)  # [B, classes]"]
+        return [
+            f"x = raw.float() / {spec['scale']}  # raw: [B, {shape}] {what} as the task stores them",
+            "logits = net(x)  # [B, classes]",
+        ]
     if spec["kind"] == "tokens":
         vocab = spec.get("vocab", 256)  # absent in files written before it was recorded: the byte vocabulary
-        return [f"logits = net(tokens)  # tokens: [B, T] int64 token ids (0..{vocab - 1}), T <= {spec['shape'][0]}; "
-                f"logits [B, T, {vocab}] predict the next token"]
+        return [
+            f"logits = net(tokens)  # tokens: [B, T] int64 token ids (0..{vocab - 1}), T <= {spec['shape'][0]}; "
+            f"logits [B, T, {vocab}] predict the next token"
+        ]
     return [f"# {spec['prepare']}"]  # a kind this code does not know: the file's own words
 
 
@@ -76,8 +86,8 @@ def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
         "",
         # the folder's name, never its absolute path: the folder is meant to be shared, and moves
         f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)"
-        if not plugins else
-        f"net = esper_ray.load_grown({folder.name!r}, plugins={plugins!r})  # this folder, its parts from these plug-ins "
+        if not plugins
+        else f"net = esper_ray.load_grown({folder.name!r}, plugins={plugins!r})  # this folder, its parts from these plug-ins "
         "(code: pass only those you trust); a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
         *prepare_lines(architecture),
         "```",
@@ -96,8 +106,10 @@ def _probation_line(run: Mapping[str, Any]) -> list[str]:
     dropped = run.get("params_dropped_on_probation")  # absent in files written before the committed model
     if not dropped:
         return []
-    return [f"Seeds still on probation when the run ended ({dropped:,} parameters) were dropped; with them in, the test "
-            f"accuracy was {_pct(run['test_accuracy_with_probation'])}."]
+    return [
+        f"Seeds still on probation when the run ended ({dropped:,} parameters) were dropped; with them in, the test "
+        f"accuracy was {_pct(run['test_accuracy_with_probation'])}."
+    ]
 
 
 def summary_markdown(folder: Path, architecture: Mapping[str, Any]) -> str:
@@ -148,15 +160,23 @@ def plot_accuracy(path: Path, architecture: Mapping[str, Any]) -> None:
     if train_points:
         ax.plot(*zip(*train_points), color="tab:orange", linewidth=1.2, alpha=0.8, label="training (epoch mean)")
     last = len(val) - 1
-    ax.scatter([last], [run["test_accuracy"]], marker="*", s=160, color="tab:red", zorder=4,
-               label=f"held-out test {_pct(run['test_accuracy'])}")
+    ax.scatter(
+        [last],
+        [run["test_accuracy"]],
+        marker="*",
+        s=160,
+        color="tab:red",
+        zorder=4,
+        label=f"held-out test {_pct(run['test_accuracy'])}",
+    )
     palette = plt.get_cmap("tab10")
     for i, (slot, info) in enumerate(architecture["slots"].items()):
         color = palette((i + 4) % 10)  # past the curves' colours
         for key, style, word in (("germinated_epoch", ":", "germinated"), ("fossilized_epoch", "-", "fossilized")):
             if info[key] is not None:
-                ax.axvline(info[key], color=color, linestyle=style, linewidth=1.2,
-                           label=f"{slot} {info['blueprint']} {word}")
+                ax.axvline(
+                    info[key], color=color, linestyle=style, linewidth=1.2, label=f"{slot} {info['blueprint']} {word}"
+                )
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)

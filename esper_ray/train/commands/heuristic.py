@@ -13,13 +13,21 @@ from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 CONTROLLER_NAME = "the heuristic controller (`esper-ray heuristic`)"
 
 
-def run_heuristic(env_config: Mapping[str, Any], episodes: int, progress: bool = True, *, measure_test: bool = False,
-                  on_episode_end: EpisodeEnd | None = None, threads: int = COMMAND_THREADS) -> list[EpisodeSummary]:
+def run_heuristic(
+    env_config: Mapping[str, Any],
+    episodes: int,
+    progress: bool = True,
+    *,
+    measure_test: bool = False,
+    on_episode_end: EpisodeEnd | None = None,
+    threads: int = COMMAND_THREADS,
+) -> list[EpisodeSummary]:
     use_threads(threads)
     env = MorphogeneticEnv(env_config)
     controller = PerMemberHeuristic(env)
-    return run_episodes(env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end,
-                        label="heuristic")
+    return run_episodes(
+        env, controller, episodes, progress, measure_test=measure_test, on_episode_end=on_episode_end, label="heuristic"
+    )
 
 
 class PerMemberHeuristic:
@@ -34,8 +42,10 @@ class PerMemberHeuristic:
     def reset(self) -> None:
         key = (tuple(self.env.slot_ids), self.env.cfg.max_epochs, self.env.topology.value, self.env.cfg.lifecycle)
         if key != self._key:
-            self._key, self.inner = key, HeuristicController(list(key[0]), key[1], HeuristicConfig.for_lifecycle(key[3]),
-                                                             topology=key[2])
+            self._key, self.inner = (
+                key,
+                HeuristicController(list(key[0]), key[1], HeuristicConfig.for_lifecycle(key[3]), topology=key[2]),
+            )
         self.inner.reset()
 
     def act(self, obs: Any) -> Any:

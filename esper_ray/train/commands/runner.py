@@ -24,22 +24,28 @@ import ray
 from tensorboardX import SummaryWriter
 
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.rllib.algorithm_host import AlgorithmHandle
-from esper_ray.train.folders.checkpoints import (checkpoint_dir, holds_a_run, latest_round, partial_checkpoint_dir, record_checkpoint,
-                                         run_folder_of)
+from esper_ray.formatting import counted, time_left
+from esper_ray.train.folders.checkpoints import (
+    checkpoint_dir,
+    holds_a_run,
+    latest_round,
+    partial_checkpoint_dir,
+    record_checkpoint,
+    run_folder_of,
+)
 from esper_ray.train.folders.manifest import write_atomically
+from esper_ray.train.folders.run_lock import run_folder_lock
+from esper_ray.train.output.progress import RoundBar, start_step_counter
+from esper_ray.train.output.round_summary import RoundSummary, planted_most, progress_line, summarize_round
+from esper_ray.train.output.tensorboard_log import log_config, log_round
+from esper_ray.train.output.viewer_hints import tensorboard_command
 from esper_ray.train.process.mps import mps_daemons, mps_environment, new_run_id
 from esper_ray.train.process.preflight import check_env_config
-from esper_ray.train.output.progress import RoundBar, start_step_counter
-from esper_ray.formatting import counted, time_left
 from esper_ray.train.process.resources import check_fits, connect_ray
-from esper_ray.train.folders.run_lock import run_folder_lock
-from esper_ray.train.output.round_summary import RoundSummary, planted_most, progress_line, summarize_round
-from esper_ray.train.rllib.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
-from esper_ray.train.output.tensorboard_log import log_config, log_round
 from esper_ray.train.process.termination import received as sigterm_received
 from esper_ray.train.process.termination import sigterm_raises_terminated
-from esper_ray.train.output.viewer_hints import tensorboard_command
+from esper_ray.train.rllib.algorithm_host import AlgorithmHandle
+from esper_ray.train.rllib.step_failures import FAILURES_LOG, append_tracebacks, round_failures, traceback_report
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,10 @@ def run_training(
         stack.enter_context(run_folder_lock(output))
         in_place = resume is not None and run_folder_of(resume).resolve() == output
         if holds_a_run(output) and not in_place:
-            raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue "
-                                  "it, or choose another --output")
+            raise FileExistsError(
+                f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue "
+                "it, or choose another --output"
+            )
         connect_ray(cfg.address, log, env_vars=mps_env)
         stack.enter_context(sigterm_raises_terminated())  # after ray.init: it replaces the core worker's handler
         check_fits(cfg, local=cfg.address is None, log=log)
@@ -95,12 +103,23 @@ def run_training(
     checkpoint = None
     if latest_round(output) is not None:
         checkpoint = checkpoint_dir(output, latest_round(output))  # type: ignore[arg-type]
-    return TrainingOutcome(summaries, checkpoint, output, interrupted, time.perf_counter() - start,
-                           terminated=interrupted and sigterm_received())
+    return TrainingOutcome(
+        summaries,
+        checkpoint,
+        output,
+        interrupted,
+        time.perf_counter() - start,
+        terminated=interrupted and sigterm_received(),
+    )
 
 
-def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Callable[[str], None],
-                  on_result: Callable[[dict], None] | None) -> tuple[list[RoundSummary], bool]:
+def _train_rounds(
+    cfg: TrainConfig,
+    output: Path,
+    resume: Path | None,
+    log: Callable[[str], None],
+    on_result: Callable[[dict], None] | None,
+) -> tuple[list[RoundSummary], bool]:
     """The rounds, and whether Ctrl-C or SIGTERM stopped them early."""
     (output / "checkpoints").mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
@@ -125,7 +144,10 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
     # resumed from the folder's newest. Not latest.json's round alone: resumed in place from an earlier
     # checkpoint, latest.json names a later round of the old run, which the new run's rounds must replace.
     saved = algo.iteration() if latest_round(output) == algo.iteration() else None
-    first_round, started = algo.iteration(), time.perf_counter()  # the estimate of the time left counts this run's rounds
+    first_round, started = (
+        algo.iteration(),
+        time.perf_counter(),
+    )  # the estimate of the time left counts this run's rounds
     try:
         with (output / "metrics.jsonl").open("a") as metrics_file:
             while algo.iteration() < cfg.rounds:
@@ -141,7 +163,9 @@ def _train_rounds(cfg: TrainConfig, output: Path, resume: Path | None, log: Call
                 failures = round_failures(result)
                 if failures:  # the round line names the errors; their tracebacks go to the log file and TensorBoard
                     failures_log = append_tracebacks(output, summary.round, failures)
-                    report = textwrap.indent(traceback_report(summary.round, failures), "    ")  # Markdown: preformatted
+                    report = textwrap.indent(
+                        traceback_report(summary.round, failures), "    "
+                    )  # Markdown: preformatted
                     writer.add_text("env_step_failures", report, summary.round)
                 # printed once recorded: a Ctrl-C at the sight of a round's line loses none of that round
                 left = time_left(time.perf_counter() - started, summary.round - first_round, cfg.rounds - first_round)
@@ -191,32 +215,49 @@ last round side by side read as progress where there is none (issue 74)."""
 
 def accuracy_by_block(rounds: list[RoundSummary]) -> str:
     """The rollouts' final host accuracy as means of blocks of BLOCK_ROUNDS rounds."""
-    blocks = [rounds[i:i + BLOCK_ROUNDS] for i in range(0, len(rounds), BLOCK_ROUNDS)]
-    means = ", ".join(f"rounds {b[0].round}-{b[-1].round} {100 * sum(r.final_accuracy for r in b) / len(b):.1f}%"
-                      for b in blocks)
+    blocks = [rounds[i : i + BLOCK_ROUNDS] for i in range(0, len(rounds), BLOCK_ROUNDS)]
+    means = ", ".join(
+        f"rounds {b[0].round}-{b[-1].round} {100 * sum(r.final_accuracy for r in b) / len(b):.1f}%" for b in blocks
+    )
     return f"final host accuracy, mean of each block of {BLOCK_ROUNDS} rounds (one round's swings by 10-20 points): {means}"
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:
-    verb = "terminated (SIGTERM) after" if outcome.terminated else "interrupted after" if outcome.interrupted else "finished"
+    verb = (
+        "terminated (SIGTERM) after"
+        if outcome.terminated
+        else "interrupted after"
+        if outcome.interrupted
+        else "finished"
+    )
     lines = [f"{verb} {counted(len(outcome.rounds), 'round')} in {outcome.seconds:.0f}s"]
     if outcome.rounds:
         first, last = outcome.rounds[0], outcome.rounds[-1]
         steps = sum(r.env_steps for r in outcome.rounds)
         busy = sum(r.seconds for r in outcome.rounds)
-        lines.append(f"  {accuracy_by_block(outcome.rounds)}; episode return {first.episode_return:.2f} -> "
-                     f"{last.episode_return:.2f}")
+        lines.append(
+            f"  {accuracy_by_block(outcome.rounds)}; episode return {first.episode_return:.2f} -> "
+            f"{last.episode_return:.2f}"
+        )
         lines.append(f"  {steps} env steps, {steps / busy:.1f} steps/s, {busy / len(outcome.rounds):.1f}s per round")
         top = planted_most(last)
         if top is not None:
-            lines.append(f"  last round: planted {top[0]} most ({100 * top[1]:.0f} % of germinations), "
-                         f"{last.fossilized:.1f} seeds kept an episode")
+            lines.append(
+                f"  last round: planted {top[0]} most ({100 * top[1]:.0f} % of germinations), "
+                f"{last.fossilized:.1f} seeds kept an episode"
+            )
         failed = sum(r.failed_env_steps for r in outcome.rounds)
         if failed:
-            lines.append(f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}")
+            lines.append(
+                f"  FAILED env steps: {failed}, each losing its episode; tracebacks in {outcome.output / FAILURES_LOG}"
+            )
     if outcome.checkpoint is not None:
-        lines.append(f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)")
+        lines.append(
+            f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)"
+        )
     else:
         lines.append("  no round finished: nothing was saved")
-    lines.append(f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}")
+    lines.append(
+        f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}"
+    )
     return "\n".join(lines)

@@ -77,17 +77,22 @@ def check_complete(checkpoint: Path) -> None:
         return
     fallback = _fallback(checkpoint.parent, _round_number(checkpoint))
     if damage.startswith(MANIFEST_FILE + ": missing"):
-        raise ValueError(f"checkpoint {checkpoint} cannot be checked: {damage} (checkpoints saved before manifests existed "
-                         "have none; if you trust where it came from, write one with python -m esper_ray.train.folders.manifest "
-                         f"FOLDER); {fallback}")
+        raise ValueError(
+            f"checkpoint {checkpoint} cannot be checked: {damage} (checkpoints saved before manifests existed "
+            "have none; if you trust where it came from, write one with python -m esper_ray.train.folders.manifest "
+            f"FOLDER); {fallback}"
+        )
     raise ValueError(f"checkpoint {checkpoint} is damaged: {damage}; {fallback}")
 
 
 def _fallback(checkpoints: Path, before: int | None) -> str:
     """Where to resume from instead: the newest complete checkpoint in `checkpoints` before round `before`."""
     rounds = {p: _round_number(p) for p in checkpoints.iterdir() if p.is_dir()} if checkpoints.is_dir() else {}
-    earlier = sorted((p for p, r in rounds.items() if r is not None and (before is None or r < before)),
-                     key=lambda p: rounds[p], reverse=True)
+    earlier = sorted(
+        (p for p, r in rounds.items() if r is not None and (before is None or r < before)),
+        key=lambda p: rounds[p],
+        reverse=True,
+    )
     complete = next((p for p in earlier if damage_of(p) is None), None)
     if complete is None:
         return f"no earlier complete checkpoint is in {checkpoints}"
@@ -103,19 +108,29 @@ def read_latest(output: Path) -> tuple[int, Path] | None:
     try:
         raw = json.loads(latest.read_text())
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise ValueError(f"{latest}: not valid JSON ({type(err).__name__}: {err}); "
-                         f"{_fallback(latest.parent, None)}") from None
-    if (not isinstance(raw, dict) or isinstance(raw.get("round"), bool) or not isinstance(raw.get("round"), int)
-            or not isinstance(raw.get("path"), str) or not raw["path"]):
-        raise ValueError(f"{latest}: expected {{\"round\": N, \"path\": \"round_NNNNN\"}}, found {str(raw)[:200]}; "
-                         f"{_fallback(latest.parent, None)}")
+        raise ValueError(
+            f"{latest}: not valid JSON ({type(err).__name__}: {err}); {_fallback(latest.parent, None)}"
+        ) from None
+    if (
+        not isinstance(raw, dict)
+        or isinstance(raw.get("round"), bool)
+        or not isinstance(raw.get("round"), int)
+        or not isinstance(raw.get("path"), str)
+        or not raw["path"]
+    ):
+        raise ValueError(
+            f"{latest}: expected {{\"round\": N, \"path\": \"round_NNNNN\"}}, found {str(raw)[:200]}; "
+            f"{_fallback(latest.parent, None)}"
+        )
     stored = Path(raw["path"])
     checkpoint = stored if stored.is_absolute() else latest.parent / stored  # absolute: older runs
     # A resume writes into the folder its checkpoint lies in: latest.json may name only one of its own run's
     # checkpoints, never one through `..`, a link or an absolute path elsewhere (it would continue that run).
     if checkpoint.resolve().parent != latest.parent.resolve():
-        raise ValueError(f"{latest}: path={raw['path']!r} lies outside {latest.parent}; it may name only a checkpoint "
-                         f"of this run (round_NNNNN); {_fallback(latest.parent, None)}")
+        raise ValueError(
+            f"{latest}: path={raw['path']!r} lies outside {latest.parent}; it may name only a checkpoint "
+            f"of this run (round_NNNNN); {_fallback(latest.parent, None)}"
+        )
     return raw["round"], checkpoint
 
 
@@ -138,8 +153,10 @@ def _find_checkpoint(path: Path) -> Path:
     if latest is not None:
         round_, checkpoint = latest
         if not (checkpoint / TRAIN_CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{path / 'checkpoints' / LATEST_FILE} names round {round_} at {checkpoint}, which holds no "
-                                    f"{TRAIN_CONFIG_FILE} (an incomplete copy?); {_fallback(checkpoint.parent, round_)}")
+            raise FileNotFoundError(
+                f"{path / 'checkpoints' / LATEST_FILE} names round {round_} at {checkpoint}, which holds no "
+                f"{TRAIN_CONFIG_FILE} (an incomplete copy?); {_fallback(checkpoint.parent, round_)}"
+            )
         return checkpoint
     raise FileNotFoundError(
         f"no esper-ray checkpoint at {path}: expected {TRAIN_CONFIG_FILE} in it (a checkpoint folder) or "
@@ -149,7 +166,7 @@ def _find_checkpoint(path: Path) -> Path:
 
 def _round_number(folder: Path) -> int | None:
     """N of a folder named round_NNNNN; None for any other name (a .partial folder, say)."""
-    digits = folder.name[len("round_"):]
+    digits = folder.name[len("round_") :]
     return int(digits) if folder.name.startswith("round_") and digits.isdigit() else None
 
 
@@ -163,8 +180,10 @@ def round_of(checkpoint: Path) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             number = None
     if not isinstance(number, int) or isinstance(number, bool):
-        raise ValueError(f"{checkpoint}: not an esper-ray checkpoint folder (expected a name like round_00010, or a "
-                         f"{TRIAL_ROUND_FILE} holding {{\"round\": N}})")
+        raise ValueError(
+            f"{checkpoint}: not an esper-ray checkpoint folder (expected a name like round_00010, or a "
+            f"{TRIAL_ROUND_FILE} holding {{\"round\": N}})"
+        )
     return number
 
 
@@ -199,7 +218,8 @@ def holds_a_run(folder: Path) -> bool:
     nothing to resume, so a new run may take the folder (its lock says whether that run still lives)."""
     checkpoints = folder / "checkpoints"
     return (checkpoints / LATEST_FILE).exists() or (
-        checkpoints.is_dir() and any(_round_number(p) is not None for p in checkpoints.iterdir()))
+        checkpoints.is_dir() and any(_round_number(p) is not None for p in checkpoints.iterdir())
+    )
 
 
 def left_without_checkpoint(folder: Path) -> bool:
@@ -221,7 +241,9 @@ def fresh_run_folder(output: Path, numbered: bool) -> Path:
     if not holds_a_run(output) and not (numbered and is_locked(output)):
         return output
     if not numbered:
-        raise FileExistsError(f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output")
+        raise FileExistsError(
+            f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output"
+        )
     n = 2
     while holds_a_run(output.with_name(f"{output.name}-{n}")) or is_locked(output.with_name(f"{output.name}-{n}")):
         n += 1

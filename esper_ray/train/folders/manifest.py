@@ -44,8 +44,10 @@ def _files(folder: Path, manifest: Path) -> list[Path]:
 def write_manifest(folder: Path, manifest: Path | None = None) -> None:
     """Record the size and SHA-256 of every file below `folder` in `manifest` (default: folder/files.json)."""
     manifest = manifest or folder / MANIFEST_FILE
-    files = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
-             for p in _files(folder, manifest)}
+    files = {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
+        for p in _files(folder, manifest)
+    }
     write_atomically(manifest, json.dumps({"files": files}, indent=1))
 
 
@@ -79,6 +81,8 @@ if __name__ == "__main__":  # write the manifest of a folder you trust (a checkp
     import sys
 
     if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
-        sys.exit("usage: python -m esper_ray.train.folders.manifest FOLDER  (records the size and SHA-256 of every file in FOLDER)")
+        sys.exit(
+            "usage: python -m esper_ray.train.folders.manifest FOLDER  (records the size and SHA-256 of every file in FOLDER)"
+        )
     write_manifest(Path(sys.argv[1]))
     print(f"wrote {Path(sys.argv[1]) / MANIFEST_FILE}")

@@ -32,9 +32,11 @@ def writable_folder(folder: Path, flag: str) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"{flag} {folder}: cannot be written ({err.strerror or type(err).__name__}"
-                         f"{f': {err.filename}' if err.filename and str(err.filename) != str(folder) else ''}); "
-                         "give a folder you can write") from None
+        raise ValueError(
+            f"{flag} {folder}: cannot be written ({err.strerror or type(err).__name__}"
+            f"{f': {err.filename}' if err.filename and str(err.filename) != str(folder) else ''}); "
+            "give a folder you can write"
+        ) from None
     return folder
 
 
@@ -44,11 +46,18 @@ def check_can_write(folder: Path, flag: str) -> None:
     existing = folder.expanduser().absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    why = ("Not a directory" if not existing.is_dir()
-           else None if os.access(existing, os.W_OK | os.X_OK) else "Permission denied")
+    why = (
+        "Not a directory"
+        if not existing.is_dir()
+        else None
+        if os.access(existing, os.W_OK | os.X_OK)
+        else "Permission denied"
+    )
     if why is not None:
-        raise ValueError(f"{flag} {folder}: cannot be written ({why}{f': {existing}' if existing != folder else ''}); "
-                         "give a folder you can write")
+        raise ValueError(
+            f"{flag} {folder}: cannot be written ({why}{f': {existing}' if existing != folder else ''}); "
+            "give a folder you can write"
+        )
 
 
 @contextlib.contextmanager
@@ -65,8 +74,10 @@ def run_folder_lock(folder: Path, flag: str = "--output") -> Iterator[Path]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise RunFolderBusy(f"{folder} is in use: process {holder} is writing a run there (it holds {path}); "
-                                f"wait for it to end, or give another {flag}") from None
+            raise RunFolderBusy(
+                f"{folder} is in use: process {holder} is writing a run there (it holds {path}); "
+                f"wait for it to end, or give another {flag}"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         wrote = True

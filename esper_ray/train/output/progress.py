@@ -79,8 +79,13 @@ class RoundBar:
 
     def __init__(self, counter: Any, round_: int, rounds: int, steps: int) -> None:
         self.counter, self.steps = counter, steps
-        self.bar = tqdm(total=steps, desc=f"round {round_}/{rounds}", unit="step", leave=False,
-                        disable=True if counter is None else None)
+        self.bar = tqdm(
+            total=steps,
+            desc=f"round {round_}/{rounds}",
+            unit="step",
+            leave=False,
+            disable=True if counter is None else None,
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 

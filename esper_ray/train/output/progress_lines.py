@@ -31,8 +31,16 @@ class EpisodeProgress:
     """Lines for `episodes` episodes of up to `max_epochs` epochs each: call `epoch` after every env step and
     `episode_end` after every episode. `label` begins each line (the command's name)."""
 
-    def __init__(self, label: str, episodes: int, max_epochs: int, *, out: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        episodes: int,
+        max_epochs: int,
+        *,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        threads: int | None = None,
+    ) -> None:
         """`threads`: torch's threads in this process, said once in the first line (train/process/threads.py)."""
         self.label, self.episodes, self.max_epochs = label, episodes, max_epochs
         self.out, self.clock = out, clock
@@ -59,16 +67,21 @@ class EpisodeProgress:
         if epoch >= self.max_epochs or self.clock() - self.last_line < EPOCH_LINE_SECONDS:
             return  # a fast epoch has no line, and the last one has its episode's
         done = self.episodes_done * self.max_epochs + epoch
-        self._line(f"{self._episode()}, epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%"
-                   + self._left(done))
+        self._line(
+            f"{self._episode()}, epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%"
+            + self._left(done)
+        )
 
-    def episode_end(self, final_accuracy: float, params_added: int, seconds: float,
-                    test_accuracy: float | None = None) -> None:
+    def episode_end(
+        self, final_accuracy: float, params_added: int, seconds: float, test_accuracy: float | None = None
+    ) -> None:
         """After an episode: its committed model's validation accuracy (and test accuracy, where measured), the
         parameters it kept and its seconds."""
         test = f", test acc {100 * test_accuracy:.1f}%" if test_accuracy is not None else ""
-        text = (f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%{test}, "
-                f"params kept {params_added:,}")
+        text = (
+            f"{self._episode()} done in {duration(seconds)}: final acc {100 * final_accuracy:.1f}%{test}, "
+            f"params kept {params_added:,}"
+        )
         self.episodes_done += 1
         self._line(text + self._left(self.episodes_done * self.max_epochs))
 

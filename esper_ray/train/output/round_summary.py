@@ -88,10 +88,16 @@ def summarize_round(result: dict[str, Any]) -> RoundSummary:
         env_step_errors=failures_text(round_failures(result)),
         steps_per_second=steps / seconds if seconds > 0 else math.nan,
         seconds=seconds,
-        by_blueprint={key.removeprefix(m.BLUEPRINT_COUNT_PREFIX): float(value) for key, value in sorted(runners.items())
-                      if key.startswith(m.BLUEPRINT_COUNT_PREFIX)},
-        by_member={key.removeprefix(m.FAMILY_PREFIX): float(value) for key, value in sorted(runners.items())
-                   if key.startswith(m.FAMILY_PREFIX) and math.isfinite(float(value))},
+        by_blueprint={
+            key.removeprefix(m.BLUEPRINT_COUNT_PREFIX): float(value)
+            for key, value in sorted(runners.items())
+            if key.startswith(m.BLUEPRINT_COUNT_PREFIX)
+        },
+        by_member={
+            key.removeprefix(m.FAMILY_PREFIX): float(value)
+            for key, value in sorted(runners.items())
+            if key.startswith(m.FAMILY_PREFIX) and math.isfinite(float(value))
+        },
     )
 
 

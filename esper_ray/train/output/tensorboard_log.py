@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from esper_ray.contracts import metrics as m
 from esper_ray.contracts.train_config import TrainConfig
-from esper_ray.train.rllib.learner import APPROX_KL_KEY, ENTROPY_PREFIX, EXPLAINED_VARIANCE_KEY, REWARD_STD_KEY
 from esper_ray.train.output.round_summary import flatten_numbers
+from esper_ray.train.rllib.learner import APPROX_KL_KEY, ENTROPY_PREFIX, EXPLAINED_VARIANCE_KEY, REWARD_STD_KEY
 
 DETAIL_GROUP = "z_rllib"
 CONFIG_TAG = "config"
@@ -71,8 +71,8 @@ NAMED: dict[str, str] = {
 }
 """Result path -> tag, for the figures with fixed names."""
 NAMED_PREFIXES: dict[str, tuple[str, str]] = {
-    _LEARNER + ENTROPY_PREFIX: ("ppo_entropy/", ""),                # one per action head
-    _RUNNERS + m.OP_COUNT_PREFIX: ("seeds/op_", "_per_episode"),     # decisions per episode, by op
+    _LEARNER + ENTROPY_PREFIX: ("ppo_entropy/", ""),  # one per action head
+    _RUNNERS + m.OP_COUNT_PREFIX: ("seeds/op_", "_per_episode"),  # decisions per episode, by op
     _RUNNERS + m.BLUEPRINT_COUNT_PREFIX + "germinated_": ("seeds_planted/", "_per_episode"),  # by blueprint
     _RUNNERS + m.BLUEPRINT_COUNT_PREFIX + "fossilized_": ("seeds_kept/", "_per_episode"),
     _RUNNERS + m.PHASE_TIME_PREFIX: ("speed/seconds_per_episode_", ""),  # by phase of the env step
@@ -110,7 +110,7 @@ def _tag_of(path: str) -> str:
         return NAMED[path]
     for prefix, (before, after) in NAMED_PREFIXES.items():
         if path.startswith(prefix):
-            return before + path[len(prefix):] + after
+            return before + path[len(prefix) :] + after
     return f"{DETAIL_GROUP}/{path}"
 
 

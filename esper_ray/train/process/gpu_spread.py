@@ -99,7 +99,11 @@ def single_visible_gpu() -> str | None:
 def spread_gpu() -> str | None:
     """In a Ray worker holding one fractional GPU: point CUDA_VISIBLE_DEVICES at the node's least-loaded GPU and
     return its id; None where Ray's pick stands (no GPU, whole GPUs, CUDA already started, one GPU on the node)."""
-    if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE or torch.cuda.is_initialized():
+    if (
+        not ray.is_initialized()
+        or ray.get_runtime_context().worker.mode != ray.WORKER_MODE
+        or torch.cuda.is_initialized()
+    ):
         return None  # outside Ray, in the driver (its local env runner), or too late
     assigned = [str(gpu) for gpu in ray.get_gpu_ids()]
     share = float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))

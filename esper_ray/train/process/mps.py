@@ -60,8 +60,10 @@ def _on_every_gpu_node(env: dict[str, str], start: bool) -> list[str]:
     nodes = gpu_nodes()
     if start and not nodes:
         raise ValueError("mps: no node of this Ray cluster has a GPU; MPS shares GPUs between env processes")
-    calls = [_control_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(env, start)
-             for node in nodes]
+    calls = [
+        _control_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(env, start)
+        for node in nodes
+    ]
     return ray.get(calls)
 
 

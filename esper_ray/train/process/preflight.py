@@ -20,8 +20,10 @@ def check_env_config(cfg: TrainConfig, log: Callable[[str], None] = print) -> No
     env_config = cfg.env_config(shard=0, num_shards=cfg.envs)
     device = str(env_config.get("device", "auto"))
     if device.startswith("cuda") and cfg.gpus_per_env == 0:
-        raise ValueError(f"env device={device!r} but gpus_per_env=0: env runners get no GPU; give them a share with "
-                         f"--gpus-per-env (0.25 puts four envs on a GPU), or use --env device=auto")
+        raise ValueError(
+            f"env device={device!r} but gpus_per_env=0: env runners get no GPU; give them a share with "
+            f"--gpus-per-env (0.25 puts four envs on a GPU), or use --env device=auto"
+        )
     on_cpu = device == "cpu" or (device == "auto" and cfg.gpus_per_env == 0)
     if on_cpu and env_config.get("amp") in MIXED_AMP_MODES:
         log(f"note: amp={env_config['amp']} applies on CUDA only; these env runners train on the CPU in fp32")

@@ -35,7 +35,10 @@ def end_ray_processes_with_this_one() -> None:
         return
     _watcher = subprocess.Popen(
         [sys.executable, "-m", "esper_ray.train.process.reaper", str(os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )  # its stdin's write end stays open in this process until it exits
 
 

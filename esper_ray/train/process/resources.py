@@ -54,7 +54,9 @@ def demand_of(cfg: TrainConfig) -> Demand:
     )
 
 
-def connect_ray(address: str | None, log: Callable[[str], None] = print, env_vars: dict[str, str] | None = None) -> None:
+def connect_ray(
+    address: str | None, log: Callable[[str], None] = print, env_vars: dict[str, str] | None = None
+) -> None:
     """Join `address` (auto or HOST:PORT) or start a local Ray with this machine's CPUs; `env_vars` reach every
     worker of the job (the MPS pipe folder, say).
 
@@ -92,8 +94,10 @@ def connect_ray(address: str | None, log: Callable[[str], None] = print, env_var
             context = ray.init(address=address, **quiet)  # type: ignore[arg-type]
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"--address {address}: no Ray cluster answered ({first}); start one with `ray start --head`, "
-                         f"or leave --address out to start a local Ray") from None
+        raise ValueError(
+            f"--address {address}: no Ray cluster answered ({first}); start one with `ray start --head`, "
+            f"or leave --address out to start a local Ray"
+        ) from None
     log(dashboard_line(context.dashboard_url, token_auth_enabled()))
 
 
@@ -195,8 +199,10 @@ def dashboard_line(url: str | None, token_auth: bool) -> str:
         return "Ray dashboard: not running (install it with: pip install -e '.[dashboard]')"
     line = f"Ray dashboard: http://{url}" if "://" not in url else f"Ray dashboard: {url}"
     if token_auth:
-        line += (" (it asks for a token: paste the output of `ray get-auth-token` into its sign-in box, "
-                 "or send it as the ray-authentication-token cookie)")
+        line += (
+            " (it asks for a token: paste the output of `ray get-auth-token` into its sign-in box, "
+            "or send it as the ray-authentication-token cookie)"
+        )
     return line
 
 
@@ -210,8 +216,10 @@ def check_reachable(address: str) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as err:
-        raise ValueError(f"--address {address}: no Ray cluster answered ({err.strerror or err}); start one with "
-                         f"`ray start --head`, or leave --address out to start a local Ray") from None
+        raise ValueError(
+            f"--address {address}: no Ray cluster answered ({err.strerror or err}); start one with "
+            f"`ray start --head`, or leave --address out to start a local Ray"
+        ) from None
 
 
 def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print) -> None:
@@ -227,20 +235,25 @@ def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print
         problems.append(
             f"{cfg.envs} envs x cpus_per_env={per_env:g} + {cfg.learners} learner(s) x {cfg.effective_learner_cpus:g} CPU "
             f"ask for {want.cpus:g} CPUs and {have_cpus:g} are there: at most {fits} envs fit, or lower --cpus-per-env "
-            f"to {max(have_cpus - cfg.learners * cfg.effective_learner_cpus, 0) / max(cfg.envs, 1):.2g}")
+            f"to {max(have_cpus - cfg.learners * cfg.effective_learner_cpus, 0) / max(cfg.envs, 1):.2g}"
+        )
     if want.gpus > have_gpus + 1e-9:
         problems.append(
             f"gpus_per_env={cfg.gpus_per_env:g} with {cfg.envs} envs and learner_gpus={cfg.learner_gpus:g} with "
             f"{cfg.learners} learner(s) ask for {want.gpus:g} GPUs and {have_gpus:g} are there: lower --gpus-per-env "
-            f"(0.25 puts four envs on a GPU), use fewer --envs, or join a cluster with GPUs (--address)")
+            f"(0.25 puts four envs on a GPU), use fewer --envs, or join a cluster with GPUs (--address)"
+        )
     if have_memory_gb and want.memory_gb > have_memory_gb:
         fits = max(0, math.floor(have_memory_gb / ACTOR_MEMORY_GB) - cfg.learners)
         problems.append(
             f"{want.actors} actors ({cfg.envs} env runners, {cfg.learners} learner(s)) need about {want.memory_gb:.1f} GB "
-            f"({ACTOR_MEMORY_GB} GB each) and Ray has {have_memory_gb:.1f} GB for them: at most {fits} envs fit")
+            f"({ACTOR_MEMORY_GB} GB each) and Ray has {have_memory_gb:.1f} GB for them: at most {fits} envs fit"
+        )
     if not problems:
         return
     if local:
         raise ValueError("this run does not fit this machine: " + "; ".join(problems))
-    log("warning: the cluster has too little for this run right now; it waits for the autoscaler to add nodes: "
-        + "; ".join(problems))
+    log(
+        "warning: the cluster has too little for this run right now; it waits for the autoscaler to add nodes: "
+        + "; ".join(problems)
+    )

@@ -75,9 +75,12 @@ class AlgorithmHandle:
             # Two threads: a Ctrl-C can then save the last finished round and stop the env runners while train()
             # waits for them in the other thread.
             remote = ray.remote(AlgorithmDriver).options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_concurrency=2,
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                max_concurrency=2,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True),
+                    self.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+                ),
             )
             self.actor: Any = remote.remote(cfg, resume_path, progress_actor)
             self.local: AlgorithmDriver | None = None

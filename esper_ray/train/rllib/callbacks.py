@@ -28,7 +28,9 @@ class MorphoMetrics(RLlibCallback):
     def on_sample_end(self, **kwargs: Any) -> None:
         self.progress.flush()
 
-    def on_episode_end(self, *, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **kwargs: Any) -> None:
+    def on_episode_end(
+        self, *, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **kwargs: Any
+    ) -> None:
         chunks = [*(prev_episode_chunks or []), episode]  # `episode` is only the last chunk
         # A chunk after the first starts with its predecessor's last info (the observation it continues from):
         # count it once, or the step at a round boundary would be counted twice.
@@ -65,7 +67,9 @@ class MorphoMetrics(RLlibCallback):
         ops = Counter(info["last_op"] for info in infos[1:])  # infos[0] comes from reset()
         for op in Op:
             log(m.OP_COUNT_PREFIX + op.name.lower(), ops[op.name], reduce="mean")  # per episode, like the seed counts
-        log(m.GRAPH_CAPTURES, final["graph_captures"] - first["graph_captures"], reduce="mean")  # the steps', not reset's
+        log(
+            m.GRAPH_CAPTURES, final["graph_captures"] - first["graph_captures"], reduce="mean"
+        )  # the steps', not reset's
         log(m.SEED_EPOCHS, sum(info["seed_params"] > 0 for info in infos[1:]), reduce="mean")
         phases: Counter[str] = Counter()
         for info in infos[1:]:

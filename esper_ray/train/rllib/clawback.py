@@ -32,8 +32,16 @@ FORFEITED = np.zeros((), dtype=np.float32)
 
 class RollbackClawback(ConnectorV2):
     @override(ConnectorV2)
-    def __call__(self, *, rl_module: Any, batch: dict[str, Any], episodes: Any, explore: Any = None,
-                 shared_data: Any = None, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[str, Any],
+        episodes: Any,
+        explore: Any = None,
+        shared_data: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         extra = 1 if (shared_data or {}).get(BOOTSTRAP_STEP_ADDED) else 0
         for episode in self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False):
             steps = len(episode) - extra  # the real steps; the last one carries the rollback penalty

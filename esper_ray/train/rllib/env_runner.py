@@ -105,7 +105,11 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         if profile is not None and self._profiles is not None:
             self._profiles.mkdir(parents=True, exist_ok=True)
             profile.dump_stats(self._profiles / f"runner_{self.worker_index}_call_{self._sample_calls}.prof")
-        for key, reduce in ((m.RUNNER_SAMPLE_SECONDS_MIN, "min"), (m.RUNNER_SAMPLE_SECONDS, "mean"), (m.RUNNER_SAMPLE_SECONDS_MAX, "max")):
+        for key, reduce in (
+            (m.RUNNER_SAMPLE_SECONDS_MIN, "min"),
+            (m.RUNNER_SAMPLE_SECONDS, "mean"),
+            (m.RUNNER_SAMPLE_SECONDS_MAX, "max"),
+        ):
             self.metrics.log_value(key, seconds, reduce=reduce)
         if self._gpu is not None:
             self.metrics.log_value(m.RUNNER_SAMPLE_SECONDS_ON_GPU + self._gpu, seconds, reduce="mean")
@@ -119,7 +123,9 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         episodes = lead.result() if lead is not None else self.sample()  # result() re-raises what stopped it
         self.metrics.log_value(m.RUNNER_ROUND_LED, float(lead is not None), reduce="mean")
         metrics = self.get_metrics()
-        self._reported = super().get_state(components=[COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR])
+        self._reported = super().get_state(
+            components=[COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR]
+        )
         feature_filter_of(self._env_to_module, f"env runner {self.worker_index}").start_next_report()
         held, self._held = self._held, []
         for state in held:
@@ -168,8 +174,13 @@ def runner_start_seconds(env_runner_group: Any, since: float) -> tuple[float, fl
     """Where a trial's start went, from its remote runners' init_stamps: seconds from `since` (time.time() when the
     algorithm's build began) until the last runner's process was up with its imports done, and the longest runner
     init after that (env, GPU share, policy). None without remote CpuPolicyEnvRunners."""
-    stamps = [s for s in env_runner_group.foreach_env_runner(lambda runner: getattr(runner, "init_stamps", None),
-                                                              local_env_runner=False) if s is not None]
+    stamps = [
+        s
+        for s in env_runner_group.foreach_env_runner(
+            lambda runner: getattr(runner, "init_stamps", None), local_env_runner=False
+        )
+        if s is not None
+    ]
     if not stamps:
         return None
     return max(start for start, _ in stamps) - since, max(end - start for start, end in stamps)

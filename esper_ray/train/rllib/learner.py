@@ -63,7 +63,9 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
     @override(PPOTorchLearner)
     def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
         state = super().get_state(components, not_components=not_components, **kwargs)
-        if self.reward_normalizer is not None and self._check_component(REWARD_NORMALIZER_STATE, components, not_components):
+        if self.reward_normalizer is not None and self._check_component(
+            REWARD_NORMALIZER_STATE, components, not_components
+        ):
             state[REWARD_NORMALIZER_STATE] = self.reward_normalizer.get_state()
         return state
 
@@ -80,16 +82,25 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
         return [whole_batch] * num_epochs
 
     @override(PPOTorchLearner)
-    def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict[str, Any], fwd_out: dict[str, Any]) -> torch.Tensor:
+    def compute_loss_for_module(
+        self, *, module_id: str, config: Any, batch: dict[str, Any], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
         loss = super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
         mask = batch[Columns.LOSS_MASK]  # present: the module is stateful, so sequences are padded
-        dist = self.module[module_id].unwrapped().get_train_action_dist_cls().from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        dist = (
+            self.module[module_id]
+            .unwrapped()
+            .get_train_action_dist_cls()
+            .from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
+        )
         assert isinstance(dist, CausalFactoredDistribution)
 
         def masked_mean(x: torch.Tensor) -> torch.Tensor:
             return x[mask].mean()
 
-        loss = loss - blueprint_entropy_bonus(dist, mask, self.config.learner_config_dict.get(BLUEPRINT_ENTROPY_KEY, 0.0))
+        loss = loss - blueprint_entropy_bonus(
+            dist, mask, self.config.learner_config_dict.get(BLUEPRINT_ENTROPY_KEY, 0.0)
+        )
         with torch.no_grad():
             log_ratio = dist.logp(batch[Columns.ACTIONS]) - batch[Columns.ACTION_LOGP]
             # Schulman's unbiased estimator of KL(old || new): E[(r - 1) - log r], http://joschu.net/blog/kl-approx.html

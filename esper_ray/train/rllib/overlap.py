@@ -119,8 +119,10 @@ class OverlappedPPO(PPO):
         if self._lead_plan is not None:
             lead_round = self._lead_plan.lead_after(self.iteration + 1)  # this round is iteration + 1
             results = self.env_runner_group.foreach_env_runner(
-                lambda runner: runner.sample_round(lead_round), local_env_runner=False,
-                timeout_seconds=self.config.sample_timeout_s)
+                lambda runner: runner.sample_round(lead_round),
+                local_env_runner=False,
+                timeout_seconds=self.config.sample_timeout_s,
+            )
             return [episode for episodes, _ in results for episode in episodes], [metrics for _, metrics in results]
         return synchronous_parallel_sample(
             worker_set=self.env_runner_group,
@@ -135,9 +137,12 @@ class OverlappedPPO(PPO):
         learner_results = self.learner_group.update(
             episodes=episodes,
             timesteps={
-                NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0),
+                NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0
+                ),
                 NUM_MODULE_STEPS_TRAINED_LIFETIME: self.metrics.peek(
-                    (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME), default=0),
+                    (LEARNER_RESULTS, ALL_MODULES, NUM_MODULE_STEPS_TRAINED_LIFETIME), default=0
+                ),
             },
             num_epochs=self.config.num_epochs,
             minibatch_size=self.config.minibatch_size,
@@ -164,7 +169,8 @@ class OverlappedPPO(PPO):
         weights are in place before its next sample call.
         """
         self.env_runner_group.foreach_env_runner_async_fetch_ready(
-            func="set_state", tag="set_state", kwargs={"state": weights}, timeout_seconds=None)
+            func="set_state", tag="set_state", kwargs={"state": weights}, timeout_seconds=None
+        )
         if self.env_runner_group.local_env_runner is not None:
             self.env_runner_group.local_env_runner.set_state(ray.get(weights))
 

@@ -29,13 +29,13 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.layout import LAYOUT_KEY, policy_layout
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY
 from esper_ray.train.rllib.callbacks import MorphoMetrics
 from esper_ray.train.rllib.clawback import clawback_connector
 from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
 from esper_ray.train.rllib.learner import BLUEPRINT_ENTROPY_KEY, MorphoPPOLearner
 from esper_ray.train.rllib.overlap import OverlappedPPO
-from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY
 
 
 def observation_filter(env: object, spaces: object, device: object) -> FeatureMeanStdFilter:
@@ -47,8 +47,13 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
-    model_config = dict(MODEL_PRESETS[cfg.model], max_seq_len=cfg.longest_episode + 1, prune_logit=cfg.prune_logit,
-                        fossilize_logit=cfg.fossilize_logit, **{LAYOUT_KEY: policy_layout()})
+    model_config = dict(
+        MODEL_PRESETS[cfg.model],
+        max_seq_len=cfg.longest_episode + 1,
+        prune_logit=cfg.prune_logit,
+        fossilize_logit=cfg.fossilize_logit,
+        **{LAYOUT_KEY: policy_layout()},
+    )
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
         .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
@@ -68,8 +73,11 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
             num_gpus_per_learner=cfg.learner_gpus,
             num_cpus_per_learner=cfg.effective_learner_cpus,
             learner_class=MorphoPPOLearner,
-            learner_config_dict={"reward_normalization": cfg.reward_normalization, PROGRESS_ACTOR_KEY: progress_actor,
-                                 BLUEPRINT_ENTROPY_KEY: cfg.blueprint_entropy_coeff},
+            learner_config_dict={
+                "reward_normalization": cfg.reward_normalization,
+                PROGRESS_ACTOR_KEY: progress_actor,
+                BLUEPRINT_ENTROPY_KEY: cfg.blueprint_entropy_coeff,
+            },
             learner_connector=clawback_connector if cfg.rollback_clawback else None,
         )
         .training(

@@ -66,8 +66,16 @@ class RewardStdNormalizer(ConnectorV2):
         self.running = RunningStd()
 
     @override(ConnectorV2)
-    def __call__(self, *, rl_module: Any, batch: dict[str, Any], episodes: Any, explore: Any = None,
-                 shared_data: Any = None, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        *,
+        rl_module: Any,
+        batch: dict[str, Any],
+        episodes: Any,
+        explore: Any = None,
+        shared_data: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         for module_batch in batch.values():
             if Columns.REWARDS not in module_batch:
                 continue

@@ -54,7 +54,9 @@ def record_step_failure(metrics: Any, exc: BaseException) -> None:
     """Runs in the env runner: count the failure and keep its error and traceback for this round's metrics."""
     failure = StepFailure.of(exc)
     metrics.log_value(m.ENV_STEP_FAILURES_ROUND, 1, reduce="sum")
-    metrics.log_value(m.ENV_STEP_ERRORS, (failure.error, failure.traceback), reduce="item_series", window=RECORDED_PER_ROUND)
+    metrics.log_value(
+        m.ENV_STEP_ERRORS, (failure.error, failure.traceback), reduce="item_series", window=RECORDED_PER_ROUND
+    )
 
 
 class StepFailureRecorder(gym.vector.VectorWrapper):
