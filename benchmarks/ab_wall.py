@@ -17,9 +17,10 @@ run's sum is an upper bound). `--gpus-per-env F` moves a CPU file's envs onto th
 through MPS), to see where the CNN task's A/B is faster: with the CPUs alone (`--gpus 0`, as the file says) or with
 its envs on the cards. `--warmup` first runs the experiment with 1 round, not counted, so that runs on a fresh
 machine and on one that ran the task before are measured alike (warm compile caches). Progress goes to stderr; one
-JSON line a G on stdout: the card and commit, the command, the wall seconds to the report over all calls, the calls, the share of the machine's CPU time busy in each
-(`cpu_busy`), the wall before Tune's run started and after its last progress line in each (`outside_tune`: Ray,
-MPS and the plan; the report and the exit), trials done of all, whether the report was written, the
+JSON line a G on stdout: the card and commit, the command, the wall seconds to the report over all calls, the calls,
+the share of the machine's CPU time busy in each (`cpu_busy`), the wall before Tune's run started and after its last
+progress line in each (`outside_tune`: Ray, MPS and the plan; the report and the exit), trials done of all, whether
+the report was written, the
 line in which `esper-ray ab` said how many trials it runs at once, and where the last call's wall went (`last_call`:
 when its PPO trials started, each one's setup before that (Tune calls a trial started once its setup is done) with
 when its env runners' processes were up and how long they took to build, its first round and the rounds after it, in

@@ -1,7 +1,7 @@
 """Throughput of the envs stepping bare against the same envs inside `esper-ray train`, on this machine.
 
     python benchmarks/throughput.py                       # CPU: the default `esper-ray train` settings (CI smoke test)
-    python benchmarks/throughput.py --gpu                 # one GPU, 4 envs (CIFAR-shaped uint8 data, equal work per env)
+    python benchmarks/throughput.py --gpu                 # one GPU, 4 envs (CIFAR-shaped uint8 data, same work per env)
     python benchmarks/throughput.py --gpu --gpus 2        # equal work per env on two GPUs
     python benchmarks/throughput.py --gpu --mps-only --envs-per-gpu 12 --lead   # 12 envs a card, runners leading
 
@@ -60,7 +60,7 @@ class Setup:
     cuda_graphs: bool = True
     learner_gpus: float = 0.0
     learner_cpus: float | None = None
-    """CPUs of the train half's learner (its torch threads; TrainConfig.learner_cpus): a learner on the CPU needs some."""
+    """CPUs of the train half's learner (its torch threads; TrainConfig.learner_cpus): a CPU learner needs some."""
     cpus_per_env: float | None = None
     overlap: bool = False
     """The train half's learner trains on round k while the envs sample round k+1 (TrainConfig.overlap)."""
@@ -433,8 +433,8 @@ def cards(results: list[dict]) -> dict[str, Any]:
 
 def gpu_ids(visible: str | None, gpus: int) -> list[str]:
     """The GPU ids both halves use: the first `gpus` of CUDA_VISIBLE_DEVICES (or of 0 .. n-1). The train half's Ray
-    must see only these, or its env processes spread over every card of the machine (esper_ray/train/process/gpu_spread.py):
-    `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
+    must see only these, or its env processes spread over every card of the machine
+    (esper_ray/train/process/gpu_spread.py): `--gpus 1` on a 4-GPU machine trained on four (tenth session)."""
     from esper_ray.train.process.gpu_spread import gpu_list
 
     ids = gpu_list(visible) if visible else [str(i) for i in range(gpus)]
@@ -541,7 +541,8 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
     figures: dict[str, Any] = {}
     if "bare" in halves:
         log(
-            f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s{' under MPS' if mps else ''}"
+            f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s"
+            f"{' under MPS' if mps else ''}"
         )
         with bare_mps(mps):
             bare_rate = bare(setup)

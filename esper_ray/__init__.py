@@ -10,8 +10,8 @@ TYPE_CHECKING = False  # typing's own flag without importing typing: the `esper-
 if TYPE_CHECKING:  # and each module it loads before cli.main's handler is a moment a Ctrl-C is a traceback
     from typing import Any
 
-from esper_ray.contracts.host import SlotSpec
-from esper_ray.contracts.registry import register_blueprint, register_host, register_task
+from esper_ray.contracts.host import SlotSpec  # noqa: E402  (after the TYPE_CHECKING block, see above)
+from esper_ray.contracts.registry import register_blueprint, register_host, register_task  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["HostModule", "SlotSpec", "load_grown", "register_blueprint", "register_host", "register_task"]

@@ -11,7 +11,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
 from esper_ray.contracts.actions import topology_blueprints
@@ -30,6 +30,9 @@ from esper_ray.deferred_interrupt import ctrl_c_deferred
 from esper_ray.train.process.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from esper_ray.train.process.termination import received as sigterm_received
 from esper_ray.train.process.threads import COMMAND_THREADS, threads_line, threads_of_cpus
+
+if TYPE_CHECKING:  # experiments/spec.py is imported when `ab` runs, not for every command
+    from esper_ray.experiments.spec import ExperimentSpec
 
 
 def _cmd_host(args: argparse.Namespace) -> int:
@@ -91,7 +94,8 @@ def _cmd_heuristic(args: argparse.Namespace) -> int:
     check_int("--episodes", args.episodes, 1, MAX_COUNT)
     folder = check_save_folder(args.save, args.episodes) if args.save else None
     # measure_test: the held-out test accuracy, as `eval` prints it, so the two compare
-    # the env settings of every command's runs (TRAINING_ENV_DEFAULTS) under the flags: the A/B heuristic arm's lifecycle
+    # the env settings of every command's runs (TRAINING_ENV_DEFAULTS) under the flags: the A/B heuristic arm's
+    # lifecycle
     summaries = run_heuristic(
         {**TRAINING_ENV_DEFAULTS, **given(args, args.env_fields)},
         args.episodes,
@@ -137,54 +141,12 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     names another, fresh one. Without it, the default folder gets a number when it holds a run already, and an
     explicit --output that holds a run is refused.
     """
-    from esper_ray.train.folders.checkpoints import (
-        fresh_run_folder,
-        left_without_checkpoint,
-        load_checkpoint_config,
-        resolve_checkpoint,
-        round_of,
-        run_folder_of,
-    )
+    from esper_ray.train.folders.checkpoints import fresh_run_folder
 
     flags = given(args, args.train_fields)
     env = parse_env_overrides(args.env)
     if args.resume is not None:
-        if left_without_checkpoint(Path(args.resume).expanduser()):  # a run killed before its first checkpoint
-            raise ValueError(
-                f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
-                f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
-                "(without --resume): a new run takes that folder"
-            )
-        checkpoint = resolve_checkpoint(args.resume)
-        stored = load_checkpoint_config(checkpoint)
-        given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
-        if env:
-            given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
-        asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
-        changed = sorted(
-            k
-            for k in given_settings
-            if k not in ("rounds", "output", "address") and _plain(getattr(asked, k)) != _plain(getattr(stored, k))
-        )
-        if changed:
-            raise ValueError(
-                f"--resume continues a run with its own settings; only --rounds, --output and --address may "
-                f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})"
-            )
-        done = round_of(checkpoint)
-        rounds = flags.get("rounds", stored.rounds)
-        if rounds <= done:
-            raise ValueError(
-                f"--rounds {rounds}: --rounds is the total number of rounds, and {checkpoint} has done {done} "
-                f"already; give --rounds {done + stored.rounds} to train {stored.rounds} more"
-            )
-        run_dir = run_folder_of(checkpoint).resolve()
-        output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
-        if output != run_dir:
-            output = fresh_run_folder(output, numbered=False)
-        return TrainConfig.from_mapping(
-            {**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}
-        ), checkpoint
+        return _resumed_train_config(args, flags, env)
     mapping = load_mapping(args.config, "config file") if args.config else {}
     if not isinstance(mapping.get("env", {}), dict):
         raise ValueError(f"{args.config}: env must be a mapping of env settings")
@@ -197,6 +159,56 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     explicit = "output" in flags or "output" in mapping
     output = fresh_run_folder(Path(cfg.output).expanduser().resolve(), numbered=not explicit)
     return dataclasses.replace(cfg, output=str(output)), None
+
+
+def _resumed_train_config(
+    args: argparse.Namespace, flags: dict[str, Any], env: dict[str, Any]
+) -> tuple[TrainConfig, Path]:
+    """train_config_from_args with --resume: the checkpoint's settings, of which only rounds, output and address
+    change; the run continues in its own folder unless --output names another, fresh one."""
+    from esper_ray.train.folders.checkpoints import (
+        fresh_run_folder,
+        left_without_checkpoint,
+        load_checkpoint_config,
+        resolve_checkpoint,
+        round_of,
+        run_folder_of,
+    )
+
+    if left_without_checkpoint(Path(args.resume).expanduser()):  # a run killed before its first checkpoint
+        raise ValueError(
+            f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
+            f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
+            "(without --resume): a new run takes that folder"
+        )
+    checkpoint = resolve_checkpoint(args.resume)
+    stored = load_checkpoint_config(checkpoint)
+    given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
+    if env:
+        given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
+    asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
+    changed = sorted(
+        k
+        for k in given_settings
+        if k not in ("rounds", "output", "address") and _plain(getattr(asked, k)) != _plain(getattr(stored, k))
+    )
+    if changed:
+        raise ValueError(
+            f"--resume continues a run with its own settings; only --rounds, --output and --address may "
+            f"change, and {changed} differ from the run's (see {checkpoint / 'train_config.json'})"
+        )
+    done = round_of(checkpoint)
+    rounds = flags.get("rounds", stored.rounds)
+    if rounds <= done:
+        raise ValueError(
+            f"--rounds {rounds}: --rounds is the total number of rounds, and {checkpoint} has done {done} "
+            f"already; give --rounds {done + stored.rounds} to train {stored.rounds} more"
+        )
+    run_dir = run_folder_of(checkpoint).resolve()
+    output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
+    if output != run_dir:
+        output = fresh_run_folder(output, numbered=False)
+    return TrainConfig.from_mapping({**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}), checkpoint
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -322,21 +334,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
-    trials = len(spec.trials())
-    arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
-    cap = spec.max_concurrent_trials
-    at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
-    episodes = counted(spec.eval_episodes, 'evaluation episode')
-    trains = any(spec.controller(a) is ControllerKind.PPO for a in spec.arms)
-    work = (
-        f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if trains else f"{episodes} each, no training"
-    )  # announce only what the arms do
-    print(
-        f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
-        f"({work}), "
-        f"{at_once} at once; output {output}",
-        flush=True,
-    )
+    _print_ab_plan(spec, output)
     for line in spec.short_run_warnings():
         warn_short_run("ab", line)
     if args.salvage and not args.resume:
@@ -362,7 +360,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if outcome.interrupted:
         what = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
         print(
-            f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; the report so far is in "
+            f"esper-ray ab: {what} with {outcome.done} of {counted(outcome.total, 'trial')} done; "
+            "the report so far is in "
             f"{outcome.output / 'report.md'}; {resume_hint}",
             file=sys.stderr,
             flush=True,
@@ -371,13 +370,34 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     _print_report(outcome.output)
     if outcome.failed:
         print(
-            f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed and are left out of the statistics: "
-            + "; ".join(outcome.failed),
+            f"esper-ray ab: {len(outcome.failed)} of {counted(outcome.total, 'trial')} failed "
+            "and are left out of the statistics: " + "; ".join(outcome.failed),
             file=sys.stderr,
             flush=True,
         )
         return 1
     return 0
+
+
+def _print_ab_plan(spec: ExperimentSpec, output: Path) -> None:
+    """The line `esper-ray ab` prints before Ray starts: the arms, seeds and trials, what each does, where to."""
+    from esper_ray.formatting import counted
+
+    trials = len(spec.trials())
+    arms = ", ".join(f"{a} ({spec.controller(a).value})" for a in spec.arms)
+    cap = spec.max_concurrent_trials
+    at_once = f"up to {cap}" if cap is not None else "as many as the cluster's CPUs and GPUs fit"
+    episodes = counted(spec.eval_episodes, 'evaluation episode')
+    trains = any(spec.controller(a) is ControllerKind.PPO for a in spec.arms)
+    work = (
+        f"{counted(spec.rounds, 'PPO round')}, then {episodes} each" if trains else f"{episodes} each, no training"
+    )  # announce only what the arms do
+    print(
+        f"esper-ray ab: {spec.name}: arms {arms} x {counted(len(spec.seeds), 'seed')} = {counted(trials, 'trial')} "
+        f"({work}), "
+        f"{at_once} at once; output {output}",
+        flush=True,
+    )
 
 
 def ab_resume_command(experiment: str | Path, output: Path) -> str:
@@ -526,7 +546,8 @@ def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "train",
         allow_abbrev=False,
         parents=[verbose_after],
-        help="train the controller with PPO on Ray (defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
+        help="train the controller with PPO on Ray "
+        "(defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
         description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
         "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
@@ -574,10 +595,13 @@ def _add_eval(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
             _episode_results_flags(),
             _threads_flag(),
         ],
-        help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); --save keeps the grown network",
+        help="run a checkpoint's greedy policy and print each episode's outcome (as `heuristic` does); "
+        "--save keeps the grown network",
         description="Run the greedy policy of a checkpoint on fresh episodes of its task and print, per episode: final "
-        "and test accuracy, parameters added and seeds germinated/fossilized/pruned, so it can be compared with `esper-ray heuristic`. "
-        "With --save DIR, one episode, whose grown network is kept in DIR (a PyTorch module: esper_ray.load_grown(DIR)).",
+        "and test accuracy, parameters added and seeds germinated/fossilized/pruned, "
+        "so it can be compared with `esper-ray heuristic`. "
+        "With --save DIR, one episode, whose grown network is kept in DIR "
+        "(a PyTorch module: esper_ray.load_grown(DIR)).",
     )
     evaluate.add_argument(
         "--checkpoint",
@@ -597,7 +621,8 @@ def _add_grow(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "grow",
         allow_abbrev=False,
         parents=[verbose_after, _checkpoint_run_flags(GROW_SEED_HELP, GROW_ENV_HELP), _threads_flag()],
-        help="a trained controller grows your host (built in or a plug-in's) once, and the network is kept; no RL training",
+        help="a trained controller grows your host (built in or a plug-in's) once, and the network is kept; "
+        "no RL training",
         description="Grow a host network with a trained controller: the checkpoint's policy, frozen, makes every "
         "decision of ONE host training run on --host (a registered host, or a package.module:HostClass import string) "
         "and its task, and the grown network is saved as `eval --save` saves one (weights.pt, architecture.json, "
@@ -663,7 +688,8 @@ def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "allow, started in a recorded random order, PPO trials first (they take longest). Each PPO arm trains, "
         "then every arm runs the same held-out evaluation episodes (greedy policy, or the arm's "
         "heuristic/none/random/fixed controller, a trained checkpoint, or a per-host search over fixed plans; with "
-        "`held_out` in the file, on each held-out host, reported per host and pooled) and is scored on a test split no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
+        "`held_out` in the file, on each held-out host, reported per host and pooled) and is scored on a test split "
+        "no reward ever reads. Arms are compared seed by seed: exact paired Wilcoxon (the verdict), exact "
         "Mann-Whitney, Hodges-Lehmann differences with intervals, Holm over all pairs. A file made for GPUs runs "
         "on a machine without any too: every trial on the CPUs, said and recorded (envs_on_cpus).",
     )

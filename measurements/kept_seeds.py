@@ -3,8 +3,8 @@ run's own evaluation settings (blueprint, the step it was germinated, the step i
 the end). An A/B report gives what was kept in total (parameters, fossils); this says where and when.
 
 Issue 30 asked why PPO trails the host born with the best seed on digits-impaired: run on every PPO trial of
-tune_configs/studies/step_and_batch.yaml, it showed each policy planting that very seed at step 1 and then a second seed too
-late to be fossilized (docs/history.md, Learning section 8).
+tune_configs/studies/step_and_batch.yaml, it showed each policy planting that very seed at step 1 and then a second
+seed too late to be fossilized (docs/history.md, Learning section 8).
 
     python measurements/kept_seeds.py --trial RUN/tune/ppo_lr_3e-4_seed203_... [--episodes 1] [--json out.json]
 

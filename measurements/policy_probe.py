@@ -143,8 +143,8 @@ def main() -> None:
         print("  step stage       value   wait  prune advance fossilize  elsewhere")
         for r in result["steps"]:
             print(
-                f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} {r['advance']:7.3f} "
-                f"{r['fossilize']:9.3f}  {r['other_slots']}"
+                f"  {r['step']:4d} {r['stage']:<10} {r['value']:7.2f} {r['wait']:6.3f} {r['prune']:6.3f} "
+                f"{r['advance']:7.3f} {r['fossilize']:9.3f}  {r['other_slots']}"
             )
     if args.json:
         args.json.write_text(

@@ -288,8 +288,8 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
 # ----------------------------------------------------------------------------- blueprints a host does not offer
 @pytest.mark.parametrize("choose", ["greedy", "sampled"])
 def test_a_blueprint_the_host_lacks_is_never_planted_even_by_a_policy_that_prefers_it(choose):
-    """A policy whose blueprint head all but insists on the CNN blueprints (as one trained on digits would), and whose op
-    head prefers GERMINATE, acts on a vector host: every seed it plants is one the host offers. The mask, not the
+    """A policy whose blueprint head all but insists on the CNN blueprints (as one trained on digits would), and whose
+    op head prefers GERMINATE, acts on a vector host: every seed it plants is one the host offers. The mask, not the
     policy, keeps them out: the same logits unmasked pick conv_heavy."""
     import torch
 

@@ -463,7 +463,7 @@ esper-ray ab: text: arms ppo (ppo), none (none) x 2 seeds = 4 trials
 [  1m20s]          ppo/seed2 round 1/3: rollout acc 39.0%; its setup 12 s
 [  1m50s]          ppo/seed0 round 3/3: rollout acc 42.0%; evaluation: test acc 41.0% over 2 episodes, +9 params
 [  2m15s]          ppo/seed2 round 3/3: rollout acc 43.0%
-"""
+"""  # noqa: E501  (progress lines as `esper-ray ab` prints them)
 
 
 def test_ab_wall_says_where_the_last_call_went_from_the_progress_lines(tmp_path):

@@ -200,7 +200,8 @@ def test_bad_arguments_of_train_eval_grow_and_ab_are_refused_before_ray_is_impor
         (["grow", str(tmp_path / "none"), "--host", "digits"], "no esper-ray checkpoint at"),
         (
             ["grow", str(run), "--host", "tests.plugin_parts:ToyMLP"],
-            "no registered task lists it as its own host, so the data it grows on must be named: add --task NAME, NAME one of",
+            "no registered task lists it as its own host, so the data it grows on must be named: "
+            "add --task NAME, NAME one of",
         ),
         (["ab", experiment(str(tmp_path / "ck{seed}"))], f"(seed 1): {tmp_path / 'ck1'} does not exist"),
         (["ab", experiment(str(run))], "is a training run's folder, not one of its checkpoints; give one of"),
@@ -213,7 +214,8 @@ def test_bad_arguments_of_train_eval_grow_and_ab_are_refused_before_ray_is_impor
     ]
     code = (
         "import json, sys\nfrom esper_ray.cli import main\nfor args in json.loads(sys.argv[1]):\n    try:\n"
-        "        main(args + (['--output', sys.argv[2]] if args[0] in ('train', 'ab') and '--output' not in args else []))\n"
+        "        main(args + (['--output', sys.argv[2]] "
+        "if args[0] in ('train', 'ab') and '--output' not in args else []))\n"
         "    except SystemExit as e:\n        print(e.code, 'ray' in sys.modules, file=sys.stderr, flush=True)\n"
     )
     done = subprocess.run(

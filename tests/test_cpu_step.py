@@ -32,7 +32,6 @@ FOSSILIZED, PRUNED = (0, Blueprint.CONV_LIGHT, Style.GATED_GATE), (2, Blueprint.
 
 def action(env: MorphogeneticEnv, mask: np.ndarray) -> np.ndarray:
     """Plant the first seed and fossilize it from HOLDING; then plant the second and prune it once allowed."""
-    n = len(env.slot_ids)
     for index, blueprint, style in (FOSSILIZED, PRUNED):
         stage = env.model.slot(env.slot_ids[index]).stage  # type: ignore[union-attr]
         planted = env.counts[f"germinated/{blueprint.key}"] > 0

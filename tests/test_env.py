@@ -1,4 +1,5 @@
-"""MorphogeneticEnv: gymnasium API, config validation, masks, episode end, governor rollback, reproducibility, test split."""
+"""MorphogeneticEnv: gymnasium API, config validation, masks, episode end, governor rollback, reproducibility, test
+split."""
 
 from __future__ import annotations
 

@@ -243,7 +243,8 @@ def test_compare_names_the_verdicts_family_and_bad_pairs_fail_with_one_line():
 
 
 def test_holm_corrects_over_the_named_family_only():
-    """Two arms far apart on 8 seeds: over a family of 1 pair p is the exact floor 2/2^8; over all 3 pairs, 3 times it."""
+    """Two arms far apart on 8 seeds: over a family of 1 pair p is the exact floor 2/2^8; over all 3 pairs, 3 times
+    it."""
     values = {
         "a": {s: 0.5 + 0.01 * s for s in range(8)},
         "b": {s: 0.1 + 0.01 * s for s in range(8)},

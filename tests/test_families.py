@@ -47,7 +47,7 @@ def test_in_training_rounds_the_shards_together_use_every_member_and_a_round_rep
         return [env.reset()[1]["family_member"] for _ in range(3)]
 
     rounds = {r: [round_draws(0, r), round_draws(1, r)] for r in (0, 1)}
-    for r, (shard0, shard1) in rounds.items():  # 2 envs x 3 episodes: each member twice in the round
+    for shard0, shard1 in rounds.values():  # 2 envs x 3 episodes: each member twice in the round
         assert Counter(shard0 + shard1) == Counter({m: 2 for m in MEMBERS})
     assert round_draws(1, 1) == rounds[1][1]  # a resumed round draws as it did
 

@@ -56,7 +56,7 @@ def test_the_merged_statistics_are_those_of_every_feature_pushed(runners):
 
 
 def test_runners_normalise_with_the_merged_statistics_once_sent_them():
-    for driver, workers, merged, everything in sync_rounds(rounds=3, runners=2, steps=20, seed=1):
+    for _driver, workers, merged, everything in sync_rounds(rounds=3, runners=2, steps=20, seed=1):
         x = np.array([4.0, -1.0, 55.0], np.float32)
         expected = (x - everything.mean(axis=0)) / everything.std(axis=0, ddof=1)
         for worker in workers:

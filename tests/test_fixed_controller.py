@@ -67,7 +67,6 @@ def test_fixed_controller_fossilizes_its_seed_at_the_earliest_legal_epoch(auto_f
         EnvConfig, "lifecycle", property(lambda cfg: dataclasses.replace(lifecycle(cfg), min_gradient_health=0.0))
     )
     steps = run_fixed(auto_forward, max_epochs=fossilize_step + 1)
-    n = 3
     slot = ["r0c0", "r0c1", "r0c2"].index(SEED.slot)
     ops = [decode_joint(int(s["action"][0])) for s in steps]
     assert ops[0] == (Op.GERMINATE, slot) and Blueprint(int(steps[0]["action"][1])) is Blueprint.CONV_HEAVY
@@ -172,7 +171,7 @@ def test_a_fixed_plan_plants_its_second_seed_at_the_first_step_the_env_allows_an
     controller = FixedPlanController(env.slot_ids, max_epochs, plan, LIFECYCLE.min_training_epochs)
     obs, _ = env.reset(seed=0)
     controller.reset()
-    joint, n = head_offsets()["op_slot"], len(env.slot_ids)
+    joint = head_offsets()["op_slot"]
     germinate_r0c2 = encode_joint(Op.GERMINATE, 2)
     ops, first_allowed, info = [], None, {}
     for step in range(1, max_epochs + 1):

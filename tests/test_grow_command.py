@@ -1,5 +1,6 @@
-"""`esper-ray grow` (train/commands/grow_command.py): a trained checkpoint's policy grows a built-in or a plug-in host once,
-with no RL, and the network is kept as `eval --save` keeps one; what cannot run is refused before the host trains."""
+"""`esper-ray grow` (train/commands/grow_command.py): a trained checkpoint's policy grows a built-in or a plug-in host
+once, with no RL, and the network is kept as `eval --save` keeps one; what cannot run is refused before the host
+trains."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def test_sampling_draws_each_head_from_its_softmax_and_logp_is_the_read_heads_ca
     samples = dist.sample()
     parts = [head.logits[0] for head in dist.heads]  # one row: every row of the batch has the same logits
     # Each head's frequencies against its own softmax, within 5 standard errors: over the 43 values a correct sampler
-    # fails that with probability ~3e-5 whatever the RNG stream (3 failed on 2 of 6 seeds); a wrong one is off by far more.
+    # fails that with probability ~3e-5 whatever the RNG stream (3 failed on 2 of 6 seeds); a wrong one is far off.
     for h, part in enumerate(parts):
         frequency = torch.bincount(samples[:, h], minlength=NVEC[h]).double() / n
         probs = torch.softmax(part.double(), -1)
@@ -158,7 +158,7 @@ def test_the_prune_prior_makes_an_untrained_policy_prune_e_to_the_prior_times_as
         assert prune / wait == pytest.approx(math.exp(prior), rel=0.05), prior
 
 
-def test_the_fossilize_prior_makes_an_untrained_policy_commit_a_holding_seed_e_to_the_prior_times_as_often_as_it_waits():
+def test_fossilize_prior_makes_an_untrained_policy_commit_a_holding_seed_e_to_the_prior_times_as_often_as_it_waits():
     """With FOSSILIZE at a logit of +3, a seed in HOLDING is committed e^3 times as often as the policy waits."""
     for prior in (0.0, 3.0):
         module, env = _module(fossilize_logit=prior)

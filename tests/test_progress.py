@@ -96,7 +96,7 @@ def test_slow_epochs_get_a_line_each_and_every_episode_one_with_the_time_left():
     """2 episodes of 4 epochs, 10 s an epoch: after 3 epochs, 30 s for 3 of 8 -> 50 s left."""
     clock, out = FakeClock(), io.StringIO()
     lines = EpisodeProgress("heuristic", 2, 4, out=out, clock=clock)
-    for episode in range(2):
+    for _ in range(2):
         for epoch in range(1, 5):
             clock.now += 10
             lines.epoch(epoch, {"val_accuracy": 0.25})

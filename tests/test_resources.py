@@ -52,7 +52,8 @@ def test_no_address_starts_a_local_ray_even_where_a_cluster_is_recorded_or_named
         with open(os.path.join(temp, "ray", "ray_current_cluster"), "w") as f:
             f.write("127.0.0.1:1")
         code = (
-            "from esper_ray.train.process.resources import connect_ray; import ray; connect_ray(None, log=lambda line: None); "
+            "from esper_ray.train.process.resources import connect_ray; import ray; "
+            "connect_ray(None, log=lambda line: None); "
             "print('CPUs', int(ray.cluster_resources()['CPU'])); ray.shutdown()"
         )
         for extra in ({}, {"RAY_ADDRESS": "127.0.0.1:1"}):

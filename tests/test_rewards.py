@@ -141,7 +141,8 @@ def test_basic_terminal_pays_the_improvement_since_the_episode_began():
 
 @pytest.mark.parametrize("mode", ["shaped", "simplified", "basic"])
 def test_terminal_rewards_score_the_committed_model_not_the_seeds_on_probation(mode):
-    """The run keeps host and fossils (docs/design.md): a seed still holding at the end adds nothing to the terminal term."""
+    """The run keeps host and fossils (docs/design.md): a seed still holding at the end adds nothing to the terminal
+    term."""
     cfg = RewardConfig(mode=mode)
     holding = signal(epoch=100, val_accuracy=0.70, committed_accuracy=0.40)
     committed = signal(epoch=100, val_accuracy=0.40, committed_accuracy=0.40)
@@ -300,8 +301,9 @@ def discounted_return(steps: list[StepSignal], cfg: RewardConfig) -> float:
 
 
 def test_committed_return_is_the_final_committed_accuracy_less_its_size_cost():
-    """Potential differences telescope: the discounted return is gamma^T Phi(s_T) - Phi(s_0), with Phi(s_T) the committed
-    model's accuracy (pp) less param_cost_pp * log2(1 + kept seed params / host params), whatever happened before."""
+    """Potential differences telescope: the discounted return is gamma^T Phi(s_T) - Phi(s_0), with Phi(s_T) the
+    committed model's accuracy (pp) less param_cost_pp * log2(1 + kept seed params / host params), whatever happened
+    before."""
     cfg = RewardConfig(mode="committed", gamma=0.99, param_cost_pp=2.0)
     for fossilize_at in (4, None):
         steps = committed_episode(fossilize_at)
@@ -313,7 +315,8 @@ def test_committed_return_is_the_final_committed_accuracy_less_its_size_cost():
 
 
 def test_committed_stage_shaping_sums_to_nothing_over_a_run():
-    """The lifecycle shaping is potential-based with the run's end at 0: its discounted sum over a run is -Phi(s_0) = 0."""
+    """The lifecycle shaping is potential-based with the run's end at 0: its discounted sum over a run is
+    -Phi(s_0) = 0."""
     cfg = RewardConfig(mode="committed", gamma=0.99, committed_stage_weight=3.0)
     steps = committed_episode(4)
     shaping = sum(cfg.gamma**t * compute_reward(s, cfg).components["stage_shaping"] for t, s in enumerate(steps))
@@ -324,8 +327,9 @@ def test_committed_stage_shaping_sums_to_nothing_over_a_run():
 
 @pytest.mark.parametrize("gain", [0.02, 0.10])
 def test_the_default_reward_pays_at_least_as_much_for_a_fossilized_contributing_seed_as_for_one_left_on_probation(gain):
-    """Issue 30: under `shaped` a FOSSILIZE cost the policy ~135 return (measurements/reward_terms.py). Under the default
-    reward, committing a seed that contributes is worth at least as much as leaving it on probation to the end."""
+    """Issue 30: under `shaped` a FOSSILIZE cost the policy ~135 return (measurements/reward_terms.py). Under the
+    default reward, committing a seed that contributes is worth at least as much as leaving it on probation to the
+    end."""
     cfg = RewardConfig()
     fossilized = discounted_return(committed_episode(4, gain=gain), cfg)
     probation = discounted_return(committed_episode(None, gain=gain), cfg)

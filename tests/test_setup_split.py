@@ -1,5 +1,5 @@
-"""Where a PPO trial's setup goes (train/rllib/env_runner.py, runner_start_seconds): its env runners' processes coming up,
-then their own init. The whole path (an A/B's progress line) is checked in test_experiments.py's smoke run."""
+"""Where a PPO trial's setup goes (train/rllib/env_runner.py, runner_start_seconds): its env runners' processes coming
+up, then their own init. The whole path (an A/B's progress line) is checked in test_experiments.py's smoke run."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_two_rounds_with_two_env_runners_and_a_remote_learner_log_finite_metrics
             <= runners[m.RUNNER_SAMPLE_SECONDS]
             <= runners[m.RUNNER_SAMPLE_SECONDS_MAX]
         )
-        # seeds by blueprint: every usable blueprint logged, summing to the seeds per episode; the round's summary has them
+        # seeds by blueprint: each usable blueprint logged, summing to an episode's seeds; the round's summary has them
         by_blueprint = summarize_round(result).by_blueprint
         for outcome, total in (("germinated", m.SEEDS_GERMINATED), ("fossilized", m.SEEDS_FOSSILIZED)):
             counts = {b.key: runners[f"{m.BLUEPRINT_COUNT_PREFIX}{outcome}_{b.key}"] for b in CNN_BLUEPRINTS}
@@ -443,10 +443,13 @@ def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_onl
             # The same change to the learner's module (what a checkpoint saves) and to each env runner's (what
             # samples): RLlib's weight sync skips weights of an update number a runner already has.
             algo.learner_group.foreach_learner(
-                lambda learner: add_to_op_logits(learner.module[m.DEFAULT_MODULE], entries, logit)
+                lambda learner, entries=entries, logit=logit: add_to_op_logits(
+                    learner.module[m.DEFAULT_MODULE], entries, logit
+                )
             )
             algo.env_runner_group.foreach_env_runner(
-                lambda runner: add_to_op_logits(runner.module, entries, logit), local_env_runner=False
+                lambda runner, entries=entries, logit=logit: add_to_op_logits(runner.module, entries, logit),
+                local_env_runner=False,
             )
             sampled.append(train_round(algo)[m.ENV_RUNNERS])  # episodes with sampled actions, as in every round
             partial = partial_checkpoint_dir(out, algo.iteration)
@@ -536,8 +539,8 @@ def test_train_config_file_is_strict(tmp_path, capsys):
     assert "set them at the top level" in capsys.readouterr().err
 
 
-# SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/process/termination.py), so from there both signals take one path:
-# each signal is run once, and the overlapped learner's stop (it learns the waiting batch) rides on one of them.
+# SIGTERM raises a KeyboardInterrupt as Ctrl-C does (train/process/termination.py), so from there both signals take one
+# path: each signal is run once, and the overlapped learner's stop (it learns the waiting batch) rides on one of them.
 @pytest.mark.parametrize(
     "stop, overlap, code, said",
     [
@@ -590,7 +593,7 @@ def test_one_ctrl_c_or_sigterm_mid_round_stops_in_seconds_keeping_the_last_finis
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        # a shell's background job ignores SIGINT, and a child inherits that: give the command Ctrl-C as a terminal would
+        # a shell's background job ignores SIGINT and a child inherits that: give the command Ctrl-C as a terminal would
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []

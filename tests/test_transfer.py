@@ -387,8 +387,8 @@ def test_the_report_has_a_table_per_host_a_pooled_table_and_the_cost_per_new_hos
     assert "| search | search | 4 | 5 | 4 |" in report and "| ppo | ppo | 1 | 1 | 0 |" in report
     gap = next(p for p in results["statistics"]["held_out"]["pooled"] if p["arm_b"] == "search")["hodges_lehmann"]
     assert (
-        f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) at 25 % of its host runs per grown network"
-        in report
+        f"- ppo against search: {100 * gap:.3g} points (pooled Hodges-Lehmann, ppo - search) "
+        "at 25 % of its host runs per grown network" in report
     )
     assert json.loads((tmp_path / "results.json").read_text())["statistics"]["held_out"]["hosts"] == ["digits", "wide"]
 

@@ -134,7 +134,6 @@ def test_a_captured_pass_on_cuda_matches_the_eager_pass(task, blueprint):
     env = MorphogeneticEnv(config)
     assert env.val_graphs.enabled
     env.reset(seed=0)
-    n = len(env.slot_ids)
     for epoch in range(8):
         action = wait_action()
         if epoch == 0:

@@ -1,6 +1,6 @@
 """What an env's CUDA-graph captures cost: the wall of capturing steps against plain ones, and where it goes.
 
-    python benchmarks/probes/capture_costs.py            # 4 env processes under private MPS, as throughput.py's bare half
+    python benchmarks/probes/capture_costs.py            # 4 env processes under private MPS (throughput.py's bare half)
     python benchmarks/probes/capture_costs.py --procs 1 --no-mps
     python benchmarks/probes/capture_costs.py --profile-eager 3   # and where 3 eager warm-up steps spend their CPU time
 

@@ -68,12 +68,22 @@ def main() -> None:
         reference = None
         for name, way in ways.items():
 
-            def train(way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way) -> None:
+            def train(
+                way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way,
+                dtype: torch.dtype = dtype,
+                x: torch.Tensor = x,
+                w: torch.Tensor = w,
+            ) -> None:
                 with torch.autocast("cuda", dtype=dtype, enabled=dtype is torch.bfloat16):
                     y = way(x, w)
                 y.float().square().sum().backward()
 
-            def val(way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way) -> None:
+            def val(
+                way: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = way,
+                dtype: torch.dtype = dtype,
+                xv: torch.Tensor = xv,
+                w: torch.Tensor = w,
+            ) -> None:
                 with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype is torch.bfloat16):
                     way(xv, w)
 

@@ -1,4 +1,5 @@
-"""What fusing the host's layers saves in the captured train step: the measurements behind esper_ray/morpho/fused_block.py.
+"""What fusing the host's layers saves in the captured train step: the measurements behind
+esper_ray/morpho/fused_block.py.
 
     python benchmarks/probes/fusion_probe.py                     # one process, every variant, fp32 and bf16
     python benchmarks/probes/fusion_probe.py --procs 4 --variants env,unfused  # 4 processes at once (start MPS first)

@@ -42,8 +42,10 @@ def main() -> None:
             module_out = lstm(x, (h[None], c[None]))[0][:, 0]
             cell_out = torch.lstm_cell(x[:, 0], (h, c), *weights)[0]
             report[preset] = {
-                "nn_lstm_ms": round(ms_per_call(lambda: lstm(x, (h[None], c[None]))), 3),
-                "lstm_cell_ms": round(ms_per_call(lambda: torch.lstm_cell(x[:, 0], (h, c), *weights)), 3),
+                "nn_lstm_ms": round(ms_per_call(lambda lstm=lstm, x=x, h=h, c=c: lstm(x, (h[None], c[None]))), 3),
+                "lstm_cell_ms": round(
+                    ms_per_call(lambda x=x, h=h, c=c, weights=weights: torch.lstm_cell(x[:, 0], (h, c), *weights)), 3
+                ),
                 "agree_to_1e-5": bool(torch.allclose(module_out, cell_out, atol=1e-5, rtol=1e-5)),
             }
     print(json.dumps(report))

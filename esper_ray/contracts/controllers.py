@@ -29,7 +29,8 @@ class ControllerKind(str, Enum):
     CHECKPOINT = "checkpoint"
     """An A/B arm only: the greedy policy of an already trained checkpoint, evaluated without training (frozen)."""
     SEARCH = "search"
-    """An A/B arm only: per host, a search over fixed plans at a stated budget of host runs (experiments/plan_search.py)."""
+    """An A/B arm only: per host, a search over fixed plans at a stated budget of host runs
+    (experiments/plan_search.py)."""
 
     @classmethod
     def parse(cls, value: object, where: str = "controller") -> ControllerKind:

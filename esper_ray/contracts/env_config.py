@@ -111,8 +111,8 @@ class EnvConfig:
     amp: str = "auto"
     """Mixed precision: auto (bf16 on a CUDA GPU that has it, fp32 elsewhere), fp32 (or off), bf16 (no scaler) or
     fp16 (one GradScaler per env); CPUs always train in fp32. bf16 is the GPU default because an 8-seed A/B found no
-    difference in what the controller learns (docs/results/studies/precision/: ppo fp32 0.2535, bf16 0.2531, Holm p 0.74)
-    and it gives 18 % more host samples/s (benchmarks/results/throughput_h200_2026-11-27.jsonl)."""
+    difference in what the controller learns (docs/results/studies/precision/: ppo fp32 0.2535, bf16 0.2531, Holm p
+    0.74) and it gives 18 % more host samples/s (benchmarks/results/throughput_h200_2026-11-27.jsonl)."""
     device: str = "auto"
     """auto (CUDA when visible, else CPU), cpu, cuda or cuda:N."""
     seed: int = 0
@@ -216,7 +216,7 @@ class EnvConfig:
             raise ValueError(f"device={self.device!r}: use auto, cpu, cuda or cuda:N")
         if self.gate_mode not in [m.value for m in GateMode]:
             raise ValueError(f"gate_mode={self.gate_mode!r}: choose one of {[m.value for m in GateMode]}")
-        self.reward_config  # validates reward_mode / reward_family / gamma together
+        self.reward_config  # noqa: B018  (the property validates reward_mode / reward_family / gamma together)
         if self.family is not None:
             self.members()  # each member's settings, checked now
 

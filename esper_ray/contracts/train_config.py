@@ -23,9 +23,10 @@ MAX_COUNT = 100_000
 """Seeds are 32-bit where numpy takes them (np.random.seed, which RLlib calls in every env runner)."""
 # Env settings of every run a command sets up (`train`, `eval`, every arm of `ab`, so the arms of an A/B share one env,
 # and `heuristic`, so it runs the lifecycle the A/B's heuristic arm runs) unless `env` or a flag gives others; a bare
-# EnvConfig (the env built directly, `host`) keeps its own defaults. commit_horizon masks a germination whose seed could no longer be
-# fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds (docs/results/studies/
-# horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46 (studies/commit_horizon/).
+# EnvConfig (the env built directly, `host`) keeps its own defaults. commit_horizon masks a germination whose seed
+# could no longer be fossilized before the run ends: with lr 3e-4 it committed the best plan on 15 of 16 seeds
+# (docs/results/studies/horizon_lr/, default_lr/), and it took the rollouts from 0.36 to 0.46
+# (studies/commit_horizon/).
 TRAINING_ENV_DEFAULTS: dict[str, Any] = {"commit_horizon": True}
 RUN_ENV_KEYS = ("task", "plugins", "family", "slots", "max_epochs", "reward_mode", "reward_family", "gamma", "seed")
 """EnvConfig's settings that a run gives at the top level (`--task`, `max_epochs:`), not under `env`: the same for
@@ -77,7 +78,8 @@ class TrainConfig:
     leads into the round after a checkpoint (every `checkpoint_every` rounds) or past the last. Off by default: it
     changes what is learned (with the envs on GPUs it gains most on several cards: docs/performance.md)."""
     placement: str = "PACK"
-    """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different nodes)."""
+    """Placement of the run's actors across nodes: PACK (fill a node first) or SPREAD (env runners on different
+    nodes)."""
     lr: float = 3e-4
     """Adam learning rate of the policy. 3e-4 since issue 68 (1e-3 before): the steadiest training measured, and with
     commit_horizon it committed the best plan on 15 of 16 seeds (docs/results/studies/horizon_lr/, default_lr/)."""

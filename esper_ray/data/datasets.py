@@ -35,7 +35,8 @@ CIFAR_HELP = (
 
 @dataclass(frozen=True)
 class TaskContext:
-    """The run's data settings a task's loader may read (EnvConfig's fields of these names); a plug-in may ignore them."""
+    """The run's data settings a task's loader may read (EnvConfig's fields of these names); a plug-in may ignore
+    them."""
 
     data_dir: str | None = None
     synthetic_size: int = 10_000

@@ -1,9 +1,8 @@
 """One host epoch on a shard, and one fused counterfactual validation pass.
 
-Both accumulate on the device and synchronise once, at the end (no `.item()` per batch), asleep (gpu_wait.py). All counts are
-what was really processed: samples for the image tasks, tokens for text (seed doc 001: the original counted
-sequences or batches). The optimisation step itself, and its
-CUDA-graph capture, live in train_step.py.
+Both accumulate on the device and synchronise once, at the end (no `.item()` per batch), asleep (gpu_wait.py). All
+counts are what was really processed: samples for the image tasks, tokens for text (seed doc 001: the original
+counted sequences or batches). The optimisation step itself, and its CUDA-graph capture, live in train_step.py.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class MorphogeneticEnv(gym.Env):
             )
         return TestStats(accuracy=stats.accuracy(0), loss=stats.loss(0), accuracy_with_probation=stats.accuracy(1))
 
-    # ------------------------------------------------------------------ reset: the member, its host and data, a fresh model
+    # -------------------------------------------------------------- reset: the member, its host and data, a fresh model
     def _reset(self, seed: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         if seed is not None and self._round is None:
             self._family_seed, self._family_draws = seed, 0
@@ -329,7 +329,7 @@ class MorphogeneticEnv(gym.Env):
             if momentum is not None:
                 momentum.zero_()
 
-    # ------------------------------------------------------------------ step: decision, epoch, validation, rollback, reward, observation
+    # -------------------------------------------- step: decision, epoch, validation, rollback, reward, observation
     def _step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         assert self.model is not None
         timings: dict[str, float] = {}

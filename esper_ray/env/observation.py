@@ -48,7 +48,8 @@ def feature_size() -> int:
 def slot_descriptors(host_slots: Sequence[SlotSpec], slot_ids: Sequence[str]) -> np.ndarray:
     """[len(slot_ids), SLOT_DESCRIPTORS]: present (1), depth fraction (the slot's position among all the host's slots
     in forward order, 0 first .. 1 last, 0.5 for a host of one slot), width (log2 of its channels / 10) and its
-    topology one-hot. Forward order: `r{row}c{col}` slots by forward_position, a plug-in host's as slots() lists them."""
+    topology one-hot. Forward order: `r{row}c{col}` slots by forward_position, a plug-in host's as slots() lists
+    them."""
     specs = {s.id: s for s in host_slots}
     order = [s.id for s in host_slots]
     if all(is_grid_slot(s) for s in order):

@@ -181,7 +181,8 @@ def _pair_row(p: PairComparison, extra: str = "") -> str:
     ci = p.hodges_lehmann_ci
     interval = f" [{_fmt(ci.low)}, {_fmt(ci.high)}]" if math.isfinite(ci.low) else ""
     return (
-        f"| {p.arm_a} | {p.arm_b} |{extra} {p.n_pairs} ({p.wilcoxon_n}) | {_fmt(p.wilcoxon_p)} ({_fmt(p.wilcoxon_p_holm)}) | "
+        f"| {p.arm_a} | {p.arm_b} |{extra} {p.n_pairs} ({p.wilcoxon_n}) | "
+        f"{_fmt(p.wilcoxon_p)} ({_fmt(p.wilcoxon_p_holm)}) | "
         f"{_fmt(p.hodges_lehmann)}{interval} | {'; '.join(p.notes)} |"
     )
 
@@ -192,7 +193,8 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         "",
         "## Held-out hosts",
         "",
-        f"Every trial was evaluated on {len(hosts)} held-out host(s) no arm trained on: {', '.join(hosts)}. The PPO arm "
+        f"Every trial was evaluated on {len(hosts)} held-out host(s) no arm trained on: {', '.join(hosts)}. "
+        "The PPO arm "
         "trained on its own settings and was then frozen: its evaluation there is the transfer measurement. The "
         "verdict above is the pooled one (per run seed, the mean over the hosts).",
         "",
@@ -211,7 +213,8 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         lines.append(
             f"| {row['arm']} | {row['controller']} | {_fmt(row['host_runs_per_network'])} | "
             f"{_fmt(row['host_runs_per_new_host'])} | "
-            f"{_fmt(row['search_runs_per_new_host'])} | {row['one_off']} | {', '.join(row['not_applicable_on']) or '-'} |"
+            f"{_fmt(row['search_runs_per_new_host'])} | {row['one_off']} | "
+            f"{', '.join(row['not_applicable_on']) or '-'} |"
         )
     header = [
         "| A | B | run-seed pairs (non-zero) | paired p (Holm) | Hodges-Lehmann A - B | notes |",

@@ -158,8 +158,10 @@ def markdown(
         f"# A/B experiment `{spec.name}`",
         "",
         f"Metric: **{spec.metric}**: {METRIC_LABELS[spec.metric]}; common to every arm, never an arm's own reward. "
-        f"Alpha {spec.alpha}. {counted(len(spec.seeds), 'run seed')} shared by all arms (run seed s: same host initialisation, "
-        f"data order and {counted(spec.eval_episodes, 'evaluation episode')} in every arm), {counted(spec.rounds, 'PPO round')} per trial.",
+        f"Alpha {spec.alpha}. {counted(len(spec.seeds), 'run seed')} shared by all arms "
+        "(run seed s: same host initialisation, "
+        f"data order and {counted(spec.eval_episodes, 'evaluation episode')} in every arm), "
+        f"{counted(spec.rounds, 'PPO round')} per trial.",
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
         f"permutation with order seed {record.order_seed}{' (drawn for this run)' if record.order_seed_drawn else ''}: "
@@ -177,8 +179,11 @@ def markdown(
         "",
         "## Verdict",
         "",
-        f"The verdict rests on the test paired by run seed (Wilcoxon signed-rank, exact), Holm-corrected over the {len(pairs)} "
-        f"pair(s){' the experiment file names (compare)' if spec.compare is not None else ''}; Mann-Whitney U is the unpaired view. An exact paired test needs at least {seeds_needed(spec.alpha)} "
+        "The verdict rests on the test paired by run seed (Wilcoxon signed-rank, exact), "
+        f"Holm-corrected over the {len(pairs)} "
+        f"pair(s){' the experiment file names (compare)' if spec.compare is not None else ''}; "
+        "Mann-Whitney U is the unpaired view. "
+        f"An exact paired test needs at least {seeds_needed(spec.alpha)} "
         f"non-zero run-seed pairs to reach alpha={spec.alpha}.",
         "",
         *[f"- {v} {s}" for v, s in zip(verdicts, size_verdicts)],
@@ -205,7 +210,8 @@ def markdown(
         "",
         "## Pairs",
         "",
-        "Differences are A - B. Intervals are 95 % unless another coverage is given (the exact coverage that n allows).",
+        "Differences are A - B. "
+        "Intervals are 95 % unless another coverage is given (the exact coverage that n allows).",
         "",
         "| A | B | run-seed pairs (non-zero) | paired p (Holm) | smallest possible p | Hodges-Lehmann A - B | "
         "Mann-Whitney U | unpaired p (Holm) | P(A > B) | notes |",
@@ -213,7 +219,8 @@ def markdown(
     ]
     for p in pairs:
         lines.append(
-            f"| {p.arm_a} | {p.arm_b} | {p.n_pairs} ({p.wilcoxon_n}) | {_fmt(p.wilcoxon_p)} ({_fmt(p.wilcoxon_p_holm)}) | "
+            f"| {p.arm_a} | {p.arm_b} | {p.n_pairs} ({p.wilcoxon_n}) | "
+            f"{_fmt(p.wilcoxon_p)} ({_fmt(p.wilcoxon_p_holm)}) | "
             f"{_fmt(p.wilcoxon_min_p)} | {_fmt(p.hodges_lehmann)} {_ci(p.hodges_lehmann_ci)} | {_fmt(p.u)} | "
             f"{_fmt(p.mann_whitney_p)} ({_fmt(p.mann_whitney_p_holm)}) | {_fmt(p.prob_a_beats_b)} {_ci(p.prob_ci)} | "
             f"{'; '.join(p.notes)} |"
@@ -278,12 +285,14 @@ def kept_lines(record: ExperimentRecord) -> list[str]:
         "run\"). The test accuracy above is that model's; beside it, the same evaluation episodes with the seeds still "
         "on probation left in at their last alpha. Means per evaluation episode over each arm's finished trials.",
         "",
-        "| arm | test accuracy, committed | with seeds on probation | fossilized seeds | params kept | params on probation (dropped) |",
+        "| arm | test accuracy, committed | with seeds on probation | fossilized seeds | params kept | "
+        "params on probation (dropped) |",
         "|---|---|---|---|---|---|",
     ]
     for arm in arms:
         lines.append(
-            f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | {_fmt(mean(fossilized[arm]), 3)} | "
+            f"| {arm} | {_fmt(mean(test[arm]))} | {_fmt(mean(with_probation[arm]))} | "
+            f"{_fmt(mean(fossilized[arm]), 3)} | "
             f"{_fmt(mean(kept[arm]), 6)} | {_fmt(mean(probation[arm]), 6)} |"
         )
     return lines + ([] if record.spec.held_out is not None else unplanted_lines(record))  # held-out: per host there
@@ -304,7 +313,8 @@ def unplanted_lines(record: ExperimentRecord) -> list[str]:
         [
             "",
             *[
-                f"- {arm} ({_controller_label(record.spec, arm)}): its plan was {note} on seed(s) {', '.join(map(str, seeds))}"
+                f"- {arm} ({_controller_label(record.spec, arm)}): its plan was {note} "
+                f"on seed(s) {', '.join(map(str, seeds))}"
                 f" ({NOTE_MEANING[note]})."
                 for arm, by_note in notes.items()
                 for note, seeds in by_note.items()
@@ -350,7 +360,8 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
         elif kind is ControllerKind.SEARCH:
             search = spec.search_settings(arm)
             rows.append(
-                f"| {arm} | none before; on every host a search of up to {search.budget} host runs ({search.algorithm}) |"
+                f"| {arm} | none before; on every host a search of up to {search.budget} host runs "
+                f"({search.algorithm}) |"
             )
         else:
             rows.append(f"| {arm} | none (rules, no training) |")
@@ -365,7 +376,8 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
 
 
 def loss_lines(record: ExperimentRecord) -> list[str]:
-    """Test loss and perplexity beside the metric: per arm, and paired by run seed per pair of arms (none in older runs)."""
+    """Test loss and perplexity beside the metric: per arm, and paired by run seed per pair of arms (none in older
+    runs)."""
     perplexity = by_seed(record, "test_perplexity")
     loss = by_seed(record, "test_loss")
     arms = [a for a in record.spec.arms if perplexity[a]]

@@ -225,7 +225,8 @@ class TrialEvents(tune.Callback):
         if EVAL_PREFIX + "test_accuracy" in result:
             parts.append(
                 f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, +{result[EVAL_PREFIX + 'params_added']:,.0f} params"
+                f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, "
+                f"+{result[EVAL_PREFIX + 'params_added']:,.0f} params"
                 + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else "")
             )
         if parts:
@@ -359,7 +360,8 @@ def check_same_experiment(spec: ExperimentSpec, output: Path, source: str | None
         differing = sorted(k for k in set(started) | set(given) if started.get(k) != given.get(k))
         raise ValueError(
             f"--resume: {output} holds a run of experiment {stored['experiment']['name']!r} from "
-            f"{stored.get('source') or 'an unrecorded file'}, but {source or 'the given experiment'} differs in {differing}; "
+            f"{stored.get('source') or 'an unrecorded file'}, "
+            f"but {source or 'the given experiment'} differs in {differing}; "
             f"resume with the original file, or start a new run with another --output"
         )
 
@@ -427,7 +429,8 @@ def set_aside(output: Path, damage: str) -> Path:
     (output / TUNE_MANIFEST).unlink(missing_ok=True)
     print(
         f"--salvage: {output / TUNE_DIR} did not match {TUNE_MANIFEST} ({damage}); set aside as {aside.name}: "
-        f"{counted(len(finished), 'finished trial')} kept from their JSON results; the others run again, a PPO trial from its last "
+        f"{counted(len(finished), 'finished trial')} kept from their JSON results; "
+        "the others run again, a PPO trial from its last "
         f"intact checkpoint",
         flush=True,
     )

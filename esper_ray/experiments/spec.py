@@ -183,7 +183,8 @@ class ExperimentSpec:
             clash = sorted(set(settings) & set(SET_BY_EXPERIMENT))
             if clash:
                 raise ValueError(
-                    f"{where}: {clash} are set by the experiment (seeds, rounds) or the command line (--output, --address)"
+                    f"{where}: {clash} are set by the experiment (seeds, rounds) "
+                    "or the command line (--output, --address)"
                 )
             if "env" in settings and not isinstance(settings["env"], Mapping):
                 raise ValueError(f"{where}.env={settings['env']!r}: must be a mapping of env settings")

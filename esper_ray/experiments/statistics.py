@@ -399,7 +399,8 @@ def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: in
     )
     effect = (
         f"median paired difference (Hodges-Lehmann) {pair.hodges_lehmann:+.4g} "
-        f"[{pair.hodges_lehmann_ci.low:+.4g}, {pair.hodges_lehmann_ci.high:+.4g}] at {100 * pair.hodges_lehmann_ci.level:.0f} %"
+        f"[{pair.hodges_lehmann_ci.low:+.4g}, {pair.hodges_lehmann_ci.high:+.4g}] "
+        f"at {100 * pair.hodges_lehmann_ci.level:.0f} %"
         if math.isfinite(pair.hodges_lehmann)
         else "no paired difference"
     )
@@ -410,7 +411,8 @@ def verdict(pair: PairComparison, metric: str, alpha: float, pairs_in_family: in
         return f"{head}: no difference: every one of the {pair.n_pairs} run-seed pairs scored the same ({secondary})."
     if pair.wilcoxon_min_p >= alpha:
         return (
-            f"{head}: undecidable at alpha={alpha}: with {pair.wilcoxon_n} non-zero run-seed pairs the exact paired test "
+            f"{head}: undecidable at alpha={alpha}: "
+            f"with {pair.wilcoxon_n} non-zero run-seed pairs the exact paired test "
             f"cannot give p below {pair.wilcoxon_min_p:.3g}; at least {seeds_needed(alpha)} are needed "
             f"({effect}; {secondary})."
         )

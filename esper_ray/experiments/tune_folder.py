@@ -60,7 +60,7 @@ def read_trials(tune_path: Path) -> list[TuneTrial]:
     except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError) as err:
         raise _unreadable(path, f"not Tune's experiment state ({type(err).__name__}: {err})") from None
     trials = []
-    for trial, meta in entries:
+    for trial, _meta in entries:
         if (
             not isinstance(trial, dict)
             or not isinstance(trial.get("config"), dict)

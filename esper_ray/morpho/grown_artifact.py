@@ -279,7 +279,8 @@ def _checked_host_config(config: dict[str, Any], where: str, *, plugin: bool = F
                 raise ValueError(f"{where}: host_config.{key}={_short(value)}; expected an integer")
             if not 0 <= item <= limit:
                 raise ValueError(
-                    f"{where}: host_config.{key}={_short(value) if plugin else value}; expected an integer in [0, {limit:,}]"
+                    f"{where}: host_config.{key}={_short(value) if plugin else value}; "
+                    f"expected an integer in [0, {limit:,}]"
                 )
     return config
 

@@ -106,7 +106,8 @@ class HeuristicConfig:
 
     @classmethod
     def for_lifecycle(cls, lifecycle: LifecycleConfig) -> HeuristicConfig:
-        """The defaults with the planting deadline of the env's own lifecycle (its min_training_epochs, auto_forward)."""
+        """The defaults with the planting deadline of the env's own lifecycle (its min_training_epochs,
+        auto_forward)."""
         return cls(lifecycle_epochs=lifecycle.commit_steps(TEMPO))
 
     def __post_init__(self) -> None:

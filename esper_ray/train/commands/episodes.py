@@ -229,8 +229,11 @@ def format_summary(s: EpisodeSummary) -> str:
             f"{100 * (with_probation or 0.0):.2f}%)"
         )
     return (
-        f"episode {s.episode}{f' ({s.family_member})' if s.family_member else ''}: final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
-        f"params kept {s.params_added:,} on a {s.host_params:,}-param host{probation}, seeds germinated {s.germinated} / "
-        f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, training {s.train_flops:.3g} FLOPs, "
+        f"episode {s.episode}{f' ({s.family_member})' if s.family_member else ''}: "
+        f"final acc {100 * s.final_accuracy:.2f}% (start {100 * s.initial_accuracy:.2f}%){test}, "
+        f"params kept {s.params_added:,} on a {s.host_params:,}-param host{probation}, "
+        f"seeds germinated {s.germinated} / "
+        f"fossilized {s.fossilized} / pruned {s.pruned}, return {s.episode_return:.2f}, "
+        f"training {s.train_flops:.3g} FLOPs, "
         f"{s.seconds:.1f}s" + (", ended by governor rollback" if s.rolled_back else "")
     )

@@ -1,5 +1,5 @@
-"""`--save DIR` of `esper-ray eval`, `heuristic` and `grow`, and `esper-ray ab --save`: keep the network a host run grew,
-with its description.
+"""`--save DIR` of `esper-ray eval`, `heuristic` and `grow`, and `esper-ray ab --save`: keep the network a host run
+grew, with its description.
 
     DIR/weights.pt, DIR/architecture.json   the network (morpho/grown_artifact.py; `esper_ray.load_grown(DIR)`)
     DIR/summary.md                          the architecture as a table, the test accuracy, how to load it
@@ -86,7 +86,8 @@ def save_grown_run(
     checkpoint: str | None = None,
 ) -> None:
     """Write the env's final network and its description into `folder` (summary needs its test accuracy);
-    `checkpoint`: the policy's checkpoint as files meant for sharing name it (RUN/checkpoints/round_N), if one grew it."""
+    `checkpoint`: the policy's checkpoint as files meant for sharing name it (RUN/checkpoints/round_N), if one grew
+    it."""
     if env.model is None or summary.test_accuracy is None or summary.test_loss is None:
         raise RuntimeError(
             "save_grown_run needs a finished episode whose test accuracy was measured (measure_test=True)"
@@ -148,7 +149,8 @@ def saver(folder: Path, controller: str, checkpoint: str | None = None) -> Episo
 
 def saved_line(folder: Path) -> str:
     """What a command prints once it has kept a network (read back from its architecture file): how to load it, with
-    the plug-ins its parts come from (which load_grown imports only when they are passed), and whether a seed was kept."""
+    the plug-ins its parts come from (which load_grown imports only when they are passed), and whether a seed was
+    kept."""
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
     plugins, note = plugins_needed(architecture), no_seed_note(architecture)
     call = f"esper_ray.load_grown({str(folder)!r}" + (f", plugins={plugins!r})" if plugins else ")")

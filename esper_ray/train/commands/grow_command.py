@@ -158,7 +158,8 @@ class GrowProgress:
         elapsed = time.monotonic() - self.start
         left = time_left(elapsed, epoch, self.max_epochs) if elapsed >= 1 else ""  # a run of a second needs no estimate
         print(
-            f"{clock_stamp(elapsed)} grow: epoch {epoch}/{self.max_epochs}: val acc {100 * float(info['val_accuracy']):.1f}%, "
+            f"{clock_stamp(elapsed)} grow: epoch {epoch}/{self.max_epochs}: "
+            f"val acc {100 * float(info['val_accuracy']):.1f}%, "
             f"seeds planted {int(info['count/germinated'])}, committed {int(info['count/fossilized'])}, "
             f"pruned {int(info['count/pruned'])}" + (f"; {left}" if left else ""),
             flush=True,

@@ -33,9 +33,11 @@ def architecture_rows(architecture: Mapping[str, Any]) -> list[str]:
     seeds = {s["slot"]: s for s in architecture["seeds"]}
     run = architecture["run"]
     rows = [
-        "| slot | blueprint | stage at the end | in the network | blend | alpha | parameters | germinated (epoch) | fossilized (epoch) |",
+        "| slot | blueprint | stage at the end | in the network | blend | alpha | parameters | germinated (epoch) | "
+        "fossilized (epoch) |",
         "|---|---|---|---|---|---|---|---|---|",
-        f"| host | {architecture['topology']} host `{run['host_preset']}` | | yes | | | {architecture['params']['host']:,} | | |",
+        f"| host | {architecture['topology']} host `{run['host_preset']}` | | yes | | | "
+        f"{architecture['params']['host']:,} | | |",
     ]
     for slot, info in architecture["slots"].items():
         seed = seeds.get(slot)
@@ -44,7 +46,8 @@ def architecture_rows(architecture: Mapping[str, Any]) -> list[str]:
             info[k] if info[k] is not None else "" for k in ("germinated_epoch", "fossilized_epoch")
         )
         rows.append(
-            f"| {slot} | {info['blueprint'] or '-'} | {info['stage']} | {'yes' if seed else 'no'} | {blend} | {alpha} | "
+            f"| {slot} | {info['blueprint'] or '-'} | {info['stage']} | {'yes' if seed else 'no'} | "
+            f"{blend} | {alpha} | "
             f"{params} | {germinated} | {fossilized} |"
         )
     return rows
@@ -85,10 +88,14 @@ def usage_lines(folder: Path, architecture: Mapping[str, Any]) -> list[str]:
         "import esper_ray",
         "",
         # the folder's name, never its absolute path: the folder is meant to be shared, and moves
-        f"net = esper_ray.load_grown({folder.name!r})  # this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)"
-        if not plugins
-        else f"net = esper_ray.load_grown({folder.name!r}, plugins={plugins!r})  # this folder, its parts from these plug-ins "
-        "(code: pass only those you trust); a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)",
+        (
+            f"net = esper_ray.load_grown({folder.name!r})  "
+            "# this folder; a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)"
+            if not plugins
+            else f"net = esper_ray.load_grown({folder.name!r}, plugins={plugins!r})  "
+            "# this folder, its parts from these plug-ins "
+            "(code: pass only those you trust); a torch nn.Module on the CPU, in eval mode (esper-ray needed, Ray not)"
+        ),
         *prepare_lines(architecture),
         "```",
     ]
@@ -119,10 +126,12 @@ def summary_markdown(folder: Path, architecture: Mapping[str, Any]) -> str:
     lines = [
         f"# Grown network: task `{run['task']}`, env seed {run['seed']}",
         "",
-        f"**Held-out test accuracy {_pct(run['test_accuracy'])}** ({test_loss}), measured by the run on {run['device']} "
+        f"**Held-out test accuracy {_pct(run['test_accuracy'])}** ({test_loss}), "
+        f"measured by the run on {run['device']} "
         f"(amp {run['amp']}) after {run['epochs']} of {run['max_epochs']} epochs{ended}. Validation accuracy "
         f"{_pct(run['initial_val_accuracy'])} before training, {_pct(run['final_val_accuracy'])} at the end.",
-        f"Grown by: {run['controller']}. Parameters: {params['host']:,} host + {params['seeds']:,} seeds = {params['total']:,}.",
+        f"Grown by: {run['controller']}. "
+        f"Parameters: {params['host']:,} host + {params['seeds']:,} seeds = {params['total']:,}.",
         *([f"**{note[0].upper()}{note[1:]}.**"] if (note := no_seed_note(architecture)) else []),
         *_probation_line(run),
         "",

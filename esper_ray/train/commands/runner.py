@@ -78,7 +78,8 @@ def run_training(
     env_checked: bool = False,
 ) -> TrainingOutcome:
     """Train `cfg.rounds` rounds in total into `output` (a fresh folder, or the resumed run's own), its only writer
-    while it runs (run_lock.py). `env_checked`: the caller ran check_env_config (the CLI does, before Ray is imported)."""
+    while it runs (run_lock.py). `env_checked`: the caller ran check_env_config (the CLI does, before Ray is
+    imported)."""
     start = time.perf_counter()
     output = output.expanduser().resolve()
     if not env_checked:
@@ -219,7 +220,10 @@ def accuracy_by_block(rounds: list[RoundSummary]) -> str:
     means = ", ".join(
         f"rounds {b[0].round}-{b[-1].round} {100 * sum(r.final_accuracy for r in b) / len(b):.1f}%" for b in blocks
     )
-    return f"final host accuracy, mean of each block of {BLOCK_ROUNDS} rounds (one round's swings by 10-20 points): {means}"
+    return (
+        f"final host accuracy, mean of each block of {BLOCK_ROUNDS} rounds "
+        f"(one round's swings by 10-20 points): {means}"
+    )
 
 
 def format_outcome(outcome: TrainingOutcome) -> str:
@@ -253,11 +257,13 @@ def format_outcome(outcome: TrainingOutcome) -> str:
             )
     if outcome.checkpoint is not None:
         lines.append(
-            f"  checkpoint: {outcome.checkpoint} (resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)"
+            f"  checkpoint: {outcome.checkpoint} "
+            f"(resume: esper-ray train --resume {shlex.quote(str(outcome.output))} --rounds N)"
         )
     else:
         lines.append("  no round finished: nothing was saved")
     lines.append(
-        f"  metrics: {outcome.output / 'metrics.jsonl'}; TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}"
+        f"  metrics: {outcome.output / 'metrics.jsonl'}; "
+        f"TensorBoard: {tensorboard_command(outcome.output / 'tensorboard')}"
     )
     return "\n".join(lines)

@@ -242,7 +242,8 @@ def fresh_run_folder(output: Path, numbered: bool) -> Path:
         return output
     if not numbered:
         raise FileExistsError(
-            f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, or choose another --output"
+            f"{output} already holds a run: add --resume {shlex.quote(str(output))} to continue it, "
+            "or choose another --output"
         )
     n = 2
     while holds_a_run(output.with_name(f"{output.name}-{n}")) or is_locked(output.with_name(f"{output.name}-{n}")):

@@ -82,7 +82,8 @@ if __name__ == "__main__":  # write the manifest of a folder you trust (a checkp
 
     if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
         sys.exit(
-            "usage: python -m esper_ray.train.folders.manifest FOLDER  (records the size and SHA-256 of every file in FOLDER)"
+            "usage: python -m esper_ray.train.folders.manifest FOLDER  "
+            "(records the size and SHA-256 of every file in FOLDER)"
         )
     write_manifest(Path(sys.argv[1]))
     print(f"wrote {Path(sys.argv[1]) / MANIFEST_FILE}")

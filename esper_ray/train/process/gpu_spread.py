@@ -91,7 +91,8 @@ def node_gpu_ids() -> list[str]:
 
 
 def single_visible_gpu() -> str | None:
-    """The one GPU id this process sees (CUDA_VISIBLE_DEVICES, as Ray or spread_gpu set it); None for none or several."""
+    """The one GPU id this process sees (CUDA_VISIBLE_DEVICES, as Ray or spread_gpu set it); None for none or
+    several."""
     ids = gpu_list(os.environ.get("CUDA_VISIBLE_DEVICES"))
     return ids[0] if len(ids) == 1 else None
 

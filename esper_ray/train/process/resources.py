@@ -233,7 +233,8 @@ def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print
         per_env = cfg.cpus_per_env
         fits = max(0, math.floor((have_cpus - cfg.learners * cfg.effective_learner_cpus) / per_env + 1e-9))
         problems.append(
-            f"{cfg.envs} envs x cpus_per_env={per_env:g} + {cfg.learners} learner(s) x {cfg.effective_learner_cpus:g} CPU "
+            f"{cfg.envs} envs x cpus_per_env={per_env:g} + "
+            f"{cfg.learners} learner(s) x {cfg.effective_learner_cpus:g} CPU "
             f"ask for {want.cpus:g} CPUs and {have_cpus:g} are there: at most {fits} envs fit, or lower --cpus-per-env "
             f"to {max(have_cpus - cfg.learners * cfg.effective_learner_cpus, 0) / max(cfg.envs, 1):.2g}"
         )
@@ -246,7 +247,8 @@ def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print
     if have_memory_gb and want.memory_gb > have_memory_gb:
         fits = max(0, math.floor(have_memory_gb / ACTOR_MEMORY_GB) - cfg.learners)
         problems.append(
-            f"{want.actors} actors ({cfg.envs} env runners, {cfg.learners} learner(s)) need about {want.memory_gb:.1f} GB "
+            f"{want.actors} actors ({cfg.envs} env runners, {cfg.learners} learner(s)) "
+            f"need about {want.memory_gb:.1f} GB "
             f"({ACTOR_MEMORY_GB} GB each) and Ray has {have_memory_gb:.1f} GB for them: at most {fits} envs fit"
         )
     if not problems:

@@ -139,7 +139,8 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         return episodes, metrics
 
     def start_round(self, round_: int) -> None:
-        """Start the envs on training round `round_` (train/rllib/rounds.py); a no-op for the round already sampled ahead."""
+        """Start the envs on training round `round_` (train/rllib/rounds.py); a no-op for the round already sampled
+        ahead."""
         if self._lead is not None:
             if round_ != self._lead_round:
                 raise RuntimeError(f"asked to start round {round_} while sampling round {self._lead_round} ahead")

@@ -121,7 +121,8 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
 
 
 def blueprint_entropy_bonus(dist: CausalFactoredDistribution, mask: torch.Tensor, coeff: float) -> torch.Tensor:
-    """coeff x the mean over real steps of P(blueprint read) H(pi_blueprint): what the loss subtracts (0 if coeff is 0)."""
+    """coeff x the mean over real steps of P(blueprint read) H(pi_blueprint): what the loss subtracts (0 if coeff is
+    0)."""
     if not coeff:
         return torch.zeros((), device=mask.device)
     return coeff * dist.argument_entropy("blueprint")[mask].mean()
