@@ -170,16 +170,23 @@ def _resumed_train_config(
         fresh_run_folder,
         left_without_checkpoint,
         load_checkpoint_config,
+        records_a_round,
         resolve_checkpoint,
         round_of,
         run_folder_of,
     )
 
-    if left_without_checkpoint(Path(args.resume).expanduser()):  # a run killed before its first checkpoint
+    folder = Path(args.resume).expanduser()
+    if left_without_checkpoint(folder):  # a run killed before its first checkpoint
+        again = (
+            "start it again with another --output (without --resume): its metrics.jsonl keeps the rounds it finished"
+            if records_a_round(folder)
+            else f"start it again with --output {shlex.quote(args.resume)} (without --resume): a new run takes that "
+            "folder"
+        )
         raise ValueError(
             f"--resume {args.resume}: the run there saved no checkpoint (it stopped before its first), "
-            f"so there is nothing to continue; start it again with --output {shlex.quote(args.resume)} "
-            "(without --resume): a new run takes that folder"
+            f"so there is nothing to continue; {again}"
         )
     checkpoint = resolve_checkpoint(args.resume)
     stored = load_checkpoint_config(checkpoint)

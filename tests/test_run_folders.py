@@ -181,3 +181,21 @@ def test_a_folder_a_run_left_before_its_first_checkpoint_is_taken_by_a_new_run(t
     monkeypatch.setattr("esper_ray.train.commands.runner.connect_ray", started)
     with pytest.raises(RayWouldStart):  # the run went past every check of its folder
         main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])
+
+
+def test_a_folder_whose_run_finished_rounds_but_saved_no_checkpoint_is_kept_and_resume_says_where_to_go(
+    tmp_path, capsys
+):
+    """kill -9 at round 3 of a run that checkpoints every 5: its metrics are results, so a new run never writes into
+    the folder, and --resume (nothing to continue) points at another --output, not back at the folder."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n{"rou')  # the last line cut short by the kill
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--task", "digits", "--max-epochs", "2", "--output", str(out)])
+    assert exit_info.value.code == 2 and "already holds a run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", str(out), "--rounds", "4"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "start it again with another --output" in err, err

@@ -470,7 +470,7 @@ def test_eval_germinates_where_the_checkpoints_sampled_policy_germinates_and_onl
 def test_a_used_output_folder_is_never_written_into(ray_local, tmp_path, capsys, monkeypatch):
     used = tmp_path / "used"
     used.mkdir()
-    (used / "metrics.jsonl").write_text("{}\n")
+    (used / "metrics.jsonl").write_text('{"round": 1}\n')  # a finished round: results a new run would mix into
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--rounds", "1", "--output", str(used)])
     assert exit_info.value.code == 2 and "already holds a run: add --resume" in capsys.readouterr().err
@@ -478,6 +478,7 @@ def test_a_used_output_folder_is_never_written_into(ray_local, tmp_path, capsys,
     default = tmp_path / "esper_runs" / "train"
     default.mkdir(parents=True)
     (default / "config.json").write_text("{}")
+    (default / "metrics.jsonl").write_text('{"round": 1}\n')
     assert (
         main(
             [

@@ -213,18 +213,38 @@ def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
 
 
 def holds_a_run(folder: Path) -> bool:
-    """Whether a run saved something there to continue: a checkpoint (latest.json, or a round_NNNNN folder). A run
-    killed (kill -9) before its first checkpoint leaves only its RUN_MARKERS (config.json, an empty checkpoints/):
-    nothing to resume, so a new run may take the folder (its lock says whether that run still lives)."""
+    """Whether a run kept something there: a checkpoint (latest.json, or a round_NNNNN folder) or a finished round's
+    line in metrics.jsonl (results a new run would append to). A run killed (kill -9) during start-up leaves only its
+    RUN_MARKERS (config.json, an empty metrics.jsonl and checkpoints/): nothing to resume or keep, so a new run may
+    take the folder (its lock says whether that run still lives)."""
+    return has_checkpoint(folder) or records_a_round(folder)
+
+
+def has_checkpoint(folder: Path) -> bool:
+    """A checkpoint was saved there: latest.json, or a round_NNNNN folder."""
     checkpoints = folder / "checkpoints"
     return (checkpoints / LATEST_FILE).exists() or (
         checkpoints.is_dir() and any(_round_number(p) is not None for p in checkpoints.iterdir())
     )
 
 
+def records_a_round(folder: Path) -> bool:
+    """metrics.jsonl holds a finished round (a run may finish rounds before its first checkpoint: checkpoint_every)."""
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            if isinstance(json.loads(line), dict) and "round" in json.loads(line):
+                return True
+        except ValueError:
+            continue  # a line cut short by a kill
+    return False
+
+
 def left_without_checkpoint(folder: Path) -> bool:
     """A run's folder (RUN_MARKERS) in which no checkpoint was ever saved: `--resume` has nothing to continue there."""
-    return folder.is_dir() and any((folder / m).exists() for m in RUN_MARKERS) and not holds_a_run(folder)
+    return folder.is_dir() and any((folder / m).exists() for m in RUN_MARKERS) and not has_checkpoint(folder)
 
 
 def fresh_run_folder(output: Path, numbered: bool) -> Path:
