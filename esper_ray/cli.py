@@ -221,7 +221,7 @@ def _resumed_train_config(
 def _cmd_train(args: argparse.Namespace) -> int:
     from esper_ray.formatting import counted
     from esper_ray.train.folders.run_lock import check_can_write
-    from esper_ray.train.output.progress_lines import warn_short_run
+    from esper_ray.train.output.progress_lines import warn
     from esper_ray.train.process.preflight import check_env_config
 
     # Every argument is checked before Ray is imported: importing it takes 30-165 s on a busy machine
@@ -238,7 +238,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
         flush=True,
     )
-    warn_short_run("train", cfg.short_run_warning())
+    warn("train", cfg.short_run_warning())
     outcome = run_training(cfg, Path(cfg.output), resume=resume, env_checked=True)
     print(format_outcome(outcome))
     if outcome.terminated:
@@ -330,7 +330,7 @@ def _cmd_grow(args: argparse.Namespace) -> int:
 def _cmd_ab(args: argparse.Namespace) -> int:
     from esper_ray.experiments.spec import ExperimentSpec
     from esper_ray.formatting import counted
-    from esper_ray.train.output.progress_lines import warn_short_run
+    from esper_ray.train.output.progress_lines import warn
 
     spec = ExperimentSpec.from_yaml(args.experiment)  # checked before Ray and Tune are imported: seconds, not 15-30
     try:
@@ -343,7 +343,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     _print_ab_plan(spec, output)
     for line in spec.short_run_warnings():
-        warn_short_run("ab", line)
+        warn("ab", line)
     if args.salvage and not args.resume:
         raise ValueError("--salvage: it keeps what a killed run finished when resuming it; add --resume")
     with ctrl_c_deferred():  # Ray and Tune load here (deferred_interrupt.py)

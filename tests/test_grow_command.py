@@ -262,3 +262,20 @@ def test_what_grow_cannot_run_is_refused_in_one_line_before_the_host_trains(chec
     assert [p.name for p in used.iterdir()] == ["mine.txt"]
     # a policy runs with fewer slots than it was trained with (issue 68 item 3: spaces sized for MAX_SLOTS)
     assert main(["eval", "--checkpoint", str(checkpoint), "--episodes", "1", "--env", "slots=[r0c0, r0c1]"]) == 0
+
+
+def test_a_host_with_slot_positions_no_training_host_filled_is_said_in_one_line():
+    """`grow` and `eval` accepted a 5- or 6-slot host for a policy trained on hosts of at most 4 slots, silently
+    (issue 75): the positions past 4 are read by untrained weights. The line names both counts and the untrained
+    positions; a host within the trained positions gets none."""
+    from esper_ray.contracts.env_config import EnvConfig
+    from esper_ray.train.commands.evaluate import untrained_positions_line
+
+    trained = EnvConfig.from_mapping({"family": "digits-family"})  # members of 2 to 4 slots
+    assert max(len(cfg.slots) for _, cfg in trained.members()) == 4
+    held_out = EnvConfig.from_mapping({"family": "digits-held-out-starved"})
+    six = next(cfg for member, cfg in held_out.members() if member.name == "impaired-6b")  # as grow runs it
+    line = untrained_positions_line(trained, six)
+    assert line is not None and "fills 6 slot positions" in line and "at most 4" in line and "positions 5-6" in line
+    assert untrained_positions_line(trained, EnvConfig.from_mapping({"task": "digits"})) is None  # 3 of 4
+    assert "fills 6 slot positions" in untrained_positions_line(trained, held_out)  # a family: its largest member

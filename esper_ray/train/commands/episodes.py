@@ -12,7 +12,7 @@ import torch
 
 from esper_ray.contracts.stages import LIVE_STAGES, Stage
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
-from esper_ray.train.output.progress_lines import EpisodeProgress, warn_short_run
+from esper_ray.train.output.progress_lines import EpisodeProgress, warn
 
 
 class Controller(Protocol):
@@ -192,7 +192,7 @@ def run_episodes(
     if episodes < 1:
         raise ValueError(f"episodes={episodes}: must be >= 1")
     if progress:
-        warn_short_run(label, env.base_cfg.short_run_warning())
+        warn(label, env.base_cfg.short_run_warning())
     lines = EpisodeProgress(label, episodes, env.cfg.max_epochs, threads=torch.get_num_threads()) if progress else None
     summaries: list[EpisodeSummary] = []
     for episode in range(episodes):

@@ -47,6 +47,7 @@ from esper_ray.train.commands.episodes import (
 )
 from esper_ray.train.commands.grow import NetworkFiles, network_keeper
 from esper_ray.train.folders.checkpoints import load_checkpoint_config
+from esper_ray.train.output.progress_lines import warn
 from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 from esper_ray.train.rllib.overlap import learn_pending
 from esper_ray.train.rllib.rounds import MODULE_PATH
@@ -165,6 +166,24 @@ def check_policy_fits(checkpoint: Path, env: MorphogeneticEnv) -> None:
     check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
 
 
+def untrained_positions_line(trained: EnvConfig, run: EnvConfig) -> str | None:
+    """One line when the run's hosts fill more slot positions than any host the policy trained on: each position is
+    read by weights of its own (policy/rl_module.py), and a position no training host filled got no gradient, so
+    the policy's choices there are its initial weights', not learned. None when every position was trained."""
+
+    def positions(cfg: EnvConfig) -> int:
+        return max((len(member.slots) for _, member in cfg.members()), default=len(cfg.slots))
+
+    trained_on, needs = positions(trained), positions(run)
+    if needs <= trained_on:
+        return None
+    return (
+        f"this host fills {needs} slot positions and the policy trained on hosts of at most {trained_on}: positions "
+        f"{trained_on + 1}-{needs} are read by weights no training host filled (at their initial values), so its "
+        "decisions there are not learned; train on a family whose hosts have as many slots (docs/families.md)"
+    )
+
+
 def baseline_controller(kind: ControllerKind, cfg: TrainConfig, fixed: FixedPlan | None = None) -> Controller:
     """A controller that needs no training. Random draws depend on the run's seed only; `fixed` is the seed a
     `fixed` controller plants."""
@@ -272,6 +291,7 @@ def run_evaluation(
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
     check_policy_fits(checkpoint, env)
+    warn("eval", untrained_positions_line(cfg.env, env.base_cfg))
     module, feature_filter = load_policy(checkpoint)
     return run_episodes(
         env,

@@ -28,7 +28,12 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.formatting import clock_stamp, time_left
 from esper_ray.morpho.hosts import build_host
 from esper_ray.train.commands.episodes import EpisodeHistory, EpisodeSummary, format_summary, run_episode
-from esper_ray.train.commands.evaluate import GreedyPolicyController, check_policy_fits, load_policy
+from esper_ray.train.commands.evaluate import (
+    GreedyPolicyController,
+    check_policy_fits,
+    load_policy,
+    untrained_positions_line,
+)
 from esper_ray.train.commands.grow import check_save_folder, save_grown_run, saved_line
 from esper_ray.train.folders.checkpoints import (
     in_a_run,
@@ -38,7 +43,7 @@ from esper_ray.train.folders.checkpoints import (
     run_folder_of,
 )
 from esper_ray.train.folders.run_lock import writable_folder
-from esper_ray.train.output.progress_lines import warn_short_run
+from esper_ray.train.output.progress_lines import warn
 from esper_ray.train.process.threads import COMMAND_THREADS, use_threads
 
 TASK_BOUND_ENV_KEYS = ("batch_size", "host_lr", "augment", "val_batch_size", "data_dir", "text_max_bytes")
@@ -203,7 +208,8 @@ def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
             f"{env.cfg.task}, {env.cfg.max_epochs} epochs, env seed {env.cfg.seed}; the network goes to {folder}",
             flush=True,
         )
-        warn_short_run("grow", env.base_cfg.short_run_warning())
+        warn("grow", env.base_cfg.short_run_warning())
+        warn("grow", untrained_positions_line(cfg.env, env.base_cfg))
         history = EpisodeHistory()
         summary = run_episode(
             env, controller, 0, GrowProgress(env.cfg.max_epochs).epoch, measure_test=True, history=history

@@ -86,7 +86,8 @@ class EpisodeProgress:
         self._line(text + self._left(self.episodes_done * self.max_epochs))
 
 
-def warn_short_run(command: str, line: str | None) -> None:
-    """A run too short for a seed to be kept (EnvConfig.short_run_warning), said in one line on stderr."""
+def warn(command: str, line: str | None) -> None:
+    """A warning (a run too short for a seed to be kept, a host the policy never trained for) in one line on stderr;
+    None: nothing to say."""
     if line is not None:
         print(f"esper-ray {command}: warning: {line}", file=sys.stderr, flush=True)
