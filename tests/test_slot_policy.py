@@ -185,12 +185,38 @@ def test_absent_slots_are_masked_and_do_not_change_what_the_present_slots_get():
     torch.testing.assert_close(padded.value, three.value, rtol=1e-4, atol=1e-6)
 
 
-def test_a_space_with_no_slot_present_gives_finite_outputs_and_only_wait():
+def test_a_space_with_no_slot_present_gives_finite_outputs_and_only_wait_and_attention_always_has_a_key():
+    """Attention whose keys are all masked is undefined: torch's fast path (eval mode, no gradients) gave NaN on one
+    call and other values on the next, the slow path 0. The run token, never masked, leaves every query a key."""
     module = make_module(4)
-    empty = random_host(0, seed=8)
-    got = outputs(module, [observation(empty, 4)] * 2)
-    assert torch.all(got.wait == 1) and torch.isfinite(got.value).all()
-    assert torch.isfinite(got.blueprint).all()
+    masks = []
+    module.attention.register_forward_pre_hook(
+        lambda _, args, kwargs: masks.append(kwargs["key_padding_mask"].clone()), with_kwargs=True
+    )
+    empty = [observation(random_host(0, seed=8), 4)] * 2
+    for training in (False, True):
+        module.train(training)
+        got = outputs(module, empty)
+        assert torch.all(got.wait == 1) and torch.isfinite(got.value).all() and torch.isfinite(got.blueprint).all()
+    assert masks and all(bool((~mask).any(-1).all()) for mask in masks)
+
+
+def test_the_module_samples_only_legal_actions_and_their_logp_is_finite_over_a_batch_of_sequences():
+    module = make_module(3)
+    host = random_host(3, seed=10)
+    obs = observation(host, 3)
+    batch = batch_of(module, [obs] * 2)
+    batch = {k: {n: v.expand(256, *v.shape[1:]) for n, v in part.items()} for k, part in batch.items()}
+    with torch.no_grad():
+        logits = module.forward_exploration(batch)[Columns.ACTION_DIST_INPUTS]  # [256, 2, L]
+    dist = module.get_exploration_action_dist_cls().from_logits(logits)
+    torch.manual_seed(0)
+    actions = dist.sample()  # [256, 2, heads]
+    joint = slot_joint_size(3)
+    assert all(obs["action_mask"][j] for j in actions[..., 0].flatten().tolist())
+    assert all(obs["action_mask"][joint + b] for b in actions[..., 1].flatten().tolist())
+    assert len(set(actions[..., 0].flatten().tolist())) > 1
+    assert torch.isfinite(dist.logp(actions)).all() and dist.logp(actions).max() < 0
 
 
 def test_the_prune_and_fossilize_priors_land_on_every_slots_prune_and_fossilize_entries():

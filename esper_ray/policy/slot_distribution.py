@@ -80,7 +80,8 @@ class SlotConditionedDistribution(Distribution):
     def _rows(self, joint: torch.Tensor) -> list[torch.Tensor]:
         """Per argument head, the log-probabilities [..., n_h] of the row of slot(joint)."""
         slot = self.slot_of[joint]
-        batch = torch.broadcast_shapes(slot.shape, self.arguments[0].shape[:-2])  # actions may broadcast over the logits
+        # Actions may broadcast over the logits' batch (one set of logits, many actions), as TorchCategorical's do.
+        batch = torch.broadcast_shapes(slot.shape, self.arguments[0].shape[:-2])
         index = slot.expand(batch)[..., None, None]
         return [
             logp.expand(*batch, *logp.shape[-2:]).gather(-2, index.expand(*batch, 1, logp.shape[-1])).squeeze(-2)

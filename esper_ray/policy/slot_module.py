@@ -45,7 +45,8 @@ from esper_ray.policy.slot_distribution import (
     slot_relevance_matrix,
 )
 
-# Network sizes: hidden_size is the width of a slot's token. "cpu" is small enough for the CPU quick start.
+# Network sizes: hidden_size is the width of a slot's token. "cpu" is small enough for the CPU quick start; "gpu" is a
+# first guess, not yet measured.
 SLOT_MODEL_PRESETS: dict[str, dict[str, int]] = {
     "cpu": {"hidden_size": 64, "lstm_cell_size": 64, "head_hidden": 32, "blueprint_embedding": 4, "attention_heads": 4},
     "gpu": {
