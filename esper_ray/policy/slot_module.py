@@ -1,0 +1,216 @@
+"""A slot-equivariant controller network (issue 75): one set of weights for every slot, however many the space holds.
+
+MorphoPolicyModule reads the flat features of MAX_SLOTS positions through one Linear, so each position has weights of
+its own (a position no training host fills is never trained), and its argument heads do not see the chosen slot
+(P(blueprint | slot) = P(blueprint)). Here:
+
+- one encoder maps every slot's block (its measured features, descriptors and blueprint embedding) to a token, and one
+  more the run features to a run token;
+- one attention layer mixes the tokens (no positional encoding: a slot is known by its descriptors, not its place in
+  the list); absent slots are masked as keys, and the run token, always present, keeps a host with no slot present
+  from attending to nothing;
+- an LSTM over time reads the run token beside the masked mean of the slot tokens (the recurrent state "h", "c");
+- per slot, from its token and the LSTM output, one shared layer gives the logits of the 5 slotted ops and one the
+  argument logits (every argument head); WAIT and V(s) come from the LSTM output.
+
+ACTION_DIST_INPUTS: the joint head in contracts/actions.py's layout for S slots (0 = WAIT, then 1 + (op - 1) * S +
+slot), then S rows of argument logits (slot_distribution.py samples the arguments from the chosen slot's row). Masked
+like MorphoPolicyModule's: the joint entries by the mask's joint part, each row by its heads' masks. S is read from
+the observation space, so the same weights run on spaces of any slot count (slot_spaces builds them).
+
+Not yet wired into training (ppo_config, the checkpoint layout and the env's MAX_SLOTS still use MorphoPolicyModule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch import nn
+
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, HEAD_SIZES_AFTER_JOINT, SLOTTED_OPS, Op
+from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT
+from esper_ray.policy.layout import LAYOUT_KEY, check_layout
+from esper_ray.policy.rl_module import MASKED_LOGIT, _mlp_head
+from esper_ray.policy.slot_distribution import (
+    ARGUMENT_SIZE,
+    SlotConditionedDistribution,
+    slot_joint_size,
+    slot_relevance_matrix,
+)
+
+# Network sizes: hidden_size is the width of a slot's token. "cpu" is small enough for the CPU quick start; "gpu" is a
+# first guess, not yet measured.
+SLOT_MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "cpu": {"hidden_size": 64, "lstm_cell_size": 64, "head_hidden": 32, "blueprint_embedding": 4, "attention_heads": 4},
+    "gpu": {
+        "hidden_size": 256,
+        "lstm_cell_size": 512,
+        "head_hidden": 256,
+        "blueprint_embedding": 8,
+        "attention_heads": 8,
+    },
+}
+
+
+def slot_spaces(num_slots: int) -> tuple[gym.spaces.Dict, gym.spaces.MultiDiscrete]:
+    """The observation and action spaces for `num_slots` slot positions, built as the env builds its own for
+    MAX_SLOTS (env/morphogenetic_env.py): the same at MAX_SLOTS."""
+    joint = slot_joint_size(num_slots)
+    nvec = [joint, *HEAD_SIZES_AFTER_JOINT]
+    observation = gym.spaces.Dict(
+        {
+            "features": gym.spaces.Box(-10.0, 10.0, shape=(BASE_FEATURES + SLOT_BLOCK * num_slots,), dtype=np.float32),
+            "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * num_slots),
+            "action_mask": gym.spaces.MultiDiscrete(np.full(sum(nvec), 2), dtype=np.int8),
+        }
+    )
+    return observation, gym.spaces.MultiDiscrete(nvec)
+
+
+def _encoder(inputs: int, width: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, width), nn.LayerNorm(width), nn.ReLU())
+
+
+class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
+    """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding, attention_heads (see
+    SLOT_MODEL_PRESETS), prune_logit and fossilize_logit (optional): the initial bias of the shared op layer's PRUNE
+    and FOSSILIZE entries, and policy_layout (optional here, checked when given)."""
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        cfg = self.model_config
+        if cfg.get(LAYOUT_KEY) is not None:
+            check_layout(cfg[LAYOUT_KEY], "policy")
+        spaces = self.observation_space.spaces  # type: ignore[union-attr]
+        self.num_slots = int(spaces["blueprint_ids"].shape[0])
+        expected_obs, expected_action = slot_spaces(self.num_slots)
+        features = int(spaces["features"].shape[0])
+        nvec = [int(n) for n in self.action_space.nvec]  # type: ignore[union-attr]
+        if (features, nvec) != (expected_obs["features"].shape[0], [int(n) for n in expected_action.nvec]):
+            raise ValueError(
+                f"policy: spaces of {self.num_slots} slots with {features} features and action heads {nvec}; "
+                f"{self.num_slots} slots need {expected_obs['features'].shape[0]} and {list(expected_action.nvec)}"
+            )
+        self.joint_size = nvec[0]
+        width, self.cell, hidden = int(cfg["hidden_size"]), int(cfg["lstm_cell_size"]), int(cfg["head_hidden"])
+        heads = int(cfg.get("attention_heads", 1))
+        if heads < 1 or width % heads:
+            raise ValueError(f"policy: attention_heads={heads}: must be >= 1 and divide hidden_size={width}")
+        self.embedding = nn.Embedding(BLUEPRINT_NONE_INDEX + 1, int(cfg["blueprint_embedding"]))
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.slot_encoder = _encoder(SLOT_BLOCK + int(cfg["blueprint_embedding"]), width)
+        self.run_encoder = _encoder(BASE_FEATURES, width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.attention_norm = nn.LayerNorm(width)
+        self.feed_forward = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+        self.feed_forward_norm = nn.LayerNorm(width)
+        self.summary = _encoder(2 * width, width)
+        self.lstm = nn.LSTM(width, self.cell, batch_first=True)
+        self.op_head = _mlp_head(width + self.cell, hidden, len(SLOTTED_OPS), 0.01)
+        self.argument_head = _mlp_head(width + self.cell, hidden, ARGUMENT_SIZE, 0.01)
+        self.wait_head = _mlp_head(self.cell, hidden, 1, 0.01)
+        with torch.no_grad():  # priors, learnable like any bias: how often an untrained policy prunes and commits
+            for op, key in ((Op.PRUNE, "prune_logit"), (Op.FOSSILIZE, "fossilize_logit")):
+                self.op_head[2].bias[SLOTTED_OPS.index(op)] = float(cfg.get(key, 0.0))
+        self.value_head = _mlp_head(self.cell, hidden, 1, 1.0)
+        self.action_dist_cls = SlotConditionedDistribution.get_partial_dist_cls(
+            num_slots=self.num_slots, relevance=slot_relevance_matrix(self.num_slots)
+        )
+
+    @override(TorchRLModule)
+    def get_initial_state(self) -> dict[str, np.ndarray]:
+        return {"h": np.zeros(self.cell, np.float32), "c": np.zeros(self.cell, np.float32)}
+
+    def _tokens(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mixed run token [B, T, W], slot tokens [B, T, S, W] and present flags [B, T, S] (bool)."""
+        features = obs["features"].float()
+        blocks = features[..., BASE_FEATURES:].unflatten(-1, (self.num_slots, SLOT_BLOCK))  # [B, T, S, SLOT_BLOCK]
+        present = blocks[..., SLOT_PRESENT] > 0.5
+        blueprints = self.embedding(obs["blueprint_ids"].long())
+        slots = self.slot_encoder(torch.cat([blocks, blueprints], dim=-1))
+        run = self.run_encoder(features[..., :BASE_FEATURES])
+        tokens = torch.cat([run.unsqueeze(-2), slots], dim=-2)  # [B, T, 1 + S, W]
+        flat = tokens.flatten(0, 1)
+        absent = torch.cat([torch.zeros_like(present[..., :1]), ~present], dim=-1).flatten(0, 1)  # run: never absent
+        mixed, _ = self.attention(flat, flat, flat, key_padding_mask=absent, need_weights=False)
+        flat = self.attention_norm(flat + mixed)
+        flat = self.feed_forward_norm(flat + self.feed_forward(flat))
+        tokens = flat.unflatten(0, tokens.shape[:2])
+        return tokens[..., 0, :], tokens[..., 1:, :], present
+
+    def _recur(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if x.shape[1] == 1 and x.device.type == "cpu":
+            # One step (sampling in an env runner): the plain LSTM cell, as MorphoPolicyModule does (same math;
+            # nn.LSTM on the CPU re-packs its weights every call).
+            lstm = self.lstm
+            h, c = torch.lstm_cell(
+                x[:, 0],
+                (state["h"], state["c"]),
+                lstm.weight_ih_l0,
+                lstm.weight_hh_l0,
+                lstm.bias_ih_l0,
+                lstm.bias_hh_l0,
+            )
+            return h.unsqueeze(1), {"h": h, "c": c}
+        out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
+        return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
+
+    def _embed(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """LSTM output [B, T, C], slot tokens [B, T, S, W] and the state out."""
+        run, slots, present = self._tokens(batch[Columns.OBS])
+        weights = present.unsqueeze(-1).float()
+        pooled = (slots * weights).sum(-2) / weights.sum(-2).clamp(min=1.0)  # masked mean; 0 when none is present
+        out, state = self._recur(self.summary(torch.cat([run, pooled], dim=-1)), batch[Columns.STATE_IN])
+        return out, slots, state
+
+    def _logits(self, out: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        per_slot = torch.cat([slots, out.unsqueeze(-2).expand(*slots.shape[:-1], out.shape[-1])], dim=-1)
+        ops = self.op_head(per_slot).transpose(-1, -2).flatten(-2)  # [B, T, 5 * S], op-major like the joint layout
+        joint = torch.cat([self.wait_head(out), ops], dim=-1)
+        rows = self.argument_head(per_slot)  # [B, T, S, A]
+        arguments_mask = mask[..., self.joint_size :].unsqueeze(-2)  # one mask for every slot's row
+        joint = joint.masked_fill(mask[..., : self.joint_size] == 0, MASKED_LOGIT)
+        rows = rows.masked_fill(arguments_mask == 0, MASKED_LOGIT)
+        return torch.cat([joint, rows.flatten(-2)], dim=-1)
+
+    def _outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        out, slots, state_out = self._embed(batch)
+        return {
+            Columns.ACTION_DIST_INPUTS: self._logits(out, slots, batch[Columns.OBS]["action_mask"]),
+            Columns.STATE_OUT: state_out,
+            Columns.EMBEDDINGS: out,
+        }
+
+    # No layer acts differently in training and evaluation (no dropout: MultiheadAttention's is 0), so acting skips
+    # RLlib's eval()/train() switch, as MorphoPolicyModule does.
+    @override(TorchRLModule)
+    def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_exploration(batch, **kwargs)
+
+    @override(TorchRLModule)
+    def forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_inference(batch, **kwargs)
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        outputs = self._outputs(batch)
+        del outputs[Columns.EMBEDDINGS]  # sampling stores every output in the episode: keep it lean
+        return outputs
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._outputs(batch)  # the loss reuses the LSTM output for V(s)
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        """V(s): [B, T] (the last dimension squeezed)."""
+        if embeddings is None:
+            embeddings, _, _ = self._embed(batch)
+        return self.value_head(embeddings).squeeze(-1)
