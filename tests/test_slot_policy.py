@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +23,13 @@ from esper_ray.contracts.actions import (
     Blueprint,
     Op,
 )
+from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.masks import action_nvec
 from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT, feature_size, slot_offset
 from esper_ray.policy.distribution import relevance_matrix
-from esper_ray.policy.rl_module import MASKED_LOGIT
+from esper_ray.policy.layout import LAYOUT_KEY, architecture_of, check_layout, policy_layout
+from esper_ray.policy.rl_module import MASKED_LOGIT, MODEL_PRESETS, MorphoPolicyModule
 from esper_ray.policy.slot_distribution import (
     ARGUMENT_SIZE,
     SlotConditionedDistribution,
@@ -33,7 +38,10 @@ from esper_ray.policy.slot_distribution import (
     slot_relevance_matrix,
 )
 from esper_ray.policy.slot_module import SLOT_MODEL_PRESETS, SlotPolicyModule, slot_spaces
+from esper_ray.train.commands.evaluate import untrained_positions_line
 from esper_ray.train.rllib.learner import blueprint_entropy_bonus
+from esper_ray.train.rllib.ppo_config import build_ppo_config
+from esper_ray.train.rllib.rounds import MODULE_PATH, restore
 
 OPS = len(SLOTTED_OPS)
 BLUEPRINTS = len(Blueprint)
@@ -343,3 +351,70 @@ def test_arguments_are_sampled_from_the_chosen_slots_row():
     assert torch.equal(actions[:, 1], torch.where(slot == 0, 3, 7))
     greedy = dist.to_deterministic().loc[0]
     assert int(greedy[1]) == (3 if int(greedy[0]) == 1 else 7)
+
+
+# ------------------------------------------------------------------------------------- wiring (TrainConfig.policy)
+def test_the_policy_setting_refuses_an_unknown_architecture_naming_the_choices():
+    assert TrainConfig().policy == "flat"  # the default is unchanged
+    with pytest.raises(ValueError, match=r"^policy='attention': choose one of \['flat', 'slots'\]$"):
+        TrainConfig(policy="attention")
+
+
+@pytest.mark.parametrize(("policy", "module_class"), [("flat", MorphoPolicyModule), ("slots", SlotPolicyModule)])
+def test_the_policy_setting_picks_the_module_its_presets_and_the_layouts_architecture(policy, module_class):
+    spec = build_ppo_config(TrainConfig(policy=policy)).rl_module_spec
+    presets = SLOT_MODEL_PRESETS if policy == "slots" else MODEL_PRESETS
+    assert spec.module_class is module_class
+    assert {k: spec.model_config[k] for k in presets["cpu"]} == presets["cpu"]
+    assert spec.model_config[LAYOUT_KEY] == policy_layout(policy) and policy_layout(policy)["architecture"] == policy
+
+
+@pytest.mark.parametrize(("saved", "run"), [("flat", "slots"), ("slots", "flat")])
+def test_a_checkpoint_of_the_other_architecture_is_refused_in_one_line(saved, run):
+    with pytest.raises(
+        ValueError,
+        match=rf"^checkpoint c: its policy layout does not match this code's: architecture '{saved}' there, "
+        rf"'{run}' here$",
+    ):
+        check_layout(policy_layout(saved), "checkpoint c", run)
+    check_layout(policy_layout(saved), "checkpoint c", saved)
+    check_layout(policy_layout(saved), "checkpoint c")  # eval and grow: the checkpoint's own architecture
+
+
+def test_a_layout_saved_without_an_architecture_reads_as_flat():
+    old = {k: v for k, v in policy_layout().items() if k != "architecture"}  # saved before issue 75
+    assert architecture_of(old) == "flat"
+    check_layout(old, "checkpoint c", "flat")
+    check_layout(old, "checkpoint c")
+    with pytest.raises(ValueError, match=r"architecture 'flat' there, 'slots' here$"):
+        check_layout(old, "checkpoint c", "slots")
+
+
+def _checkpoint_of(tmp_path: Path, layout: dict) -> Path:
+    """A checkpoint folder holding only what the layout check reads (RLlib's class_and_ctor_args.pkl)."""
+    module_dir = tmp_path / "ckpt" / MODULE_PATH
+    module_dir.mkdir(parents=True)
+    with (module_dir / "class_and_ctor_args.pkl").open("wb") as f:
+        pickle.dump({"ctor_args_and_kwargs": ((), {"model_config": {LAYOUT_KEY: layout}})}, f)
+    return tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize(("saved", "run"), [("flat", "slots"), ("slots", "flat")])
+def test_a_resume_refuses_a_checkpoint_of_the_other_architecture_before_restoring(tmp_path, saved, run):
+    checkpoint = _checkpoint_of(tmp_path, policy_layout(saved))
+
+    class Algo:  # what restore reads of the algorithm before it restores anything
+        config = build_ppo_config(TrainConfig(policy=run))
+
+        def restore_from_path(self, path: str) -> None:
+            raise AssertionError("restored a checkpoint of the other architecture")
+
+    with pytest.raises(ValueError, match=rf"architecture '{saved}' there, '{run}' here$"):
+        restore(Algo(), str(checkpoint))
+
+
+def test_a_slots_policy_gets_no_untrained_positions_warning():
+    trained = EnvConfig.from_mapping({"family": "digits-family"})  # members of 2 to 4 slots
+    run = EnvConfig.from_mapping({"family": "digits-held-out-starved"})  # up to 6
+    assert untrained_positions_line(trained, run) is not None  # flat: positions of their own
+    assert untrained_positions_line(trained, run, "slots") is None  # slots: one set of weights reads every one

@@ -411,6 +411,19 @@ def test_train_and_eval_commands_run_end_to_end(ray_local, tmp_path, capsys):
     assert [json.loads(line)["round"] for line in (moved / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+def test_a_slots_policy_trains_checkpoints_and_evaluates_end_to_end(ray_local, tmp_path, capsys):
+    """`policy: slots` (issue 75) through RLlib: sampling, the PPO loss (MorphoPPOLearner's entropy bonus and
+    metrics on SlotConditionedDistribution), the checkpoint, and `esper-ray eval` loading it as its own class."""
+    cfg = small(tmp_path, policy="slots", envs=1, max_epochs=2, blueprint_entropy_coeff=0.01)
+    result = train(cfg)
+    assert [r.round for r in result.rounds] == [1, 2]
+    module, _ = load_policy(result.checkpoint)
+    assert type(module).__name__ == "SlotPolicyModule"
+    assert main(["eval", "--checkpoint", str(result.checkpoint), "--episodes", "1", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["steps"] == 2 and 0 <= row["test_accuracy"] <= 1
+
+
 GERMINATE_LOGIT = 1.5
 """Added to the op head's GERMINATE-in-r0c1 entry: at the first step, where WAIT and GERMINATE in each of 3 slots
 are legal (an untrained head puts ~0 on each), the sampled policy germinates there with e^1.5 / (e^1.5 + 3) = 0.6,

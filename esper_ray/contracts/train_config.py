@@ -14,6 +14,7 @@ from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
+POLICY_ARCHITECTURES = ("flat", "slots")
 PLACEMENTS = ("PACK", "SPREAD")
 SEED_LIMIT = 2**32
 MAX_ROUNDS = 100_000
@@ -107,6 +108,10 @@ class TrainConfig:
     original did; the metrics stay in raw reward units."""
     model: str = "cpu"
     """Network size preset: cpu (64-unit LSTM) or gpu (512, the original's sizes)."""
+    policy: str = "flat"
+    """The policy network: flat (the default: every slot position read by weights of its own, policy/rl_module.py)
+    or slots (one set of weights shared by every slot, with attention between slots: policy/slot_module.py; new and
+    not yet trained to any result: issue 75). A checkpoint of the other one is refused."""
     prune_logit: float = -3.0
     """Initial bias of the PRUNE entries of the policy's op head (learnable): negative makes an untrained policy prune
     less often, so a seed lives long enough to show what it brings (docs/learning.md, section 8)."""
@@ -196,6 +201,8 @@ class TrainConfig:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.model not in MODEL_PRESET_NAMES:
             raise ValueError(f"model={self.model!r}: choose one of {list(MODEL_PRESET_NAMES)}")
+        if self.policy not in POLICY_ARCHITECTURES:
+            raise ValueError(f"policy={self.policy!r}: choose one of {list(POLICY_ARCHITECTURES)}")
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> TrainConfig:

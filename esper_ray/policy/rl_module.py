@@ -55,7 +55,7 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
     def setup(self) -> None:
         cfg = self.model_config
         if cfg.get(LAYOUT_KEY) is not None:
-            check_layout(cfg[LAYOUT_KEY], "policy")
+            check_layout(cfg[LAYOUT_KEY], "policy", "flat")
         spaces = self.observation_space.spaces  # type: ignore[union-attr]
         self.num_slots = int(spaces["blueprint_ids"].shape[0])
         features = int(spaces["features"].shape[0])

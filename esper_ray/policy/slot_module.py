@@ -18,7 +18,7 @@ slot), then S rows of argument logits (slot_distribution.py samples the argument
 like MorphoPolicyModule's: the joint entries by the mask's joint part, each row by its heads' masks. S is read from
 the observation space, so the same weights run on spaces of any slot count (slot_spaces builds them).
 
-Not yet wired into training (ppo_config, the checkpoint layout and the env's MAX_SLOTS still use MorphoPolicyModule).
+Trained with `policy: slots` (TrainConfig.policy; new and untrained: issue 75); the default stays MorphoPolicyModule.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
     def setup(self) -> None:
         cfg = self.model_config
         if cfg.get(LAYOUT_KEY) is not None:
-            check_layout(cfg[LAYOUT_KEY], "policy")
+            check_layout(cfg[LAYOUT_KEY], "policy", "slots")
         spaces = self.observation_space.spaces  # type: ignore[union-attr]
         self.num_slots = int(spaces["blueprint_ids"].shape[0])
         expected_obs, expected_action = slot_spaces(self.num_slots)

@@ -161,15 +161,19 @@ def check_policy_fits(checkpoint: Path, env: MorphogeneticEnv) -> None:
 
     The one compatibility check of `eval` and `grow`. A policy's spaces hold MAX_SLOTS slot positions whatever the
     host (the env refuses a host with more), so any host fits; what must match is the policy layout the checkpoint
-    records (MAX_SLOTS, the features, the blueprint table: policy/layout.py). `env`: the run (its slots fit already).
+    records (MAX_SLOTS, the features, the blueprint table: policy/layout.py). Either architecture (flat or slots)
+    runs: load_policy builds the checkpoint's own module class. `env`: the run (its slots fit already).
     """
     check_layout(saved_layout(checkpoint / MODULE_PATH), f"checkpoint {checkpoint}")
 
 
-def untrained_positions_line(trained: EnvConfig, run: EnvConfig) -> str | None:
+def untrained_positions_line(trained: EnvConfig, run: EnvConfig, policy: str = "flat") -> str | None:
     """One line when the run's hosts fill more slot positions than any host the policy trained on: each position is
     read by weights of its own (policy/rl_module.py), and a position no training host filled got no gradient, so
-    the policy's choices there are its initial weights', not learned. None when every position was trained."""
+    the policy's choices there are its initial weights', not learned. None when every position was trained, and for
+    a `policy` of slots (TrainConfig.policy), whose one set of weights reads every position."""
+    if policy == "slots":
+        return None
 
     def positions(cfg: EnvConfig) -> int:
         return max((len(member.slots) for _, member in cfg.members()), default=len(cfg.slots))
@@ -291,7 +295,7 @@ def run_evaluation(
         env_config["seed"] = seed
     env = MorphogeneticEnv(env_config)
     check_policy_fits(checkpoint, env)
-    warn("eval", untrained_positions_line(cfg.env, env.base_cfg))
+    warn("eval", untrained_positions_line(cfg.env, env.base_cfg, cfg.policy))
     module, feature_filter = load_policy(checkpoint)
     return run_episodes(
         env,

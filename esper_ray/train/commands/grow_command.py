@@ -209,7 +209,7 @@ def run_grow(request: GrowRequest) -> tuple[EpisodeSummary, Path]:
             flush=True,
         )
         warn("grow", env.base_cfg.short_run_warning())
-        warn("grow", untrained_positions_line(cfg.env, env.base_cfg))
+        warn("grow", untrained_positions_line(cfg.env, env.base_cfg, cfg.policy))
         history = EpisodeHistory()
         summary = run_episode(
             env, controller, 0, GrowProgress(env.cfg.max_epochs).epoch, measure_test=True, history=history

@@ -34,6 +34,7 @@ from ray.train._internal.worker_group import RayTrainWorker
 
 from esper_ray.contracts import metrics as m
 from esper_ray.policy.distribution import CausalFactoredDistribution
+from esper_ray.policy.slot_distribution import SlotConditionedDistribution
 from esper_ray.train.process.gpu_spread import single_visible_gpu
 from esper_ray.train.rllib.reward_normalizer import RewardStdNormalizer
 
@@ -93,7 +94,7 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
             .get_train_action_dist_cls()
             .from_logits(fwd_out[Columns.ACTION_DIST_INPUTS])
         )
-        assert isinstance(dist, CausalFactoredDistribution)
+        assert isinstance(dist, (CausalFactoredDistribution, SlotConditionedDistribution)), type(dist)
 
         def masked_mean(x: torch.Tensor) -> torch.Tensor:
             return x[mask].mean()
@@ -120,7 +121,9 @@ class MorphoPPOLearner(PPOTorchLearner, RayTrainWorker):  # RayTrainWorker: the 
         return loss
 
 
-def blueprint_entropy_bonus(dist: CausalFactoredDistribution, mask: torch.Tensor, coeff: float) -> torch.Tensor:
+def blueprint_entropy_bonus(
+    dist: CausalFactoredDistribution | SlotConditionedDistribution, mask: torch.Tensor, coeff: float
+) -> torch.Tensor:
     """coeff x the mean over real steps of P(blueprint read) H(pi_blueprint): what the loss subtracts (0 if coeff is
     0)."""
     if not coeff:

@@ -16,6 +16,7 @@ Choices and where they differ from the original's PPO defaults (DOMAIN.md sectio
 - Observations are normalised once, by a MeanStdFilter connector on the env runners (policy/feature_filter.py),
   which writes the normalised observation back into the episode: the learner trains on exactly what the
   policy saw. Its running statistics are merged across env runners every round and saved in checkpoints.
+- The network is MorphoPolicyModule, or SlotPolicyModule with `policy: slots` (new and untrained: issue 75).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.layout import LAYOUT_KEY, policy_layout
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
+from esper_ray.policy.slot_module import SLOT_MODEL_PRESETS, SlotPolicyModule
 from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY
 from esper_ray.train.rllib.callbacks import MorphoMetrics
 from esper_ray.train.rllib.clawback import clawback_connector
@@ -47,12 +49,15 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
+    module_class, presets = (
+        (SlotPolicyModule, SLOT_MODEL_PRESETS) if cfg.policy == "slots" else (MorphoPolicyModule, MODEL_PRESETS)
+    )
     model_config = dict(
-        MODEL_PRESETS[cfg.model],
+        presets[cfg.model],
         max_seq_len=cfg.longest_episode + 1,
         prune_logit=cfg.prune_logit,
         fossilize_logit=cfg.fossilize_logit,
-        **{LAYOUT_KEY: policy_layout()},
+        **{LAYOUT_KEY: policy_layout(cfg.policy)},
     )
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
@@ -96,7 +101,7 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
             # episodes over several learners.
             minibatch_size=batch_per_learner,
         )
-        .rl_module(rl_module_spec=RLModuleSpec(module_class=MorphoPolicyModule, model_config=model_config))
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=module_class, model_config=model_config))
         .resources(num_cpus_for_main_process=cfg.driver_cpus, placement_strategy=cfg.placement)
         .callbacks(MorphoMetrics)
         .fault_tolerance(restart_failed_sub_environments=True, delay_between_env_runner_restarts_s=5.0)

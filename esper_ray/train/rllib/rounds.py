@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from esper_ray.policy.layout import check_layout, saved_layout
+from esper_ray.policy.layout import LAYOUT_KEY, architecture_of, check_layout, saved_layout
 
 MODULE_PATH = Path("learner_group") / "learner" / "rl_module" / "default_policy"
 """Where a checkpoint keeps the policy module (evaluate.py loads it from there)."""
@@ -28,8 +28,10 @@ def train_round(algo: Any) -> dict[str, Any]:
 
 def restore(algo: Any, path: str) -> None:
     """Load a checkpoint into `algo` (weights, optimizer, filters, normaliser, iteration) and hand its filter and
-    weights to every remote env runner. A checkpoint of another policy layout is refused first (policy/layout.py)."""
-    check_layout(saved_layout(Path(path) / MODULE_PATH), f"checkpoint {path}")
+    weights to every remote env runner. A checkpoint of another policy layout, or of another architecture than
+    `algo`'s network (TrainConfig.policy), is refused first (policy/layout.py)."""
+    architecture = architecture_of((algo.config.rl_module_spec.model_config or {}).get(LAYOUT_KEY))
+    check_layout(saved_layout(Path(path) / MODULE_PATH), f"checkpoint {path}", architecture)
     algo.restore_from_path(path)
     push_state_to_runners(algo)
 
