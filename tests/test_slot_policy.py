@@ -360,6 +360,12 @@ def test_the_policy_setting_refuses_an_unknown_architecture_naming_the_choices()
         TrainConfig(policy="attention")
 
 
+def test_a_runs_record_names_a_slots_policy_and_a_flat_ones_record_is_as_before():
+    assert TrainConfig.from_mapping(TrainConfig(policy="slots").to_dict()).policy == "slots"
+    assert "policy" not in TrainConfig().to_dict()  # flat: the record written before issue 75
+    assert TrainConfig.from_mapping(TrainConfig().to_dict()).policy == "flat"
+
+
 @pytest.mark.parametrize(("policy", "module_class"), [("flat", MorphoPolicyModule), ("slots", SlotPolicyModule)])
 def test_the_policy_setting_picks_the_module_its_presets_and_the_layouts_architecture(policy, module_class):
     spec = build_ppo_config(TrainConfig(policy=policy)).rl_module_spec

@@ -234,6 +234,8 @@ class TrainConfig:
         others that differ from a run's defaults (EnvConfig's with TRAINING_ENV_DEFAULTS)."""
         run = {k: list(v) if isinstance(v := getattr(self.env, k), tuple) else v for k in RUN_ENV_KEYS}
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
+        if own["policy"] == "flat":  # records of the default network stay as they were before `policy` (issue 75)
+            del own["policy"]
         default = TrainConfig().env
         env = {
             f.name: getattr(self.env, f.name)
