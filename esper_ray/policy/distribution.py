@@ -40,7 +40,38 @@ def relevance_matrix() -> list[list[bool]]:
     return rows
 
 
-class CausalFactoredDistribution(Distribution):
+class ArgumentEntropies:
+    """What the learner reads of a factored distribution's entropy, from its `joint` head and its
+    `weighted_argument_entropies` (each argument head's entropy weighted by how often it is read, as the distribution
+    defines it): the entropy PPO's bonus maximises, each head's for the metrics, one argument head's for its bonus."""
+
+    joint: TorchCategorical
+
+    def weighted_argument_entropies(self, *, detach_read: bool = True) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_entropies(self) -> dict[str, torch.Tensor]:
+        """Entropy of each head, argument heads weighted by the chance they are read."""
+        weighted = self.weighted_argument_entropies(detach_read=False)
+        return {
+            HEAD_NAMES[0]: self.joint.entropy(),
+            **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])},
+        }
+
+    def argument_entropy(self, name: str) -> torch.Tensor:
+        """The weighted entropy of one argument head, P(read) held constant for the gradient as in entropy()."""
+        i = HEAD_NAMES.index(name) - 1
+        if i < 0:
+            raise ValueError(f"{name!r} is the joint head; argument heads: {list(HEAD_NAMES[1:])}")
+        return self.weighted_argument_entropies()[..., i]
+
+    @override(Distribution)
+    def entropy(self) -> torch.Tensor:
+        """H(pi_J) + the weighted argument entropies, P(read) held constant for the gradient (see the module doc)."""
+        return self.joint.entropy() + self.weighted_argument_entropies().sum(-1)
+
+
+class CausalFactoredDistribution(ArgumentEntropies, Distribution):
     def __init__(self, heads: Sequence[TorchCategorical], relevance: torch.Tensor) -> None:
         super().__init__()
         self.heads = list(heads)
@@ -76,26 +107,6 @@ class CausalFactoredDistribution(Distribution):
         if detach_read:
             read = read.detach()
         return read * torch.stack([h.entropy() for h in self.heads[1:]], dim=-1)
-
-    def head_entropies(self) -> dict[str, torch.Tensor]:
-        """Entropy of each head, argument heads weighted by the chance they are read."""
-        weighted = self.weighted_argument_entropies(detach_read=False)
-        return {
-            HEAD_NAMES[0]: self.joint.entropy(),
-            **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])},
-        }
-
-    def argument_entropy(self, name: str) -> torch.Tensor:
-        """P(head read) H(pi_head) of one argument head, P(read) held constant for the gradient as in entropy()."""
-        i = HEAD_NAMES.index(name) - 1
-        if i < 0:
-            raise ValueError(f"{name!r} is the joint head; argument heads: {list(HEAD_NAMES[1:])}")
-        return self.weighted_argument_entropies()[..., i]
-
-    @override(Distribution)
-    def entropy(self) -> torch.Tensor:
-        """H(pi_J) + sum_h P(h read) H(pi_h), with P(h read) held constant for the gradient (see the module doc)."""
-        return self.joint.entropy() + self.weighted_argument_entropies().sum(-1)
 
     @override(Distribution)
     def kl(self, other: Distribution) -> torch.Tensor:

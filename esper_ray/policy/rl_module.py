@@ -46,7 +46,36 @@ def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequent
     return head
 
 
-class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
+class LeanActing:
+    """The forward passes of a policy module whose `_outputs(batch)` gives the action inputs, the recurrent state and
+    the embeddings V(s) reads. No layer of these modules acts differently in training and in evaluation (no dropout,
+    no batch norm: tests/test_policy.py), so acting skips RLlib's eval() and train() around every call, which walk
+    all the submodules twice a step: about 0.3 ms of RLlib's 3 ms loop a step (benchmarks/probes/
+    env_runner_overhead.py --model gpu --replay-env)."""
+
+    def _outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @override(TorchRLModule)
+    def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_exploration(batch, **kwargs)  # type: ignore[attr-defined]
+
+    @override(TorchRLModule)
+    def forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._forward_inference(batch, **kwargs)  # type: ignore[attr-defined]
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        outputs = self._outputs(batch)
+        del outputs[Columns.EMBEDDINGS]  # sampling stores every output in the episode: keep it lean
+        return outputs
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return self._outputs(batch)  # the loss reuses the embeddings for V(s)
+
+
+class MorphoPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
     """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding (see MODEL_PRESETS),
     prune_logit and fossilize_logit (optional): the initial bias of the op head's PRUNE and FOSSILIZE entries, and
     policy_layout (policy/layout.py; optional here, checked when given): what the inputs and outputs mean."""
@@ -124,27 +153,6 @@ class MorphoPolicyModule(TorchRLModule, ValueFunctionAPI):
             Columns.STATE_OUT: state_out,
             Columns.EMBEDDINGS: embeddings,
         }
-
-    # No layer here acts differently in training and in evaluation (no dropout, no batch norm: tests/test_policy.py),
-    # so acting skips RLlib's eval() and train() around every call, which walk all the submodules twice a step: about
-    # 0.3 ms of RLlib's 3 ms loop a step (benchmarks/probes/env_runner_overhead.py --model gpu --replay-env).
-    @override(TorchRLModule)
-    def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._forward_exploration(batch, **kwargs)
-
-    @override(TorchRLModule)
-    def forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._forward_inference(batch, **kwargs)
-
-    @override(TorchRLModule)
-    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        outputs = self._outputs(batch)
-        del outputs[Columns.EMBEDDINGS]  # sampling stores every output in the episode: keep it lean
-        return outputs
-
-    @override(TorchRLModule)
-    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._outputs(batch)  # the loss reuses the embeddings for V(s)
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:

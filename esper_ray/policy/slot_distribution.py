@@ -33,6 +33,7 @@ from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorica
 from ray.rllib.utils.annotations import override
 
 from esper_ray.contracts.actions import HEAD_NAMES, HEAD_SIZES_AFTER_JOINT, RELEVANT_HEADS, SLOTTED_OPS, Op
+from esper_ray.policy.distribution import ArgumentEntropies
 
 ARGUMENT_SIZE = sum(HEAD_SIZES_AFTER_JOINT)
 """Argument logits of one slot's row."""
@@ -67,7 +68,7 @@ def slot_logits_size(num_slots: int) -> int:
     return slot_joint_size(num_slots) + num_slots * ARGUMENT_SIZE
 
 
-class SlotConditionedDistribution(Distribution):
+class SlotConditionedDistribution(ArgumentEntropies, Distribution):
     def __init__(self, joint: TorchCategorical, arguments: Sequence[torch.Tensor], relevance: torch.Tensor) -> None:
         """`arguments`: per argument head, logits [..., S, size]; `relevance`: R [J, H-1] float."""
         super().__init__()
@@ -128,26 +129,6 @@ class SlotConditionedDistribution(Distribution):
         """[..., H-1] sum_j pi_J(j) R[j, h] H(pi_h | slot(j)) of each argument head; with `detach_read` pi_J is held
         constant for the gradient (see the module doc), so a bonus on these moves the argument rows only."""
         return self._weighted(self.slot_entropies(), detach_joint=detach_read)
-
-    def head_entropies(self) -> dict[str, torch.Tensor]:
-        """Entropy of each head, argument heads weighted by the chance they are read, in the slot they are read in."""
-        weighted = self.weighted_argument_entropies(detach_read=False)
-        return {
-            HEAD_NAMES[0]: self.joint.entropy(),
-            **{name: weighted[..., i] for i, name in enumerate(HEAD_NAMES[1:])},
-        }
-
-    def argument_entropy(self, name: str) -> torch.Tensor:
-        """The weighted entropy of one argument head, pi_J held constant for the gradient as in entropy()."""
-        i = HEAD_NAMES.index(name) - 1
-        if i < 0:
-            raise ValueError(f"{name!r} is the joint head; argument heads: {list(HEAD_NAMES[1:])}")
-        return self.weighted_argument_entropies()[..., i]
-
-    @override(Distribution)
-    def entropy(self) -> torch.Tensor:
-        """H(pi_J) + sum_j pi_J(j) sum_h R[j, h] H(pi_h | slot(j)), pi_J held constant in the second term."""
-        return self.joint.entropy() + self.weighted_argument_entropies().sum(-1)
 
     @override(Distribution)
     def kl(self, other: Distribution) -> torch.Tensor:

@@ -37,7 +37,7 @@ from torch import nn
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, HEAD_SIZES_AFTER_JOINT, SLOTTED_OPS, Op
 from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT
 from esper_ray.policy.layout import LAYOUT_KEY, check_layout
-from esper_ray.policy.rl_module import MASKED_LOGIT, _mlp_head
+from esper_ray.policy.rl_module import MASKED_LOGIT, LeanActing, _mlp_head
 from esper_ray.policy.slot_distribution import (
     ARGUMENT_SIZE,
     SlotConditionedDistribution,
@@ -78,10 +78,11 @@ def _encoder(inputs: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(inputs, width), nn.LayerNorm(width), nn.ReLU())
 
 
-class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
+class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
     """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding, attention_heads (see
     SLOT_MODEL_PRESETS), prune_logit and fossilize_logit (optional): the initial bias of the shared op layer's PRUNE
-    and FOSSILIZE entries, and policy_layout (optional here, checked when given)."""
+    and FOSSILIZE entries, and policy_layout (optional here, checked when given). Acts as LeanActing says: its
+    attention's dropout is 0, so no layer acts differently in training."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
@@ -187,26 +188,6 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
             Columns.STATE_OUT: state_out,
             Columns.EMBEDDINGS: out,
         }
-
-    # No layer acts differently in training and evaluation (no dropout: MultiheadAttention's is 0), so acting skips
-    # RLlib's eval()/train() switch, as MorphoPolicyModule does.
-    @override(TorchRLModule)
-    def forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._forward_exploration(batch, **kwargs)
-
-    @override(TorchRLModule)
-    def forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._forward_inference(batch, **kwargs)
-
-    @override(TorchRLModule)
-    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        outputs = self._outputs(batch)
-        del outputs[Columns.EMBEDDINGS]  # sampling stores every output in the episode: keep it lean
-        return outputs
-
-    @override(TorchRLModule)
-    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return self._outputs(batch)  # the loss reuses the LSTM output for V(s)
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:
