@@ -46,6 +46,22 @@ def _mlp_head(inputs: int, hidden: int, outputs: int, gain: float) -> nn.Sequent
     return head
 
 
+def run_lstm(
+    lstm: nn.LSTM, x: torch.Tensor, state: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The policy's LSTM over x [B, T, F] from state {"h", "c"} [B, cell]: outputs [B, T, cell] and the state after.
+    One step on the CPU (sampling in an env runner) takes the plain LSTM cell: nn.LSTM on the CPU goes through
+    oneDNN, which re-packs the weights on every call: 5.0-5.8 ms against 0.21-0.23 ms a step for the 512-unit `gpu`
+    preset on one core (0.08 against 0.02 ms for `cpu`; benchmarks/probes/lstm_step.py); same weights, same math."""
+    if x.shape[1] == 1 and x.device.type == "cpu":
+        h, c = torch.lstm_cell(
+            x[:, 0], (state["h"], state["c"]), lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0
+        )
+        return h.unsqueeze(1), {"h": h, "c": c}
+    out, (h, c) = lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
+    return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
+
+
 class LeanActing:
     """The forward passes of a policy module whose `_outputs(batch)` gives the action inputs, the recurrent state and
     the embeddings V(s) reads. No layer of these modules acts differently in training and in evaluation (no dropout,
@@ -124,23 +140,7 @@ class MorphoPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         present = features[..., self.present_columns].unsqueeze(-1)  # [B, T, S, 1]: absent positions add nothing
         blueprints = (self.embedding(obs["blueprint_ids"].long()) * present).flatten(-2)  # [B, T, S * E]
         x = self.encoder(torch.cat([features, blueprints], dim=-1))
-        state = batch[Columns.STATE_IN]
-        if x.shape[1] == 1 and x.device.type == "cpu":
-            # One step (sampling in an env runner): the plain LSTM cell. nn.LSTM on the CPU goes through oneDNN, which
-            # re-packs the weights on every call: 5.0-5.8 ms against 0.21-0.23 ms a step for the 512-unit `gpu` preset
-            # on one core (0.08 against 0.02 ms for `cpu`; benchmarks/probes/lstm_step.py); same weights, same math.
-            lstm = self.lstm
-            h, c = torch.lstm_cell(
-                x[:, 0],
-                (state["h"], state["c"]),
-                lstm.weight_ih_l0,
-                lstm.weight_hh_l0,
-                lstm.bias_ih_l0,
-                lstm.bias_hh_l0,
-            )
-            return h.unsqueeze(1), {"h": h, "c": c}
-        out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
-        return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
+        return run_lstm(self.lstm, x, batch[Columns.STATE_IN])
 
     def _logits(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         logits = torch.cat([head(embeddings) for head in self.policy_heads], dim=-1)

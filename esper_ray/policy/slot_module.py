@@ -37,7 +37,7 @@ from torch import nn
 from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, HEAD_SIZES_AFTER_JOINT, SLOTTED_OPS, Op
 from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT
 from esper_ray.policy.layout import LAYOUT_KEY, check_layout
-from esper_ray.policy.rl_module import MASKED_LOGIT, LeanActing, _mlp_head
+from esper_ray.policy.rl_module import MASKED_LOGIT, LeanActing, _mlp_head, run_lstm
 from esper_ray.policy.slot_distribution import (
     ARGUMENT_SIZE,
     SlotConditionedDistribution,
@@ -146,29 +146,12 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         tokens = flat.unflatten(0, tokens.shape[:2])
         return tokens[..., 0, :], tokens[..., 1:, :], present
 
-    def _recur(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        if x.shape[1] == 1 and x.device.type == "cpu":
-            # One step (sampling in an env runner): the plain LSTM cell, as MorphoPolicyModule does (same math;
-            # nn.LSTM on the CPU re-packs its weights every call).
-            lstm = self.lstm
-            h, c = torch.lstm_cell(
-                x[:, 0],
-                (state["h"], state["c"]),
-                lstm.weight_ih_l0,
-                lstm.weight_hh_l0,
-                lstm.bias_ih_l0,
-                lstm.bias_hh_l0,
-            )
-            return h.unsqueeze(1), {"h": h, "c": c}
-        out, (h, c) = self.lstm(x, (state["h"].unsqueeze(0), state["c"].unsqueeze(0)))
-        return out, {"h": h.squeeze(0), "c": c.squeeze(0)}
-
     def _embed(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """LSTM output [B, T, C], slot tokens [B, T, S, W] and the state out."""
         run, slots, present = self._tokens(batch[Columns.OBS])
         weights = present.unsqueeze(-1).float()
         pooled = (slots * weights).sum(-2) / weights.sum(-2).clamp(min=1.0)  # masked mean; 0 when none is present
-        out, state = self._recur(self.summary(torch.cat([run, pooled], dim=-1)), batch[Columns.STATE_IN])
+        out, state = run_lstm(self.lstm, self.summary(torch.cat([run, pooled], dim=-1)), batch[Columns.STATE_IN])
         return out, slots, state
 
     def _logits(self, out: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
