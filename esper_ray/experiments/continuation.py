@@ -18,13 +18,14 @@ from typing import Any
 
 from esper_ray.experiments.trial_keys import SUMMARY_PREFIX
 from esper_ray.experiments.tune_folder import number, read_results
+from esper_ray.train.folders.checkpoints import TRIAL_ROUND_FILE as ROUND_FILE
 from esper_ray.train.folders.manifest import damage_of
 
 CONTINUES_KEY = "continues"
-ROUND_FILE = "round.json"
-"""In each checkpoint of an A/B trial: {"round": the rounds trained when it was saved, "summary": that round's
-summary as the trial reported it (SUMMARY_PREFIX keys)}. A trial killed after its last round was checkpointed,
-before its evaluation was reported, is continued by evaluating it alone, and reports that summary again."""
+# ROUND_FILE (round.json), in each checkpoint of an A/B trial: {"round": the rounds trained when it was saved,
+# "summary": that round's summary as the trial reported it (SUMMARY_PREFIX keys)}. A trial killed after its last round
+# was checkpointed, before its evaluation was reported, is continued by evaluating it alone, and reports that summary
+# again. `eval` and `grow` read the round of such a checkpoint from it too (train/folders/checkpoints.py).
 CHECKPOINT_GLOB = "checkpoint_*"
 
 
