@@ -8,4 +8,4 @@ from tests.plugin_parts import ToyMLP  # registers the toy task and the 3-slot t
 
 esper_ray.register_host("any-mlp-2", ToyMLP, width=16, blocks=2)
 esper_ray.register_host("any-mlp-4", ToyMLP, width=32, blocks=4)
-esper_ray.register_host("any-mlp-9", ToyMLP, width=16, blocks=9)
+esper_ray.register_host("any-mlp-17", ToyMLP, width=16, blocks=17)  # MAX_SLOTS + 1

@@ -124,11 +124,12 @@ def test_the_descriptors_say_where_each_slot_sits_on_any_host():
 def test_a_host_with_more_slots_than_the_maximum_is_refused_in_one_line():
     with pytest.raises(
         ValueError,
-        match=r"^host 'any-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 "
-        r"\(choose fewer with `slots`\)$",
+        match=rf"^host 'any-mlp-{MAX_SLOTS + 1}' has {MAX_SLOTS + 1} slots; the policy holds at most "
+        rf"MAX_SLOTS={MAX_SLOTS} \(choose fewer with `slots`\)$",
     ):
-        toy_env("any-mlp-9", 9)
-    assert toy_env("any-mlp-9", 8).slot_ids == [f"h{i}" for i in range(8)]  # fewer of its slots fit
+        toy_env(f"any-mlp-{MAX_SLOTS + 1}", MAX_SLOTS + 1)
+    fewer = toy_env(f"any-mlp-{MAX_SLOTS + 1}", MAX_SLOTS)  # fewer of its slots fit
+    assert fewer.slot_ids == [f"h{i}" for i in range(MAX_SLOTS)]
 
 
 def test_the_heuristic_and_fixed_controllers_act_on_a_4_slot_host():
@@ -208,8 +209,8 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_what_differs():
     other = {**policy_layout(), "max_slots": 4, "blueprints": ["noop", "conv_heavy"]}
     with pytest.raises(
         ValueError,
-        match=r"^checkpoint c: its policy layout does not match this code's: max_slots 4 "
-        r"there, 8 here; blueprints \['noop', 'conv_heavy'\] there, \['noop', ",
+        match=rf"^checkpoint c: its policy layout does not match this code's: max_slots 4 "
+        rf"there, {MAX_SLOTS} here; blueprints \['noop', 'conv_heavy'\] there, \['noop', ",
     ):
         check_layout(other, "checkpoint c")
     with pytest.raises(ValueError, match=r"^checkpoint c: records no policy layout: it was saved before"):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from esper_ray.cli import main
+from esper_ray.contracts.actions import joint_size
 from esper_ray.env import MorphogeneticEnv
 
 
@@ -128,7 +129,7 @@ def test_flags_are_never_abbreviated(capsys):
 @pytest.mark.parametrize(
     "position, value, expected",
     [
-        (0, 99, "action head op_slot=99: out of range [0, 41)"),
+        (0, 999, f"action head op_slot=999: out of range [0, {joint_size()})"),
         (6, -1, "action head alpha_curve=-1: out of range [0, 5)"),
         (0, 2.9, "action head op_slot=2.9: must be a whole number"),
     ],

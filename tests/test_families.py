@@ -11,6 +11,7 @@ import pytest
 
 import tests.family_parts  # noqa: F401  registers test-family
 from esper_ray.cli import main
+from esper_ray.contracts.actions import MAX_SLOTS
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.families import Member, family, family_names, register_family
 from esper_ray.contracts.train_config import TrainConfig
@@ -130,19 +131,19 @@ def test_unknown_families_and_malformed_members_are_refused():
 
 
 def test_a_member_whose_host_has_more_slots_than_the_policy_holds_is_refused_naming_it():
-    import tests.any_host_parts  # noqa: F401  registers any-mlp-9
+    import tests.any_host_parts  # noqa: F401  registers any-mlp-17
 
     register_family(
         "too-many-slots",
         [
             Member("small", {"task": "toy-blobs", "host_preset": "any-mlp-2", "slots": ["h0", "h1"]}),
-            Member("big", {"task": "toy-blobs", "host_preset": "any-mlp-9", "slots": [f"h{i}" for i in range(9)]}),
+            Member("big", {"task": "toy-blobs", "host_preset": "any-mlp-17", "slots": [f"h{i}" for i in range(17)]}),
         ],
     )
     with pytest.raises(
         ValueError,
-        match=r"family 'too-many-slots', member 'big': host 'any-mlp-9' has 9 slots; the "
-        r"policy holds at most MAX_SLOTS=8",
+        match=rf"family 'too-many-slots', member 'big': host 'any-mlp-17' has 17 slots; the "
+        rf"policy holds at most MAX_SLOTS={MAX_SLOTS}",
     ):
         MorphogeneticEnv({"family": "too-many-slots", "device": "cpu", "plugins": ["tests.any_host_parts"]})
 

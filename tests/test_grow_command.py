@@ -12,6 +12,7 @@ import torch
 
 import esper_ray
 from esper_ray.cli import main, shared_name
+from esper_ray.contracts.actions import MAX_SLOTS
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE
 from esper_ray.train.commands.episodes import EpisodeSummary
@@ -242,7 +243,7 @@ def test_grow_saves_a_plugin_host_given_by_its_import_string(checkpoint, tmp_pat
 
 @pytest.mark.expensive
 def test_what_grow_cannot_run_is_refused_in_one_line_before_the_host_trains(checkpoint, tmp_path, capsys):
-    esper_ray.register_host("toy-mlp-9", "tests.plugin_parts:ToyMLP", blocks=9)  # more slots than the policy holds
+    esper_ray.register_host("toy-mlp-17", "tests.plugin_parts:ToyMLP", blocks=17)  # more slots than the policy holds
     new = tmp_path / "new"
     used = tmp_path / "used"
     used.mkdir()
@@ -250,8 +251,9 @@ def test_what_grow_cannot_run_is_refused_in_one_line_before_the_host_trains(chec
     for args, said in (
         (["--host", "nope"], "--host='nope': unknown; choose one of ["),
         (
-            ["--host", "toy-mlp-9", "--task", "toy-blobs", "--plugins", PLUGIN, "--save", str(new)],
-            "host 'toy-mlp-9' has 9 slots; the policy holds at most MAX_SLOTS=8 (choose fewer with `slots`)",
+            ["--host", "toy-mlp-17", "--task", "toy-blobs", "--plugins", PLUGIN, "--save", str(new)],
+            f"host 'toy-mlp-17' has 17 slots; the policy holds at most MAX_SLOTS={MAX_SLOTS} "
+            "(choose fewer with `slots`)",
         ),
         (["--host", "digits", "--save", str(used)], f"--save {used}: already exists and is not an empty folder"),
     ):

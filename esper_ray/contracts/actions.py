@@ -215,7 +215,7 @@ RELEVANT_HEADS: dict[Op, frozenset[str]] = {
 }
 
 
-MAX_SLOTS = 8
+MAX_SLOTS = 16
 """Slots the policy's spaces are sized for, whatever the host: a host with fewer has its other positions absent
 (zero features, blueprint id NONE, every joint entry masked); a host with more is refused (check_slot_count)."""
 
