@@ -103,7 +103,8 @@ class TrialWork:
     def of(cls, trial: TrialSpec, eval_episodes: int, rounds_before: int = 0) -> TrialWork:
         cfg = TrainConfig.from_mapping(trial.train)
         hosts = max(1, len(trial.held_out))
-        per_host = eval_episodes + (trial.search.budget if trial.search is not None else 0)
+        searches = trial.search is not None and trial.host_runs is None  # at equal cost its candidates are the episodes
+        per_host = eval_episodes + (trial.search.budget if searches else 0)
         return cls(
             cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0,
             hosts * per_host,
@@ -631,6 +632,7 @@ def new_tuner(
             "held_out": [{"name": name, "train": settings} for name, settings in t.held_out],
             "search": t.search.to_dict() if t.search is not None else None,
             "checkpoint": t.checkpoint,
+            "host_runs": t.host_runs,
         }
         for i, t in enumerate(ordered)
     ]
