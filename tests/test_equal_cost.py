@@ -1,5 +1,6 @@
-"""The verdict at equal cost (`host_runs`, experiments/equal_cost.py): every arm spends k host runs per held-out host and
-keeps the network its own validation picks; the search's TPE (Tune's OptunaSearch); the report's curve and tables."""
+"""The verdict at equal cost (`host_runs`, experiments/equal_cost.py): every arm spends k host runs per held-out host
+and keeps the network its own validation picks; the search's TPE (Tune's OptunaSearch); the report's curve and
+tables."""
 
 from __future__ import annotations
 
@@ -104,7 +105,9 @@ def test_a_tpe_search_without_optuna_is_refused_in_one_line_naming_the_extra(mon
         search_settings.importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a)
     )
     arms = {"none": {"controller": "none"}, "s": {"controller": "search", "search": {"budget": 4, "algorithm": "tpe"}}}
-    with pytest.raises(ValueError, match=r"arms.s.search.algorithm='tpe': needs optuna.*pip install 'esper-ray\[optuna\]'"):
+    with pytest.raises(
+        ValueError, match=r"arms.s.search.algorithm='tpe': needs optuna.*pip install 'esper-ray\[optuna\]'"
+    ):
         spec_with(arms=arms)
 
 
@@ -126,10 +129,14 @@ def test_a_tpe_search_proposes_only_valid_candidates_runs_each_once_and_records_
     assert outcome.runs == 16 == len(ran) and len(set(ran)) == 16 and set(ran) <= labels
     assert [p.label for p, _ in outcome.tried] == ran and [v for _, v in outcome.tried] == [scores[r] for r in ran]
     assert outcome.best.label == max((r for r in ran if math.isfinite(scores[r])), key=scores.get)
-    again = run_search(make_searcher(SearchSettings(16, "tpe"), len(candidates), seed=0), candidates, 16, scores_of(scores))
+    again = run_search(
+        make_searcher(SearchSettings(16, "tpe"), len(candidates), seed=0), candidates, 16, scores_of(scores)
+    )
     assert [p.label for p, _ in again.tried] == ran  # seeded
     # more budget than candidates: each runs once, the repeats a TPE proposes cost no host run
-    everything = run_search(make_searcher(SearchSettings(30, "tpe"), len(candidates), 0), candidates, 30, scores_of(scores))
+    everything = run_search(
+        make_searcher(SearchSettings(30, "tpe"), len(candidates), 0), candidates, 30, scores_of(scores)
+    )
     assert everything.runs == 21 and len({p.label for p, _ in everything.tried}) == 21 and everything.repeats > 0
 
 
@@ -199,7 +206,13 @@ def test_at_equal_cost_the_search_runs_its_ith_candidate_on_evaluation_episode_i
 
     monkeypatch.setattr(trainable, "run_evaluation_episodes", fake_episodes)
     outcome, summaries, plans = equal_cost_search(cfg, SearchSettings(5), "test_accuracy", episodes)
-    assert [s for s, _ in seen] == [e.reset_seed for e in episodes] and [s.episode for s in summaries] == [0, 1, 2, 3, 4]
+    assert [s for s, _ in seen] == [e.reset_seed for e in episodes] and [s.episode for s in summaries] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
     assert plans == [p for _, p in seen] == [p.label for p, _ in outcome.tried] and len(set(plans)) == 5
 
 
@@ -211,7 +224,8 @@ def record_of(spec: ExperimentSpec, runs: dict[str, dict[str, list[list[tuple[fl
         for seed in spec.seeds:
             evaluation = {c: 1.0 for c in EVAL_COLUMNS + COMPUTE_COLUMNS}
             records = {
-                h: [run_record(1000 + i, v, t) for i, (v, t) in enumerate(by_seed[seed])] for h, by_seed in by_host.items()
+                h: [run_record(1000 + i, v, t) for i, (v, t) in enumerate(by_seed[seed])]
+                for h, by_seed in by_host.items()
             }
             for h in by_host:
                 evaluation[f"test_accuracy/{h}"] = score_at(records[h], spec.host_runs)
@@ -261,7 +275,11 @@ def test_the_report_gives_per_host_and_pooled_tables_at_each_k_the_curve_and_per
     raw, reported = [], []
     for k in (1, 2, 4):
         by_seed = {
-            arm: [np.mean([score_at(t["runs"][h], k) for h in ("digits", "wide")]) for t in sorted(on_disk["trials"], key=lambda t: t["seed"]) if t["arm"] == arm]
+            arm: [
+                np.mean([score_at(t["runs"][h], k) for h in ("digits", "wide")])
+                for t in sorted(on_disk["trials"], key=lambda t: t["seed"])
+                if t["arm"] == arm
+            ]
             for arm in arms
         }
         for b in ("none", "heur"):
@@ -278,8 +296,16 @@ def test_a_report_without_host_runs_has_no_equal_cost_section(tmp_path):
     spec = ExperimentSpec.from_mapping({k: v for k, v in BASE.items() if k != "host_runs"})
     trials = [
         TrialResult(
-            arm, seed, 0, spec.controller(arm), FINISHED,
-            evaluation={**{c: 0.5 for c in EVAL_COLUMNS + COMPUTE_COLUMNS}, "test_accuracy/digits": 0.5, "test_accuracy/wide": 0.5},
+            arm,
+            seed,
+            0,
+            spec.controller(arm),
+            FINISHED,
+            evaluation={
+                **{c: 0.5 for c in EVAL_COLUMNS + COMPUTE_COLUMNS},
+                "test_accuracy/digits": 0.5,
+                "test_accuracy/wide": 0.5,
+            },
         )
         for arm in spec.arms
         for seed in spec.seeds
@@ -287,3 +313,54 @@ def test_a_report_without_host_runs_has_no_equal_cost_section(tmp_path):
     results = write_report(tmp_path, ExperimentRecord(spec, 1, False, trials, "t.yaml"))
     assert "equal_cost" not in results["statistics"] and not (tmp_path / "equal_cost.png").exists()
     assert "## At equal cost" not in (tmp_path / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- a smoke experiment
+@pytest.mark.expensive
+def test_a_smoke_experiment_at_equal_cost_gives_the_curve_the_tables_at_k_1_and_2_and_per_run_scores(
+    ray_local, tmp_path
+):
+    experiment = {
+        "name": "equal_cost_smoke",
+        "arms": {
+            "none": {"controller": "none"},
+            "fixed": {"controller": "fixed", "fixed": {"blueprint": "norm", "slot": "r0c1"}},
+            "search": {"controller": "search", "search": {"budget": 2, "algorithm": "random"}},
+        },
+        "compare": [["search", "none"], ["search", "fixed"]],
+        "held_out": [{"name": "digits", "env": {"task": "digits", "max_epochs": 2}}],
+        "host_runs": 2,
+        "seeds": [0, 1],
+        "rounds": 1,
+        "order_seed": 3,
+        "training": {
+            "task": "digits-impaired",
+            "max_epochs": 2,
+            "envs": 1,
+            "cpus_per_env": 0.5,
+            "env": {"batch_size": 1024},
+        },
+    }
+    path = tmp_path / "equal_cost.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    out = tmp_path / "run"
+    assert main(["ab", str(path), "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert all(t["status"] == "finished" for t in results["trials"]), [
+        (t["arm"], t["error"]) for t in results["trials"]
+    ]
+    for t in results["trials"]:
+        runs = t["runs"]["digits"]
+        assert len(runs) == 2 and all(0 <= r["validation"] <= 1 and 0 <= r["test"] <= 1 for r in runs)
+        assert [r["episode_seed"] for r in runs] == [1_000_000 * (t["seed"] + 1) + i for i in (0, 1)]  # paired
+        assert ("plan" in runs[0]) == (t["arm"] == "search")
+        assert t["evaluation"]["host_runs/digits"] == 2  # the search spent no more than the others
+    report = (out / "report.md").read_text()
+    assert "## At equal cost" in report and (out / "equal_cost.png").is_file()
+    ec = results["statistics"]["equal_cost"]
+    assert ec["ks"] == [1, 2]
+    for k in (1, 2):
+        assert f"| {k} | search | none |" in report and f"| {k} | search | fixed |" in report
+        for row in ec["panels"]["pooled"][str(k)]["arms"]:
+            kept = [score_at(t["runs"]["digits"], k) for t in results["trials"] if t["arm"] == row["arm"]]
+            assert row["mean"] == pytest.approx(np.mean(kept))

@@ -68,7 +68,11 @@ def runs_from_json(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         return None
     return [
-        {k: (_number(v) if k in (VALIDATION, TEST) else v) for k, v in r.items() if k in (EPISODE_SEED, VALIDATION, TEST, PLAN)}
+        {
+            k: (_number(v) if k in (VALIDATION, TEST) else v)
+            for k, v in r.items()
+            if k in (EPISODE_SEED, VALIDATION, TEST, PLAN)
+        }
         for r in runs
     ]
 

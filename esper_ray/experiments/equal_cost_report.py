@@ -103,8 +103,7 @@ def as_json(stats: Mapping[str, Any]) -> dict[str, Any]:
         "per_host_p": "uncorrected",
         "panels": {
             panel: {
-                str(k): {"arms": part["arms"], "pairs": [asdict(p) for p in part["pairs"]]}
-                for k, part in by_k.items()
+                str(k): {"arms": part["arms"], "pairs": [asdict(p) for p in part["pairs"]]} for k, part in by_k.items()
             }
             for panel, by_k in stats["panels"].items()
         },
@@ -125,10 +124,7 @@ def _tables(by_k: Mapping[int, Mapping[str, Any]], arms: list[str], p_label: str
     lines = [
         "| k | " + " | ".join(arms) + " |",
         "|---|" + "---|" * len(arms),
-        *[
-            f"| {k} | " + " | ".join(_mean_cell(r) for r in part["arms"]) + " |"
-            for k, part in by_k.items()
-        ],
+        *[f"| {k} | " + " | ".join(_mean_cell(r) for r in part["arms"]) + " |" for k, part in by_k.items()],
         "",
         f"| k | A | B | run-seed pairs (non-zero) | Hodges-Lehmann A - B [interval] | {p_label} | notes |",
         "|---|---|---|---|---|---|---|",
