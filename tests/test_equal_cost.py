@@ -364,3 +364,14 @@ def test_a_smoke_experiment_at_equal_cost_gives_the_curve_the_tables_at_k_1_and_
         for row in ec["panels"]["pooled"][str(k)]["arms"]:
             kept = [score_at(t["runs"]["digits"], k) for t in results["trials"] if t["arm"] == row["arm"]]
             assert row["mean"] == pytest.approx(np.mean(kept))
+
+
+def test_at_equal_cost_the_cost_table_counts_every_arms_network_at_its_host_runs(tmp_path):
+    spec = spec_with(seeds=[0, 1, 2])
+    runs = {arm: {h: [[(0.5, 0.5 + 0.01 * s)] * 4 for s in range(3)] for h in ("digits", "wide")} for arm in spec.arms}
+    results = write_report(tmp_path, record_of(spec, runs))
+    cost = {row["arm"]: row["host_runs_per_network"] for row in results["statistics"]["held_out"]["cost"]}
+    assert cost == {"none": 4, "search": 4}  # not 1 against the search's 4: each keeps the best of its 4 runs
+    report = (tmp_path / "report.md").read_text()
+    assert "at 100 % of its host runs per grown network" in report
+    assert "At equal cost every arm's network is the best by validation of its 4 host runs." in report
