@@ -28,6 +28,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
+from esper_ray.experiments.equal_cost import RUNS
 from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (
@@ -224,10 +225,13 @@ class TrialEvents(tune.Callback):
                     f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}"
                 )
         if EVAL_PREFIX + "test_accuracy" in result:
+            episodes = counted(int(result[EVAL_PREFIX + "episodes"]), "episode")
+            # at equal cost a host's test accuracy is its run best by validation's (equal_cost.py), not the mean
+            picked = any(k.startswith(EVAL_PREFIX + RUNS + "/") for k in result)
             parts.append(
-                f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, "
-                f"+{result[EVAL_PREFIX + 'params_added']:,.0f} params"
+                f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% "
+                + (f"(best by validation of the host runs, {episodes} in all), " if picked else f"over {episodes}, ")
+                + f"+{result[EVAL_PREFIX + 'params_added']:,.0f} params"
                 + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else "")
             )
         if parts:
