@@ -424,13 +424,15 @@ def experiment_source(path: Path, cwd: Path | None = None) -> str:
 
 
 def _print_report(run_dir: Path) -> None:
+    from esper_ray.experiments.equal_cost_report import FIGURE
     from esper_ray.experiments.report import FIGURES
     from esper_ray.train.output.viewer_hints import tensorboard_command
 
     print((run_dir / "report.md").read_text())
+    figures = [*FIGURES, *([FIGURE] if (run_dir / FIGURE).is_file() else [])]  # at equal cost (host_runs)
     print(
         f"report: {run_dir / 'report.md'}; data: {run_dir / 'results.json'}; figures: "
-        + ", ".join(str(run_dir / f) for f in FIGURES)
+        + ", ".join(str(run_dir / f) for f in figures)
         + f"; TensorBoard: {tensorboard_command(run_dir / 'tune')}"
     )
 

@@ -71,6 +71,11 @@ def test_every_package_the_code_imports_is_a_declared_dependency():
     text = (PACKAGE.parent / "pyproject.toml").read_text()
     block = re.search(r"^dependencies = \[(.*?)^\]", text, re.DOTALL | re.MULTILINE).group(1)
     declared = {re.match(r"[\w.-]+", d).group(0).lower() for d in re.findall(r'"([^"]+)"', re.sub(r"#.*", "", block))}
+    # an optional extra's package (optuna: a search's `algorithm: tpe`), imported only where that extra is asked for
+    extras = re.search(r"^\[project.optional-dependencies\](.*?)^\[", text, re.DOTALL | re.MULTILINE).group(1)
+    for line in re.sub(r"#.*", "", extras).splitlines():
+        if re.match(r"\s*optuna\s*=", line):
+            declared |= {re.match(r"[\w.-]+", d).group(0).lower() for d in re.findall(r'"([^"]+)"', line)}
     imported = {name.split(".")[0] for path in PACKAGE.rglob("*.py") for name in imports_of(path)}
     third_party = {DISTRIBUTION.get(n, n).lower() for n in imported - {"esper_ray"} if n not in sys.stdlib_module_names}
     assert {"torch", "ray", "psutil"} <= third_party and third_party <= declared, sorted(third_party - declared)

@@ -70,7 +70,7 @@ def spec_with(**change) -> ExperimentSpec:
         ),
         (
             {"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "algorithm": "bayes"}}}},
-            r"arms.s.search.algorithm='bayes': choose one of \['random'\]",
+            r"arms.s.search.algorithm='bayes': choose one of \['random', 'tpe'\]",
         ),
         (
             {"arms": {"a": {}, "s": {"controller": "search", "search": {"budget": 4, "beam": 2}}}},

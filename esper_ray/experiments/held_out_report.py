@@ -97,6 +97,8 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
         not_applicable = [h for h in hosts if any(t.host_value("not_applicable", h) == 1.0 for t in finished)]
         # one grown network on a new host: one host run, or for a search its candidates (the best one's run is kept)
         grow_runs = float(spec.search_settings(arm).budget) if kind is ControllerKind.SEARCH else 1.0
+        if spec.host_runs is not None:  # at equal cost every arm keeps the best of its host_runs by validation
+            grow_runs = float(spec.host_runs)
         rows.append(
             {
                 "arm": arm,
@@ -137,6 +139,7 @@ def held_out_statistics(record: ExperimentRecord) -> dict[str, Any]:
         "cost": cost_rows(record, hosts),
         "search_plans": plans,
         "plan_notes": plan_notes(record, hosts),
+        "host_runs": spec.host_runs,
         "_values": per_host,
     }
 
@@ -203,7 +206,12 @@ def held_out_lines(stats: Mapping[str, Any], metric: str) -> list[str]:
         "Host runs to grow one network on a new host: one for a controller (frozen, rules or a fixed plan), the "
         "candidates for a search (the best one's run is kept). Host runs this evaluation spent on each new host (mean "
         "over its finished trials and the hosts): the evaluation episodes, each a network grown again, to measure "
-        "it, and a search's candidates. The one-off cost comes before any new host.",
+        "it, and a search's candidates. The one-off cost comes before any new host."
+        + (
+            f" At equal cost every arm's network is the best by validation of its {stats['host_runs']} host runs."
+            if stats.get("host_runs") is not None
+            else ""
+        ),
         "",
         "| arm | controller | host runs per grown network | host runs per new host here | of which search | "
         "one-off cost | not applicable on |",

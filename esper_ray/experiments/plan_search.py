@@ -13,6 +13,11 @@ test split over the trial's evaluation episodes. Cost per new host: budget + eva
 `random` is Tune's random search (a `tune.choice` over the candidates, drawn with a seeded RNG), each candidate
 at most once: a plan run twice on the same episode scores the same, so a repeat would spend a host run on
 nothing. With a budget at least the number of candidates, every candidate runs once (a grid).
+
+`tpe` is Tune's OptunaSearch with Optuna's TPE sampler (seeded), over the candidate's index as a categorical: what a
+user would pick beside random (the optional extra `optuna`). A TPE may propose a candidate it has already had; that
+candidate is not run again (no host run spent): its known validation score is told back to the searcher, which is
+asked again (run_search), so each candidate still runs at most once.
 """
 
 from __future__ import annotations
@@ -65,9 +70,21 @@ class RandomPlanSearch(Searcher):
         pass  # random search learns nothing from a result; run_search keeps the best
 
 
+def tpe_search(candidates: int, seed: int) -> Searcher:
+    """Tune's OptunaSearch with a seeded TPE sampler over the candidates' indices (a categorical)."""
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per candidate otherwise
+    space = OptunaSearch.convert_search_space({PLAN_KEY: tune.choice(list(range(candidates)))})
+    return OptunaSearch(space, metric="validation", mode="max", sampler=optuna.samplers.TPESampler(seed=seed))
+
+
 def make_searcher(settings: SearchSettings, candidates: int, seed: int) -> Searcher:
     if settings.algorithm == "random":
         return RandomPlanSearch(candidates, seed)
+    if settings.algorithm == "tpe":
+        return tpe_search(candidates, seed)
     raise ValueError(f"algorithm={settings.algorithm!r}: choose one of {list(ALGORITHMS)}")
 
 
@@ -77,29 +94,55 @@ class SearchOutcome:
     best_score: float
     tried: list[tuple[FixedPlan, float]]
     """Each candidate run, in the order tried, with its validation score."""
+    repeats: int = 0
+    """Proposals of a candidate already run, answered with its known score (no host run spent)."""
 
     @property
     def runs(self) -> int:
         return len(self.tried)
 
 
+MAX_REPEATS = 1_000
+"""Proposals of candidates already run that a search may make in a row before it stops short of its budget (a TPE
+sure of its best; each is answered at once, without a host run)."""
+
+
 def run_search(
     searcher: Searcher, candidates: Sequence[FixedPlan], budget: int, score: Callable[[FixedPlan], float]
 ) -> SearchOutcome:
     """Ask `searcher` for up to `budget` candidates, score each once (`score`: its validation metric, one host run),
-    report it back, and return the best by validation (the first tried among equals; a NaN score never wins)."""
+    report it back, and return the best by validation (the first tried among equals; a NaN score never wins).
+    A candidate proposed again is not run: its known score is reported back and the searcher asked again (up to
+    MAX_REPEATS times in a row; then the search ends with the candidates run so far)."""
     tried: list[tuple[FixedPlan, float]] = []
-    for i in range(budget):
-        trial_id = f"candidate{i}"
+    known: dict[int, float] = {}
+    asked = repeats = in_a_row = 0
+    while len(tried) < budget and in_a_row <= MAX_REPEATS:
+        trial_id = f"candidate{asked}"
+        asked += 1
         config = searcher.suggest(trial_id)
         if config is None:  # every candidate tried
             break
-        plan = candidates[int(config[PLAN_KEY])]
-        value = float(score(plan))
-        searcher.on_trial_complete(trial_id, {searcher.metric: value, PLAN_KEY: config[PLAN_KEY]})
+        index = int(config[PLAN_KEY])
+        if index in known:
+            repeats, in_a_row = repeats + 1, in_a_row + 1
+            _tell(searcher, trial_id, index, known[index])
+            continue
+        in_a_row = 0
+        plan = candidates[index]
+        value = known[index] = float(score(plan))
+        _tell(searcher, trial_id, index, value)
         tried.append((plan, value))
     scored = [(p, v) for p, v in tried if math.isfinite(v)]
     if not scored:
         raise RuntimeError(f"search: none of the {len(tried)} candidates tried has a finite validation score")
     best, best_score = max(scored, key=lambda pv: pv[1])  # max keeps the first of equals
-    return SearchOutcome(best, best_score, tried)
+    return SearchOutcome(best, best_score, tried, repeats)
+
+
+def _tell(searcher: Searcher, trial_id: str, index: int, value: float) -> None:
+    """A candidate's score back to the searcher; a NaN one (a diverged run) as a failed trial (Optuna takes no NaN)."""
+    if math.isfinite(value):
+        searcher.on_trial_complete(trial_id, {searcher.metric: value, PLAN_KEY: index})
+    else:
+        searcher.on_trial_complete(trial_id, None, error=True)

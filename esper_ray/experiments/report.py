@@ -8,6 +8,8 @@
                              (rliable's score distributions)
     metric_vs_flops.png      every finished trial's metric against the training FLOPs of its evaluation episodes'
                              host runs (one point per seed): quality against compute, per arm
+    equal_cost.png           at equal cost (`host_runs`) only: test score against host runs k per new host
+                             (equal_cost_report.py)
 Arms keep the experiment file's order and one colour everywhere.
 """
 
@@ -27,7 +29,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from esper_ray.contracts.controllers import ControllerKind  # noqa: E402
-from esper_ray.experiments import held_out_report  # noqa: E402
+from esper_ray.experiments import equal_cost_report, held_out_report  # noqa: E402
 from esper_ray.experiments.compute import ArmCompute, by_seed, size_sentence, summarize_compute  # noqa: E402
 from esper_ray.experiments.results import (
     FINISHED,
@@ -109,14 +111,21 @@ def write_report(output: Path, record: ExperimentRecord) -> dict[str, Any]:
     }
     if held_out is not None:
         results["statistics"]["held_out"] = held_out_report.as_json(held_out)
+    equal_cost = equal_cost_report.equal_cost_statistics(record) if spec.host_runs is not None else None
+    if equal_cost is not None:
+        results["statistics"]["equal_cost"] = equal_cost_report.as_json(equal_cost)
     (output / "results.json").write_text(json.dumps(strict_json(results), indent=2, allow_nan=False))
     extra = held_out_report.held_out_lines(held_out, spec.metric) if held_out is not None else []
+    if equal_cost is not None:
+        extra += equal_cost_report.equal_cost_lines(equal_cost, spec.metric, list(spec.arms))
     (output / "report.md").write_text(markdown(record, arms, pairs, verdicts, arm_compute, size_verdicts, extra))
     colors = arm_colors(list(spec.arms))
     plot_metric_by_arm(output / FIGURES[0], values, spec.metric, colors)
     plot_learning_curves(output / FIGURES[1], record, colors)
     plot_performance_profile(output / FIGURES[2], values, spec.metric, colors)
     plot_metric_vs_flops(output / FIGURES[3], values, by_seed(record, "train_flops"), spec.metric, colors)
+    if equal_cost is not None:
+        save_figure(equal_cost_report.figure(equal_cost, spec.metric, colors), output / equal_cost_report.FIGURE)
     return results
 
 
@@ -162,6 +171,15 @@ def markdown(
         "(run seed s: same host initialisation, "
         f"data order and {counted(spec.eval_episodes, 'evaluation episode')} in every arm), "
         f"{counted(spec.rounds, 'PPO round')} per trial.",
+        *(
+            [
+                f"At equal cost: every arm spent {spec.host_runs} host runs per held-out host (its evaluation "
+                "episodes), and its metric there is the test score of the run best by validation of them, not their "
+                "mean (section \"At equal cost\" has every k)."
+            ]
+            if spec.host_runs is not None
+            else []
+        ),
         "Controllers: " + ", ".join(f"{a} = {_controller_label(spec, a)}" for a in spec.arms) + ".",
         f"Start order: {'PPO trials first (the longest), each kind in ' if _ppo_first(record) else ''}a random "
         f"permutation with order seed {record.order_seed}{' (drawn for this run)' if record.order_seed_drawn else ''}: "
@@ -250,7 +268,8 @@ def markdown(
             f"{_fmt(t.metric(spec.metric, spec.rollout_rounds))} | {len(t.history)} |"
             + (f" {', '.join(t.ran_in)} |" if salvaged else "")
         )
-    lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in FIGURES) + "."]
+    figures = [*FIGURES, *([equal_cost_report.FIGURE] if spec.host_runs is not None else [])]
+    lines += ["", "Figures: " + ", ".join(f"`{f}`" for f in figures) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.experiments.continuation import continued_rows, links_of
+from esper_ray.experiments.equal_cost import RUNS, runs_from_json
 from esper_ray.experiments.held_out import host_key
 from esper_ray.experiments.spec import ExperimentSpec, RecordedExperiment
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
@@ -85,6 +86,9 @@ class TrialResult:
     """Wall-clock time of the trial's first result minus its duration (Unix seconds)."""
     plans: dict[str, str] = field(default_factory=dict)
     """A search trial's chosen plan per held-out host (`conv_heavy@r0c1`)."""
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """At equal cost (`host_runs`), per held-out host the trial's host runs in order (equal_cost.py): episode seed,
+    validation and test score, a search's plan."""
     ran_in: list[str] = field(default_factory=list)
     """The run's Tune folders its results come from, oldest first: `tune`, or a folder --salvage set aside, or
     both for a trial continued from a killed run's checkpoint."""
@@ -172,12 +176,13 @@ def read_experiment_file(output: Path) -> dict[str, Any]:
 
 def _history_and_evaluation(
     results: list[dict[str, Any]],
-) -> tuple[list[dict[str, float]], dict[str, float] | None, float, dict[str, str]]:
+) -> tuple[list[dict[str, float]], dict[str, float] | None, float, dict[str, str], dict[str, list[dict[str, Any]]]]:
     """Per-round history (each round once), the evaluation (with its per-host figures, `test_accuracy/<host>`),
-    the start time of a trial's results, and a search trial's plans per host."""
+    the start time of a trial's results, a search trial's plans per host, and at equal cost the host runs per host."""
     plans: dict[str, str] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
     if not results:
-        return [], None, math.nan, plans
+        return [], None, math.nan, plans, runs
     history: list[dict[str, float]] = []
     evaluation = None
     for row in results:
@@ -201,10 +206,14 @@ def _history_and_evaluation(
                 figure = key[len(EVAL_PREFIX) :] if key.startswith(EVAL_PREFIX) else ""
                 if figure.startswith(SEARCH_PLAN + "/") and isinstance(value, str):
                     plans[figure.split("/", 1)[1]] = value
+                elif figure.startswith(RUNS + "/"):
+                    host_runs = runs_from_json(value)
+                    if host_runs is not None:
+                        runs[figure.split("/", 1)[1]] = host_runs
                 elif "/" in figure:
                     evaluation[figure] = number(value)
     first = results[0]
-    return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s")), plans
+    return history, evaluation, number(first.get("timestamp")) - number(first.get("time_this_iter_s")), plans, runs
 
 
 def tune_folders(output: Path) -> list[Path]:
@@ -258,7 +267,7 @@ def _trial_result(
     if key not in positions:
         return None
     arm, seed = key
-    history, evaluation, started, plans = _history_and_evaluation(
+    history, evaluation, started, plans, runs = _history_and_evaluation(
         continued_rows(output, planned) + read_results(trial.folder)
     )
     controller = spec.controller(arm)
@@ -280,6 +289,7 @@ def _trial_result(
         evaluation=evaluation,
         started_at=started,
         plans=plans,
+        runs=runs,
         ran_in=ran_in,
     )
 
@@ -321,6 +331,7 @@ def as_json(record: ExperimentRecord) -> dict[str, Any]:
                 "in_statistics": t.status == FINISHED,
                 "ran_in": t.ran_in,
                 **({"search_plans": t.plans} if t.plans else {}),
+                **({RUNS: t.runs} if t.runs else {}),
             }
             for t in record.trials
         ],

@@ -28,6 +28,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.concurrency import describe, requests_by_kind
 from esper_ray.experiments.continuation import CONTINUES_KEY, continuation
+from esper_ray.experiments.equal_cost import RUNS
 from esper_ray.experiments.lead_trials import LeadTrialsFirst, ShowTrials
 from esper_ray.experiments.report import write_report
 from esper_ray.experiments.results import (
@@ -103,7 +104,8 @@ class TrialWork:
     def of(cls, trial: TrialSpec, eval_episodes: int, rounds_before: int = 0) -> TrialWork:
         cfg = TrainConfig.from_mapping(trial.train)
         hosts = max(1, len(trial.held_out))
-        per_host = eval_episodes + (trial.search.budget if trial.search is not None else 0)
+        searches = trial.search is not None and trial.host_runs is None  # at equal cost its candidates are the episodes
+        per_host = eval_episodes + (trial.search.budget if searches else 0)
         return cls(
             cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0,
             hosts * per_host,
@@ -223,10 +225,13 @@ class TrialEvents(tune.Callback):
                     f"in the trial's {FAILURES_LOG}): {result[SUMMARY_PREFIX + 'env_step_errors']}"
                 )
         if EVAL_PREFIX + "test_accuracy" in result:
+            episodes = counted(int(result[EVAL_PREFIX + "episodes"]), "episode")
+            # at equal cost a host's test accuracy is its run best by validation's (equal_cost.py), not the mean
+            picked = any(k.startswith(EVAL_PREFIX + RUNS + "/") for k in result)
             parts.append(
-                f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% over "
-                f"{counted(int(result[EVAL_PREFIX + 'episodes']), 'episode')}, "
-                f"+{result[EVAL_PREFIX + 'params_added']:,.0f} params"
+                f"evaluation: test acc {100 * result[EVAL_PREFIX + 'test_accuracy']:.1f}% "
+                + (f"(best by validation of the host runs, {episodes} in all), " if picked else f"over {episodes}, ")
+                + f"+{result[EVAL_PREFIX + 'params_added']:,.0f} params"
                 + (f", torch threads {int(result[TORCH_THREADS])}" if TORCH_THREADS in result else "")
             )
         if parts:
@@ -631,6 +636,7 @@ def new_tuner(
             "held_out": [{"name": name, "train": settings} for name, settings in t.held_out],
             "search": t.search.to_dict() if t.search is not None else None,
             "checkpoint": t.checkpoint,
+            "host_runs": t.host_runs,
         }
         for i, t in enumerate(ordered)
     ]

@@ -3,15 +3,18 @@ file is checked before Ray starts (plan_search.py runs the search)."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from esper_ray.contracts.train_config import MAX_COUNT
 
-ALGORITHMS = ("random",)
-"""Search algorithms a `search` arm may name. (Tune's OptunaSearch is a Searcher too and would slot in here; it
-needs optuna, which this project does not depend on.)"""
+ALGORITHMS = ("random", "tpe")
+"""Search algorithms a `search` arm may name: Tune's random search, and Tune's OptunaSearch with Optuna's TPE sampler
+(what a user would pick beside random; needs the optional extra `optuna`)."""
+NEEDS_OPTUNA = ("tpe",)
+OPTUNA_EXTRA = "pip install 'esper-ray[optuna]'"
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,14 @@ class SearchSettings:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"{where}.algorithm={algorithm!r}: choose one of {list(ALGORITHMS)}")
         return cls(budget, algorithm)
+
+    def check_installed(self, where: str) -> None:
+        """ValueError in one line where the algorithm needs a package this Python lacks (checked before a run starts;
+        a report reads a run's settings without it)."""
+        if self.algorithm in NEEDS_OPTUNA and importlib.util.find_spec("optuna") is None:
+            raise ValueError(
+                f"{where}.algorithm={self.algorithm!r}: needs optuna, which is not installed: {OPTUNA_EXTRA}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget, "algorithm": self.algorithm}

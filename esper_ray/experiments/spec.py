@@ -19,6 +19,7 @@
     compare: [[ppo, none], [ppo, heuristic]]   # optional: the pairs the verdict tests (default: every pair)
     held_out:                       # optional: evaluate every trial on these hosts instead (experiments/held_out.py)
       - {name: digits, env: {task: digits}}
+    host_runs: 16                   # optional, with held_out: every arm at equal cost (experiments/equal_cost.py)
 Two arm kinds exist only here: `controller: checkpoint` with `checkpoint: PATH` (a trained checkpoint's greedy
 policy, evaluated without training; `{seed}` in PATH: each seed's own checkpoint) and `controller: search` with
 `search: {budget: 16, algorithm: random}` (per host, a search over fixed plans: experiments/plan_search.py).
@@ -82,6 +83,8 @@ class TrialSpec:
     """A `checkpoint` arm's checkpoint folder, absolute."""
     search: SearchSettings | None = None
     """A `search` arm's budget and algorithm."""
+    host_runs: int | None = None
+    """The experiment's `host_runs` (equal cost): its evaluation episodes per host are its host runs, a search's too."""
 
     @property
     def name(self) -> str:
@@ -128,6 +131,11 @@ class ExperimentSpec:
     """Hosts no arm trains on, where every trial is evaluated instead: a list of {name, env} (env: EnvConfig
     overrides such as task, host_preset, max_epochs) or a registered host family's name (experiments/held_out.py).
     The metric is then reported per host and as the mean over the hosts (the trial's metric)."""
+    host_runs: int | None = None
+    """With `held_out`: every arm spends this many host runs per held-out host, run i on evaluation episode i in every
+    arm, and keeps the network its own validation picks (experiments/equal_cost.py); they are its evaluation episodes
+    (eval_episodes is host_runs) and a search arm's candidates (its budget is host_runs). The metric is then the
+    test score of the run best by validation of all host_runs; the report reads every k = 1, 2, 4, ..., host_runs."""
 
     def __post_init__(self) -> None:
         check_folder_name("name", self.name)
@@ -226,11 +234,40 @@ class ExperimentSpec:
                     + (" and it has none" if kind is ControllerKind.FIXED else "")
                 )
         object.__setattr__(self, "compare", self._checked_compare())
+        self._check_host_runs()
         self._check_trials()
+
+    def _check_host_runs(self) -> None:
+        """`host_runs`: with held-out hosts and a test metric; then every host run is an evaluation episode and a
+        search's candidate (ExperimentSpec.host_runs)."""
+        if self.host_runs is None:
+            return
+        check_int("host_runs", self.host_runs, 1, MAX_COUNT)
+        if self.held_out is None:
+            raise ValueError(
+                f"host_runs={self.host_runs}: counts host runs per held-out host; give `held_out` too, or leave it out"
+            )
+        if not self.metric.startswith("test_"):
+            raise ValueError(
+                f"host_runs with metric={self.metric!r}: a host run is scored on its test split; choose one of "
+                f"{[m for m in METRICS if m.startswith('test_')]}"
+            )
+        for arm in self.arms:
+            search = self.search_settings(arm)
+            if search is not None and search.budget != self.host_runs:
+                raise ValueError(
+                    f"arms.{arm}.search.budget={search.budget}: with host_runs={self.host_runs} a search's candidates "
+                    f"are its host runs; give budget {self.host_runs}"
+                )
+        object.__setattr__(self, "eval_episodes", self.host_runs)  # every host run is an evaluation episode
 
     def _check_trials(self) -> None:
         """Every trial's settings as a run builds them (TrainConfig, which imports the plug-ins they name), before
         anything starts."""
+        for arm in self.arms:  # a run needs its search's package; a report of it does not (RecordedExperiment)
+            search = self.search_settings(arm)
+            if search is not None:
+                search.check_installed(f"arms.{arm}.search")
         if self.held_out is not None:
             for settings in (self.training, *self.arms.values()):  # a plug-in's family may be the held-out one
                 plugins = settings.get("plugins", ())
@@ -287,6 +324,12 @@ class ExperimentSpec:
         missing = sorted({"name", "arms", "seeds"} - set(mapping))
         if missing:
             raise ValueError(f"experiment file is missing {missing}")
+        runs, episodes = mapping.get("host_runs"), mapping.get("eval_episodes")
+        if runs is not None and episodes is not None and episodes != runs:
+            raise ValueError(
+                f"eval_episodes={episodes!r} with host_runs={runs!r}: every host run is an evaluation episode; "
+                "leave eval_episodes out"
+            )
         return cls(**dict(mapping))
 
     @classmethod
@@ -407,7 +450,15 @@ class ExperimentSpec:
                 held_out = tuple((h.name, host_settings(train, h)) for h in hosts)
                 out.append(
                     TrialSpec(
-                        arm, seed, self.controller(arm), train, fixed, held_out, self.checkpoint_path(arm, seed), search
+                        arm,
+                        seed,
+                        self.controller(arm),
+                        train,
+                        fixed,
+                        held_out,
+                        self.checkpoint_path(arm, seed),
+                        search,
+                        self.host_runs,
                     )
                 )
         return out

@@ -11,6 +11,9 @@ With held-out hosts (held_out.py) the evaluation runs on each of them in turn, a
 `eval/<figure>` the means over its evaluation episodes of every host (equal counts: the mean over hosts). A fixed
 plan a host cannot take (its slot or blueprint missing) is not applicable there: said in one line, recorded as
 `eval/not_applicable/<host>`, and left out of the means.
+At equal cost (the experiment's `host_runs`, equal_cost.py) the evaluation episodes are the host runs: each host's
+runs go into `eval/runs/<host>` (validation and test score, a search's plan), and the metric there is the test score of
+the run best by validation; a search runs its i-th candidate on evaluation episode i (equal_cost_search).
 With `esper-ray ab --save` every evaluation episode's grown network is written into the trial's folder,
 `networks/episode<i>/` (train/commands/grow.py; runner.py gathers them under the run's `networks/`).
 
@@ -40,6 +43,7 @@ from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.env.faults import fail_if_asked
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.experiments.continuation import CONTINUES_KEY, ROUND_FILE, checkpoint_round, checkpoint_summary
+from esper_ray.experiments.equal_cost import RUNS, run_record, runs_json, score_at
 from esper_ray.experiments.held_out import host_key
 from esper_ray.experiments.plan_search import (
     SEARCH_EPISODE_OFFSET,
@@ -184,6 +188,26 @@ class HostEvaluation:
     not_applicable: str | None = None
     """Why the arm cannot run on this host (None: it ran)."""
     search: SearchOutcome | None = None
+    plans: list[str] | None = None
+    """At equal cost, a search's plan of each host run (its summaries in order)."""
+    reset_seeds: dict[int, int] | None = None
+    """Each evaluation episode's reset seed, by its index (filled in by MorphoTrial._evaluate)."""
+
+
+def test_score(summary: EpisodeSummary, metric: str) -> float:
+    """A host run's test score: the experiment's metric on the test split, of the committed model."""
+    test = math.nan if summary.test_accuracy is None else float(summary.test_accuracy)
+    return per_kparam(test, summary.total_params) if metric.endswith("_per_param") else test
+
+
+def host_runs_of(evaluation: HostEvaluation, metric: str) -> list[dict[str, Any]]:
+    """A host's runs at equal cost, in order: episode seed, validation and test score, a search's plan."""
+    seeds = evaluation.reset_seeds or {}
+    plans = evaluation.plans or [None] * len(evaluation.summaries)
+    return [
+        run_record(seeds.get(s.episode, -1), validation_score(s, metric), test_score(s, metric), plan)
+        for s, plan in zip(evaluation.summaries, plans)
+    ]
 
 
 def validation_score(summary: EpisodeSummary, metric: str) -> float:
@@ -194,9 +218,12 @@ def validation_score(summary: EpisodeSummary, metric: str) -> float:
     return float(summary.final_accuracy)
 
 
-def held_out_metrics(by_host: dict[str, HostEvaluation]) -> dict[str, Any]:
+def held_out_metrics(by_host: dict[str, HostEvaluation], equal_cost_metric: str | None = None) -> dict[str, Any]:
     """The trial's evaluation over held-out hosts: the pooled figures (every host's episodes; equal counts make
-    them the mean over hosts) and each host's own, its cost in host runs, and where it was not applicable."""
+    them the mean over hosts) and each host's own, its cost in host runs, and where it was not applicable.
+    At equal cost (`equal_cost_metric`: the experiment's metric), each host's runs too, and the metric there is the
+    test score of its run best by validation (equal_cost.score_at over all of them); the trial's, their mean over
+    the hosts."""
     ran = [e for e in by_host.values() if e.not_applicable is None]
     metrics: dict[str, Any] = evaluation_metrics([s for e in ran for s in e.summaries])
     for host, e in by_host.items():
@@ -211,6 +238,15 @@ def held_out_metrics(by_host: dict[str, HostEvaluation]) -> dict[str, Any]:
             metrics[EVAL_PREFIX + host_key(SEARCH_PLAN, host)] = e.search.best.label
     if ran:
         metrics[EVAL_PREFIX + HOST_RUNS] = float(np.mean([len(e.summaries) + e.search_runs for e in ran]))
+    if equal_cost_metric is not None and ran:
+        picked = []
+        for host, e in by_host.items():
+            if e.not_applicable is None:
+                runs = host_runs_of(e, equal_cost_metric)
+                metrics[EVAL_PREFIX + host_key(RUNS, host)] = runs_json(runs)
+                picked.append(score_at(runs, len(runs)))
+                metrics[EVAL_PREFIX + host_key(equal_cost_metric, host)] = picked[-1]
+        metrics[EVAL_PREFIX + equal_cost_metric] = float(np.mean(picked))
     return metrics
 
 
@@ -245,6 +281,31 @@ def search_host(
     return run_search(make_searcher(settings, len(candidates), seed=cfg.seed), candidates, settings.budget, score)
 
 
+def equal_cost_search(
+    cfg: TrainConfig,
+    settings: SearchSettings,
+    metric: str,
+    episodes: list[Any],
+    on_episode_end: Any = None,
+) -> tuple[SearchOutcome, list[EpisodeSummary], list[str]]:
+    """The search at equal cost on one host: its i-th candidate run on evaluation episode i (test split measured, as
+    every arm's host runs are), ranked by validation; the runs' summaries and plans in order."""
+    candidates = candidate_plans(topology_of(cfg.task, cfg.host_name), cfg.slots)
+    lifecycle = cfg.env.lifecycle
+    summaries: list[EpisodeSummary] = []
+    plans: list[str] = []
+
+    def score(plan: Any) -> float:
+        controller = FixedPlanController(cfg.slots, cfg.max_epochs, plan, lifecycle.min_training_epochs)
+        # run_search calls this once per host run, in order: run i is episode i
+        summaries.extend(run_evaluation_episodes([episodes[len(summaries)]], controller, on_episode_end=on_episode_end))
+        plans.append(plan.label)
+        return validation_score(summaries[-1], metric)
+
+    searcher = make_searcher(settings, len(candidates), seed=cfg.seed)
+    return run_search(searcher, candidates, len(episodes), score), summaries, plans
+
+
 class MorphoTrial(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config: dict[str, Any]) -> PlacementGroupFactory:
@@ -273,6 +334,7 @@ class MorphoTrial(tune.Trainable):
         search = config[TRIAL_KEY].get("search")
         self.search = SearchSettings.from_mapping(search, "search") if search is not None else None
         self.checkpoint = config[TRIAL_KEY].get("checkpoint")
+        self.host_runs = config[TRIAL_KEY].get("host_runs")  # equal cost; absent in runs started before it
         if self.controller is not ControllerKind.PPO:
             spread_gpu()  # the baseline's env runs in this process, on its GPU share (a PPO trial's runners spread)
             use_threads(threads_of_cpus(self.cfg.cpus_per_env))  # and on the CPUs Tune reserved for it (its bundle)
@@ -344,7 +406,11 @@ class MorphoTrial(tune.Trainable):
         """The evaluation on the trial's own settings, or on each held-out host (held_out_metrics)."""
         if not self.held_out:
             return evaluation_metrics(on_host(None, self.cfg).summaries)
-        return held_out_metrics({host: on_host(host, cfg) for host, cfg in self.held_out})
+        by_host = {}
+        for host, cfg in self.held_out:
+            by_host[host] = on_host(host, cfg)
+            by_host[host].reset_seeds = {e.index: e.reset_seed for e in evaluation_episodes(cfg, self.eval_episodes)}
+        return held_out_metrics(by_host, self.metric if self.host_runs is not None else None)
 
     def _networks_folder(self, host: str | None) -> Path:
         """networks/ in the trial's folder, networks/<host>/ for a held-out host's episodes."""
@@ -357,6 +423,18 @@ class MorphoTrial(tune.Trainable):
         def in_process(host: str | None, cfg: TrainConfig) -> HostEvaluation:
             where = f" on held-out host {host}" if host else ""
             search = None
+            # in this process: each network is saved straight into the trial's folder
+            keep = episodes_saver(self._networks_folder(host), label + where) if self.save_networks else None
+            if self.controller is ControllerKind.SEARCH and self.host_runs is not None:
+                search, summaries, plans = equal_cost_search(
+                    cfg, self.search, self.metric, evaluation_episodes(cfg, self.eval_episodes), keep
+                )
+                print(
+                    f"{self.label}: search{where} at equal cost: {search.runs} host runs"
+                    + (f", {search.repeats} candidate(s) proposed again and not rerun" if search.repeats else ""),
+                    flush=True,
+                )
+                return HostEvaluation(summaries, 0, search=search, plans=plans)
             if self.controller is ControllerKind.CHECKPOINT:
                 controller: Controller = GreedyPolicyController(*policy)
             elif self.controller is ControllerKind.SEARCH:
@@ -377,8 +455,6 @@ class MorphoTrial(tune.Trainable):
                     )
                     return HostEvaluation([], not_applicable=fixed)
                 controller = baseline_controller(self.controller, cfg, fixed)
-            # in this process: each network is saved straight into the trial's folder
-            keep = episodes_saver(self._networks_folder(host), label + where) if self.save_networks else None
             summaries = run_evaluation_episodes(
                 evaluation_episodes(cfg, self.eval_episodes), controller, on_episode_end=keep
             )
