@@ -188,6 +188,42 @@ def test_two_slots_with_different_features_get_different_blueprint_distributions
     assert float((different[0] - different[1]).abs().max()) > 1e-4  # at initialisation already; float noise is 1e-7
 
 
+def test_two_slots_that_differ_only_in_their_blueprint_costs_get_different_blueprint_distributions():
+    module = make_module(2)
+    host = random_host(2, seed=11)
+    host.legal[:] = 1
+    twins = Host(host.run, host.blocks[[0, 0]], host.blueprints[[0, 0]], host.costs[[0, 0]], host.legal, host.arguments)
+    costly = Host(twins.run, twins.blocks, twins.blueprints, twins.costs.copy(), twins.legal, twins.arguments)
+    costly.costs[1] += 2.0  # slot 1: every blueprint would add more there
+    same = outputs(module, [observation(twins, 2)]).blueprint[0]
+    differ = outputs(module, [observation(costly, 2)]).blueprint[0]
+    torch.testing.assert_close(same[0], same[1], rtol=0, atol=1e-7)
+    assert float((differ[0] - differ[1]).abs().max()) > 1e-5  # at initialisation already; float noise is 1e-8
+
+
+def test_every_plugin_blueprint_is_scored_from_one_shared_embedding_and_its_costs():
+    """Two plug-in names with the same costs get the same logit, and a slot holding one reads like a slot holding the
+    other: no plug-in name has an embedding row of its own that no run has trained."""
+    module = make_module(2)
+    with torch.no_grad():  # weights far from their near-uniform start, as training leaves them
+        for parameter in (module.embedding.weight, module.blueprint_score.weight):
+            parameter.normal_(std=1.0)
+    host = random_host(2, seed=12)
+    host.legal[:] = 1
+    first, second = BLUEPRINTS, MAX_BLUEPRINTS - 1  # the first and last plug-in entries
+    host.costs[:, second] = host.costs[:, first]
+    swapped = Host(host.run, host.blocks, host.blueprints.copy(), host.costs, host.legal, host.arguments)
+    host.blueprints[0], swapped.blueprints[0] = first, second
+    plain, other = outputs(module, [observation(host, 2)]), outputs(module, [observation(swapped, 2)])
+    torch.testing.assert_close(plain.blueprint[..., first], plain.blueprint[..., second], rtol=0, atol=1e-7)
+    torch.testing.assert_close(other.blueprint, plain.blueprint, rtol=0, atol=1e-7)
+    torch.testing.assert_close(other.ops, plain.ops, rtol=0, atol=1e-7)
+    built_in = int(Blueprint.CONV_LIGHT)
+    host.costs[:, built_in] = host.costs[:, first]
+    again = outputs(module, [observation(host, 2)])  # a built-in keeps its own row: another score at equal costs
+    assert float((again.blueprint[..., built_in] - again.blueprint[..., first]).abs().max()) > 1e-3
+
+
 def test_absent_slots_are_masked_and_do_not_change_what_the_present_slots_get():
     host = random_host(3, seed=7)
     host.legal[:] = 1
