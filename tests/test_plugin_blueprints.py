@@ -88,7 +88,8 @@ def test_a_plugin_blueprint_under_a_new_name_is_offered_planted_by_a_fixed_plan_
     assert obs["blueprint_ids"][env.slot_ids.index("r0c1")] == index
     assert env.counts["germinated/dilated"] == 1
     before = [p.detach().clone() for p in slot.seed.parameters()]
-    env.step(wait_action())
+    *_, info = env.step(wait_action())
+    assert info["flops/train_seeds"] > 0  # its FLOPs are counted (measured: morpho/flops.py seed_cost)
     assert any(not torch.equal(a, p) for a, p in zip(before, slot.seed.parameters()))  # it trains
 
 
