@@ -15,8 +15,8 @@ import numpy as np
 from esper_ray.contracts.actions import (
     CNN_BLUEPRINTS,
     HEAD_NAMES,
-    MAX_BLUEPRINTS,
     HEAD_SIZES_AFTER_JOINT,
+    MAX_BLUEPRINTS,
     RELEVANT_HEADS,
     AlphaCurve,
     AlphaSpeed,
