@@ -13,6 +13,7 @@ from ray.rllib.utils.filter import MeanStdFilter as PerColumnMeanStd
 from esper_ray.cli import main
 from esper_ray.contracts.actions import (
     BLUEPRINT_NONE_INDEX,
+    MAX_BLUEPRINTS,
     MAX_SLOTS,
     SLOTTED_OPS,
     Blueprint,
@@ -216,7 +217,21 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_what_differs():
     with pytest.raises(ValueError, match=r"^checkpoint c: records no policy layout: it was saved before"):
         check_layout(None, "checkpoint c")
     assert policy_layout()["blueprints"][1:] == [b.key for b in Blueprint][1:]
-    assert set(b.key for b in topology_blueprints("vector")) <= set(policy_layout()["blueprints"])
+    assert set(b.key for b in topology_blueprints("vector") if isinstance(b, Blueprint)) <= set(
+        policy_layout()["blueprints"]
+    )
+
+
+def test_a_checkpoint_saved_before_the_blueprint_vocabulary_and_costs_is_refused_in_one_line():
+    """Its blueprint head had 13 entries and its observation no blueprint_costs (issue 75)."""
+    old = {k: v for k, v in policy_layout("slots").items() if k not in ("max_blueprints", "blueprint_costs")}
+    with pytest.raises(ValueError) as err:
+        check_layout(old, "checkpoint c")
+    assert str(err.value).startswith(
+        f"checkpoint c: its policy layout does not match this code's: max_blueprints None there, {MAX_BLUEPRINTS} "
+        "here; blueprint_costs None there, ['params', 'flops', "
+    )
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.expensive

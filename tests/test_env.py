@@ -10,7 +10,16 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from esper_ray.cli import parse_env_overrides
-from esper_ray.contracts.actions import MAX_SLOTS, AlphaTarget, Blueprint, Op, Style, Tempo, encode_joint
+from esper_ray.contracts.actions import (
+    BLUEPRINT_NONE_INDEX,
+    MAX_SLOTS,
+    AlphaTarget,
+    Blueprint,
+    Op,
+    Style,
+    Tempo,
+    encode_joint,
+)
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.env import ENV_ID, MorphogeneticEnv
 from esper_ray.env.masks import head_offsets
@@ -124,9 +133,9 @@ def test_mask_allows_exactly_the_legal_op_slot_pairs():
     joint = obs["action_mask"][head_offsets()["op_slot"]]
     assert np.flatnonzero(joint).tolist() == [0]  # a TRAINING seed blocks germination; ADVANCE is auto
     assert obs["features"].shape == (feature_size(),) and obs["blueprint_ids"].tolist() == [
-        13,
+        BLUEPRINT_NONE_INDEX,
         int(Blueprint.CONV_LIGHT),
-    ] + [13] * (MAX_SLOTS - 2)
+    ] + [BLUEPRINT_NONE_INDEX] * (MAX_SLOTS - 2)
 
 
 @pytest.mark.parametrize("min_prune_age", [5, 8])

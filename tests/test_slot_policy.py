@@ -15,8 +15,10 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from esper_ray.contracts.actions import (
+    BLUEPRINT_NONE_INDEX,
     HEAD_NAMES,
     HEAD_SIZES_AFTER_JOINT,
+    MAX_BLUEPRINTS,
     MAX_SLOTS,
     RELEVANT_HEADS,
     SLOTTED_OPS,
@@ -45,6 +47,8 @@ from esper_ray.train.rllib.rounds import MODULE_PATH, restore
 
 OPS = len(SLOTTED_OPS)
 BLUEPRINTS = len(Blueprint)
+"""Built-in blueprint ids (NOOP included); a plug-in's are BLUEPRINTS .. MAX_BLUEPRINTS - 1."""
+COSTS = 2
 
 
 def make_module(num_slots: int, seed: int = 0, **config: float) -> SlotPolicyModule:
@@ -64,6 +68,7 @@ class Host:
     run: np.ndarray  # [BASE_FEATURES]
     blocks: np.ndarray  # [n, SLOT_BLOCK], present = 1
     blueprints: np.ndarray  # [n] blueprint ids
+    costs: np.ndarray  # [n, MAX_BLUEPRINTS, COSTS] what each blueprint would add there
     legal: np.ndarray  # [n, OPS] 0/1: which slotted ops the mask allows in the slot
     arguments: np.ndarray  # [ARGUMENT_SIZE] 0/1: the argument heads' mask
 
@@ -77,7 +82,8 @@ def random_host(num_slots: int, seed: int) -> Host:
     return Host(
         run=rng.uniform(-1.0, 1.0, BASE_FEATURES).astype(np.float32),
         blocks=blocks,
-        blueprints=rng.integers(0, BLUEPRINTS + 1, num_slots),
+        blueprints=rng.choice([*range(MAX_BLUEPRINTS), BLUEPRINT_NONE_INDEX], num_slots),
+        costs=rng.uniform(0.0, 1.0, (num_slots, MAX_BLUEPRINTS, COSTS)).astype(np.float32),
         legal=(rng.random((num_slots, OPS)) < 0.6).astype(np.int8),
         arguments=arguments,
     )
@@ -90,15 +96,18 @@ def observation(host: Host, num_slots: int, order: list[int] | None = None) -> d
     order = list(range(len(host.blocks))) if order is None else order
     features = np.zeros(BASE_FEATURES + SLOT_BLOCK * num_slots, dtype=np.float32)
     features[:BASE_FEATURES] = host.run
-    blueprints = np.full(num_slots, BLUEPRINTS, dtype=np.int64)
+    blueprints = np.full(num_slots, BLUEPRINT_NONE_INDEX, dtype=np.int64)
+    costs = np.zeros((num_slots, MAX_BLUEPRINTS, COSTS), dtype=np.float32)
     joint = np.zeros(slot_joint_size(num_slots), dtype=np.int8)
     joint[0] = 1
     for position, slot in enumerate(order):
         features[slot_offset(position) : slot_offset(position) + SLOT_BLOCK] = host.blocks[slot]
         blueprints[position] = host.blueprints[slot]
+        costs[position] = host.costs[slot]
         for o in range(OPS):
             joint[1 + o * num_slots + position] = host.legal[slot, o]
-    return {"features": features, "blueprint_ids": blueprints, "action_mask": np.concatenate([joint, host.arguments])}
+    mask = np.concatenate([joint, host.arguments])
+    return {"features": features, "blueprint_ids": blueprints, "blueprint_costs": costs, "action_mask": mask}
 
 
 def batch_of(module: SlotPolicyModule, observations: list[dict[str, np.ndarray]]) -> dict:
@@ -112,7 +121,7 @@ def batch_of(module: SlotPolicyModule, observations: list[dict[str, np.ndarray]]
 class Outputs:
     wait: torch.Tensor  # [T]
     ops: torch.Tensor  # [T, OPS, S] probabilities of the joint entries
-    blueprint: torch.Tensor  # [T, S, BLUEPRINTS] each slot's blueprint distribution
+    blueprint: torch.Tensor  # [T, S, MAX_BLUEPRINTS] each slot's blueprint distribution
     value: torch.Tensor  # [T]
 
 
@@ -172,11 +181,47 @@ def test_two_slots_with_different_features_get_different_blueprint_distributions
     host = random_host(2, seed=6)
     host.legal[:] = 1
     host.blueprints[:] = int(Blueprint.CONV_LIGHT)
-    twins = Host(host.run, host.blocks[[0, 0]], host.blueprints, host.legal, host.arguments)
+    twins = Host(host.run, host.blocks[[0, 0]], host.blueprints, host.costs[[0, 0]], host.legal, host.arguments)
     different = outputs(module, [observation(host, 2)]).blueprint[0]
     same = outputs(module, [observation(twins, 2)]).blueprint[0]
     torch.testing.assert_close(same[0], same[1], rtol=0, atol=1e-6)  # identical slots: identical rows
     assert float((different[0] - different[1]).abs().max()) > 1e-4  # at initialisation already; float noise is 1e-7
+
+
+def test_two_slots_that_differ_only_in_their_blueprint_costs_get_different_blueprint_distributions():
+    module = make_module(2)
+    host = random_host(2, seed=11)
+    host.legal[:] = 1
+    twins = Host(host.run, host.blocks[[0, 0]], host.blueprints[[0, 0]], host.costs[[0, 0]], host.legal, host.arguments)
+    costly = Host(twins.run, twins.blocks, twins.blueprints, twins.costs.copy(), twins.legal, twins.arguments)
+    costly.costs[1] += 2.0  # slot 1: every blueprint would add more there
+    same = outputs(module, [observation(twins, 2)]).blueprint[0]
+    differ = outputs(module, [observation(costly, 2)]).blueprint[0]
+    torch.testing.assert_close(same[0], same[1], rtol=0, atol=1e-7)
+    assert float((differ[0] - differ[1]).abs().max()) > 1e-5  # at initialisation already; float noise is 1e-8
+
+
+def test_every_plugin_blueprint_is_scored_from_one_shared_embedding_and_its_costs():
+    """Two plug-in names with the same costs get the same logit, and a slot holding one reads like a slot holding the
+    other: no plug-in name has an embedding row of its own that no run has trained."""
+    module = make_module(2)
+    with torch.no_grad():  # weights far from their near-uniform start, as training leaves them
+        for parameter in (module.embedding.weight, module.blueprint_score.weight):
+            parameter.normal_(std=1.0)
+    host = random_host(2, seed=12)
+    host.legal[:] = 1
+    first, second = BLUEPRINTS, MAX_BLUEPRINTS - 1  # the first and last plug-in entries
+    host.costs[:, second] = host.costs[:, first]
+    swapped = Host(host.run, host.blocks, host.blueprints.copy(), host.costs, host.legal, host.arguments)
+    host.blueprints[0], swapped.blueprints[0] = first, second
+    plain, other = outputs(module, [observation(host, 2)]), outputs(module, [observation(swapped, 2)])
+    torch.testing.assert_close(plain.blueprint[..., first], plain.blueprint[..., second], rtol=0, atol=1e-7)
+    torch.testing.assert_close(other.blueprint, plain.blueprint, rtol=0, atol=1e-7)
+    torch.testing.assert_close(other.ops, plain.ops, rtol=0, atol=1e-7)
+    built_in = int(Blueprint.CONV_LIGHT)
+    host.costs[:, built_in] = host.costs[:, first]
+    again = outputs(module, [observation(host, 2)])  # a built-in keeps its own row: another score at equal costs
+    assert float((again.blueprint[..., built_in] - again.blueprint[..., first]).abs().max()) > 1e-3
 
 
 def test_absent_slots_are_masked_and_do_not_change_what_the_present_slots_get():

@@ -44,14 +44,55 @@ class Blueprint(IntEnum):
         return self.name.lower()
 
 
-# Embedding index for "no seed in this slot".
-BLUEPRINT_NONE_INDEX = len(Blueprint)
+MAX_BLUEPRINTS = registry.MAX_BLUEPRINTS
+"""Entries of the blueprint head (NOOP, the built-ins, then the plug-ins' names: registry.blueprint_index)."""
+BLUEPRINT_NONE_INDEX = MAX_BLUEPRINTS
+"""Embedding index for "no seed in this slot"."""
 
 BLUEPRINT_TABLE: tuple[str, ...] = tuple(b.key for b in Blueprint)
-"""Blueprint name by head and embedding index: recorded in a checkpoint (policy/layout.py), so a policy evaluated
-later knows which index is which."""
-if BLUEPRINT_TABLE[1:] != registry.BLUEPRINT_NAMES:  # the head is sized from the registry's names
+"""The built-in blueprint names by head and embedding index: recorded in a checkpoint (policy/layout.py), so a policy
+evaluated later knows which index is which. A plug-in name's index is the next free one in this process (every plug-in
+name shares one embedding in the slot policy, so its index carries no meaning the policy learns)."""
+if BLUEPRINT_TABLE[1:] != registry.BLUEPRINT_NAMES:  # the vocabulary starts with the registry's built-in names
     raise ImportError(f"Blueprint {BLUEPRINT_TABLE[1:]} and registry.BLUEPRINT_NAMES {registry.BLUEPRINT_NAMES} differ")
+
+
+@dataclass(frozen=True)
+class PluginBlueprint:
+    """A blueprint a plug-in registered under a name of its own. It reads like a Blueprint member: `key` is its name,
+    int() its vocabulary index, looked up in this process's registry (so a pickled one means the same name in a Ray
+    worker that loaded the run's plug-ins)."""
+
+    key: str
+
+    @property
+    def name(self) -> str:
+        return self.key.upper()
+
+    def __int__(self) -> int:
+        return registry.blueprint_index(self.key)
+
+    __index__ = __int__
+
+
+BlueprintId = Blueprint | PluginBlueprint
+"""A blueprint's identity: a built-in member or a plug-in's name."""
+_BUILTIN_BY_KEY = {b.key: b for b in Blueprint if b is not Blueprint.NOOP}
+
+
+def blueprint_id(name: str) -> BlueprintId:
+    """The identity of blueprint `name`: a Blueprint member for a built-in name, else a PluginBlueprint (registered
+    or not: see blueprint_at for one read by index)."""
+    return _BUILTIN_BY_KEY.get(name) or PluginBlueprint(name)
+
+
+def blueprint_at(index: int) -> BlueprintId:
+    """The blueprint at vocabulary `index` in this process; ValueError for an unused or out-of-range one."""
+    vocabulary = registry.blueprint_vocabulary()
+    if not 0 < index < len(vocabulary):
+        raise ValueError(f"blueprint index {index}: no blueprint there; registered: {list(vocabulary[1:])}")
+    return blueprint_id(vocabulary[index])
+
 
 CNN_BLUEPRINTS: tuple[Blueprint, ...] = (
     Blueprint.NORM,
@@ -73,27 +114,33 @@ TRANSFORMER_BLUEPRINTS: tuple[Blueprint, ...] = (
 )
 
 
-def parse_blueprint(name: str | Blueprint, allowed: tuple[Blueprint, ...], hosts: str) -> Blueprint:
-    """A Blueprint or its lower-case name, among `allowed` (for `hosts`, e.g. "CNN hosts"); ValueError listing
-    the allowed ones otherwise. No silent fallback."""
+def parse_blueprint(name: str | BlueprintId, allowed: tuple[BlueprintId, ...], hosts: str) -> BlueprintId:
+    """A blueprint, or its name (a built-in one in any case), among `allowed` (for `hosts`, e.g. "CNN hosts");
+    ValueError listing the allowed ones otherwise. No silent fallback."""
     available = ", ".join(b.key for b in allowed)
-    if isinstance(name, Blueprint):
-        blueprint = name
+    if isinstance(name, (Blueprint, PluginBlueprint)):
+        blueprint: BlueprintId = name
     else:
-        try:
-            blueprint = Blueprint[str(name).upper()]
-        except KeyError:
-            raise ValueError(f"unknown blueprint {name!r}; available: {available}") from None
+        by_key = {b.key: b for b in allowed}
+        found = by_key.get(str(name)) or _BUILTIN_BY_KEY.get(str(name).lower())
+        if found is None and str(name) not in registry.blueprint_vocabulary()[1:]:
+            raise ValueError(f"unknown blueprint {name!r}; available: {available}")
+        blueprint = found or blueprint_id(str(name))
     if blueprint not in allowed:
         raise ValueError(f"blueprint {blueprint.key!r} is not available for {hosts}; available: {available}")
     return blueprint
 
 
-def topology_blueprints(topology: str) -> tuple[Blueprint, ...]:
+def topology_blueprints(topology: str) -> tuple[BlueprintId, ...]:
     """The blueprints registered for hosts of this topology (contracts/registry.py); the mask allows no others."""
     if topology not in registry.TOPOLOGIES:
         raise ValueError(f"topology={topology!r}: choose one of {list(registry.TOPOLOGIES)}")
-    return tuple(Blueprint[name.upper()] for name in registry.blueprint_names(topology))
+    return tuple(blueprint_id(name) for name in registry.blueprint_names(topology))
+
+
+def registered_blueprints() -> tuple[BlueprintId, ...]:
+    """Every blueprint name registered in this process, for any topology, in vocabulary order (NOOP left out)."""
+    return tuple(blueprint_id(name) for name in registry.blueprint_vocabulary()[1:])
 
 
 class BlendAlgorithm(IntEnum):
@@ -184,7 +231,7 @@ class FactoredAction:
 
     op: Op
     slot: str | None = None
-    blueprint: Blueprint = Blueprint.NOOP
+    blueprint: BlueprintId = Blueprint.NOOP
     style: Style = Style.SIGMOID_ADD
     tempo: Tempo = Tempo.STANDARD
     alpha_target: AlphaTarget = AlphaTarget.FULL
@@ -197,7 +244,7 @@ class FactoredAction:
 # `style`: a seed's blend operator is fixed at germination in esper-ray.
 HEAD_NAMES: tuple[str, ...] = ("op_slot", "blueprint", "style", "tempo", "alpha_target", "alpha_speed", "alpha_curve")
 HEAD_SIZES_AFTER_JOINT: tuple[int, ...] = (
-    len(Blueprint),
+    MAX_BLUEPRINTS,
     len(Style),
     len(Tempo),
     len(AlphaTarget),

@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from esper_ray.contracts.actions import Blueprint, Style, Tempo, parse_blueprint, topology_blueprints
-
-POLICY_BLUEPRINTS = tuple(b for b in Blueprint if b is not Blueprint.NOOP)
-"""Every blueprint name the policy's head knows: what a recorded plan is read against (FixedSeed.from_mapping)."""
+from esper_ray.contracts.actions import (
+    BlueprintId,
+    Style,
+    Tempo,
+    parse_blueprint,
+    registered_blueprints,
+    topology_blueprints,
+)
 
 
 class ControllerKind(str, Enum):
@@ -48,7 +52,7 @@ class FixedSeed:
     could never be fossilized.
     """
 
-    blueprint: Blueprint
+    blueprint: BlueprintId
     slot: str
     style: Style = Style.SIGMOID_ADD
     """Blend operator and curve of the initial blend-in (the heuristic's default)."""
@@ -66,7 +70,8 @@ class FixedSeed:
     ) -> FixedSeed:
         """Parse `{blueprint: conv_heavy, slot: r0c1, style: sigmoid_add, tempo: standard}`; style and tempo are
         optional. ValueError naming `where`, the key, its value and what is allowed. `topology` and `slots` None: a
-        plan as a finished run recorded it, read without its host (any blueprint name the policy knows, any slot)."""
+        plan as a finished run recorded it, read without its host (any blueprint name registered in this process, a
+        plug-in's once its module is imported, any slot)."""
         if not isinstance(mapping, Mapping):
             raise ValueError(f"{where}={mapping!r}: must be a mapping such as {{blueprint: conv_heavy, slot: r0c1}}")
         known = ("blueprint", "slot", "style", "tempo")
@@ -80,7 +85,7 @@ class FixedSeed:
                 f"{{blueprint: conv_heavy, slot: r0c1}}"
             )
         try:
-            allowed = topology_blueprints(topology) if topology is not None else POLICY_BLUEPRINTS
+            allowed = topology_blueprints(topology) if topology is not None else registered_blueprints()
             blueprint = parse_blueprint(mapping["blueprint"], allowed, f"{topology or 'any'} hosts")
         except ValueError as err:
             raise ValueError(f"{where}.blueprint: {err}") from None

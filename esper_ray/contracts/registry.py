@@ -19,7 +19,8 @@ What a builder is:
     host        `build(**kwargs) -> nn.Module` with the host API of morpho/host_api.py (its slots, its topology, a
                 JSON description it is rebuilt from)
     blueprint   `build(channels, multiply) -> nn.Module` for one topology (morpho/blueprints.py says what the seed
-                must do at birth)
+                must do at birth), under a built-in name or a new one: a new name takes the next free entry of the
+                policy's blueprint vocabulary (blueprint_index), up to MAX_BLUEPRINTS
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ BLUEPRINT_NAMES = (
     "mlp",
     "flex_attention",
 )
-"""The names the policy's blueprint head knows (contracts/actions.py Blueprint, less noop): a blueprint registered for
-any topology takes one of them, since the head and embedding have one entry per name (a policy sized from the
-registry is issue 68's next item)."""
+"""The built-in blueprint names, at vocabulary indices 1..12 (contracts/actions.py Blueprint; 0 is noop)."""
+MAX_BLUEPRINTS = 32
+"""Entries of the blueprint vocabulary, noop and the built-ins included: the policy's blueprint head and embedding
+are sized for it, so a plug-in may register up to MAX_BLUEPRINTS - 1 - len(BLUEPRINT_NAMES) new names."""
 
 EntryPoint = str | Callable[..., Any]
 
@@ -98,6 +100,8 @@ _TASKS: dict[str, TaskEntry] = {}
 _HOSTS: dict[str, HostEntry] = {}
 _BLUEPRINTS: dict[tuple[str, str], BlueprintEntry] = {}
 _LOADED: set[str] = set()
+_VOCABULARY: list[str] = ["noop", *BLUEPRINT_NAMES]
+"""Blueprint names by vocabulary index: the built-ins, then each new name in the order it was first registered."""
 
 
 def register_task(
@@ -138,12 +142,36 @@ def register_blueprint(name: str, topology: str, entry_point: EntryPoint, *, bui
     """Register the builder of blueprint `name` on hosts of `topology`."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"blueprint {name!r}: topology={topology!r}; choose one of {list(TOPOLOGIES)}")
-    if name not in BLUEPRINT_NAMES:
+    _check_name("blueprint", name)
+    if name == "noop":
+        raise ValueError("blueprint name 'noop': reserved for the policy's blueprint that adds nothing; pick another")
+    new = name not in _VOCABULARY
+    if new and len(_VOCABULARY) >= MAX_BLUEPRINTS:
         raise ValueError(
-            f"blueprint name {name!r}: the policy's blueprint head has an entry per name and knows only "
-            f"{list(BLUEPRINT_NAMES)}; register your builder under one of them for topology {topology!r}"
+            f"blueprint name {name!r}: the policy's blueprint vocabulary is full (MAX_BLUEPRINTS={MAX_BLUEPRINTS} "
+            f"entries, noop included); register it under a name already used: {_VOCABULARY[1:]}"
         )
-    return _put(_BLUEPRINTS, (topology, name), BlueprintEntry(name, topology, entry_point, builtin), "blueprint")
+    entry = _put(_BLUEPRINTS, (topology, name), BlueprintEntry(name, topology, entry_point, builtin), "blueprint")
+    if new:
+        _VOCABULARY.append(name)
+    return entry
+
+
+def blueprint_index(name: str) -> int:
+    """The vocabulary index of blueprint `name` in this process (its policy head entry and embedding index): the
+    built-ins' are fixed; a plug-in name's follows the order the run's plug-ins registered theirs."""
+    try:
+        return _VOCABULARY.index(name)
+    except ValueError:
+        raise ValueError(
+            f"blueprint {name!r}: not registered in this process; registered: {_VOCABULARY[1:]} "
+            "(a plug-in's blueprint needs its module in `plugins`)"
+        ) from None
+
+
+def blueprint_vocabulary() -> tuple[str, ...]:
+    """Every blueprint name by vocabulary index (noop first)."""
+    return tuple(_VOCABULARY)
 
 
 def _check_name(kind: str, name: str) -> None:

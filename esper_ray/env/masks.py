@@ -2,7 +2,8 @@
 
 The joint (op, slot) head allows exactly the legal pairs; the mask is read off the slots' own predicates,
 so the mask and what a slot accepts cannot drift apart. Other heads: blueprint allows the blueprints of the
-host's topology (a CNN blueprint is illegal on a transformer and the other way round), the rest every value.
+host's topology (a CNN blueprint is illegal on a transformer and the other way round), a plug-in's among them at its
+vocabulary index, the rest every value.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ from esper_ray.contracts.actions import (
     CNN_BLUEPRINTS,
     HEAD_NAMES,
     HEAD_SIZES_AFTER_JOINT,
+    MAX_BLUEPRINTS,
     RELEVANT_HEADS,
     AlphaCurve,
     AlphaSpeed,
     AlphaTarget,
     BlendAlgorithm,
-    Blueprint,
+    BlueprintId,
     FactoredAction,
     Op,
     Style,
     Tempo,
+    blueprint_at,
     decode_joint,
     encode_joint,
     joint_size,
@@ -113,7 +116,7 @@ def compute_mask(
     *,
     auto_forward: bool,
     max_seeds: int,
-    blueprints: Sequence[Blueprint] = CNN_BLUEPRINTS,
+    blueprints: Sequence[BlueprintId] = CNN_BLUEPRINTS,
     tempos: Sequence[Tempo] = tuple(Tempo),
     mask_cut_off: bool = False,
 ) -> np.ndarray:
@@ -137,7 +140,7 @@ def compute_mask(
         ):
             joint[encode_joint(op, i)] = 1
     mask[offsets["op_slot"]] = joint
-    blueprint = np.zeros(len(Blueprint), dtype=np.int8)
+    blueprint = np.zeros(MAX_BLUEPRINTS, dtype=np.int8)
     blueprint[[int(b) for b in blueprints]] = 1
     mask[offsets["blueprint"]] = blueprint
     for name in HEAD_NAMES[2:]:
@@ -190,7 +193,7 @@ def decode_action(action: Sequence[int], mask: np.ndarray, slot_ids: Sequence[st
     return FactoredAction(
         op=op,
         slot=slot_ids[slot_index] if slot_index is not None else None,
-        blueprint=Blueprint(values[1]) if "blueprint" in relevant else default.blueprint,
+        blueprint=blueprint_at(values[1]) if "blueprint" in relevant else default.blueprint,
         style=Style(values[2]) if "style" in relevant else default.style,
         tempo=Tempo(values[3]) if "tempo" in relevant else default.tempo,
         alpha_target=AlphaTarget(values[4]) if "alpha_target" in relevant else default.alpha_target,

@@ -31,8 +31,10 @@ import torch
 
 from esper_ray.contracts.actions import (
     BLUEPRINT_NONE_INDEX,
+    MAX_BLUEPRINTS,
     MAX_SLOTS,
     Blueprint,
+    BlueprintId,
     FactoredAction,
     Op,
     Tempo,
@@ -48,6 +50,7 @@ from esper_ray.data.augment import crop_and_flip
 from esper_ray.data.datasets import TaskContext, TaskData
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.data.task_loading import load_task
+from esper_ray.env.blueprint_costs import COST_FEATURES, blueprint_costs
 from esper_ray.env.counterfactuals import record_counterfactuals
 from esper_ray.env.decisions import apply_decision
 from esper_ray.env.epoch import TrainStats, ValStats, train_epoch, validate_fused
@@ -58,7 +61,14 @@ from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.graph_memory import GraphMemory
 from esper_ray.env.infos import step_info, timed
 from esper_ray.env.masks import action_nvec, compute_mask, decode_action
-from esper_ray.env.observation import EpochView, blueprint_ids, build_features, feature_size, slot_descriptors
+from esper_ray.env.observation import (
+    FEATURE_BOUND,
+    EpochView,
+    blueprint_ids,
+    build_features,
+    feature_size,
+    slot_descriptors,
+)
 from esper_ray.env.precision import precision_of, resolve_device
 from esper_ray.env.spaces import MaskedMultiDiscrete
 from esper_ray.env.step_signal import slot_snapshot, step_signal
@@ -122,6 +132,10 @@ class MorphogeneticEnv(gym.Env):
             {
                 "features": gym.spaces.Box(-10.0, 10.0, shape=(feature_size(),), dtype=np.float32),
                 "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * MAX_SLOTS),
+                # What each offered blueprint would add at each slot (blueprint_costs.py), fixed for a host.
+                "blueprint_costs": gym.spaces.Box(
+                    0.0, FEATURE_BOUND, shape=(MAX_SLOTS, MAX_BLUEPRINTS, len(COST_FEATURES)), dtype=np.float32
+                ),
                 # 0/1 per action value. MultiDiscrete rather than MultiBinary so that observation filters, which
                 # leave discrete parts alone, never rescale the mask.
                 "action_mask": gym.spaces.MultiDiscrete(np.full(int(sum(action_nvec())), 2), dtype=np.int8),
@@ -283,8 +297,10 @@ class MorphogeneticEnv(gym.Env):
                 f"{cfg.effective_host_preset!r} has {self.slot_ids}; leave mask_cut_off off"
             )
         self.blueprints = self._usable_blueprints()
-        self.flop_counter = FlopCounter(
-            cfg.effective_host_preset, {s: tuple(probe.slot_shape(s)) for s in self.slot_ids}
+        shapes = {s: tuple(probe.slot_shape(s)) for s in self.slot_ids}
+        self.flop_counter = FlopCounter(cfg.effective_host_preset, shapes)
+        self.blueprint_costs = blueprint_costs(
+            cfg.effective_host_preset, self.topology, [shapes[s] for s in self.slot_ids], self.blueprints
         )
         key = name or ""
         if key not in self._member_data:
@@ -466,6 +482,7 @@ class MorphogeneticEnv(gym.Env):
         return {
             "features": build_features(view, slots, self.slot_descriptors),
             "blueprint_ids": blueprint_ids(slots),
+            "blueprint_costs": self.blueprint_costs.copy(),
             "action_mask": self._mask(),
         }
 
@@ -484,7 +501,7 @@ class MorphogeneticEnv(gym.Env):
         """Issue GPU work on this env's own stream (a no-op on CPU)."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def _usable_blueprints(self) -> tuple[Blueprint, ...]:
+    def _usable_blueprints(self) -> tuple[BlueprintId, ...]:
         """The topology's blueprints, less flex_attention where it cannot train (no CPU backward in torch 2.13)."""
         blueprints = topology_blueprints(self.topology.value)
         if Blueprint.FLEX_ATTENTION in blueprints and not flex_attention_available(self.device)[0]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, MAX_SLOTS, Blueprint, Op
+from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, MAX_SLOTS, BlueprintId, Op, blueprint_at
 from esper_ray.contracts.host import SlotSpec
 from esper_ray.contracts.registry import TOPOLOGIES
 from esper_ray.contracts.rewards import PP
@@ -204,5 +204,5 @@ def decode_contribution(slot_block: np.ndarray) -> float | None:
     return float(slot_block[SLOT_CONTRIBUTION]) * 10.0 / PP
 
 
-def blueprint_of(index: int) -> Blueprint | None:
-    return None if index == BLUEPRINT_NONE_INDEX else Blueprint(index)
+def blueprint_of(index: int) -> BlueprintId | None:
+    return None if index == BLUEPRINT_NONE_INDEX else blueprint_at(index)

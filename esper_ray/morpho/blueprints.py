@@ -24,6 +24,7 @@ from esper_ray.contracts.actions import (
     CNN_BLUEPRINTS,
     TRANSFORMER_BLUEPRINTS,
     Blueprint,
+    BlueprintId,
     parse_blueprint,
     topology_blueprints,
 )
@@ -154,14 +155,14 @@ TRANSFORMER_BUILDERS: dict[str, Callable[[int, bool], nn.Module]] = {
 HOSTS_OF = {Topology.CNN: "CNN hosts", Topology.TRANSFORMER: "transformer hosts", Topology.VECTOR: "vector hosts"}
 
 
-def resolve_blueprint(name: str | Blueprint, topology: Topology = Topology.CNN) -> Blueprint:
-    """Accept a Blueprint or its lower-case name, among those registered for the topology; raise ValueError naming
-    them otherwise."""
+def resolve_blueprint(name: str | BlueprintId, topology: Topology = Topology.CNN) -> BlueprintId:
+    """Accept a blueprint or its name (a plug-in's too), among those registered for the topology; raise ValueError
+    naming them otherwise."""
     return parse_blueprint(name, topology_blueprints(topology.value), HOSTS_OF[topology])
 
 
 def build_seed(
-    blueprint: str | Blueprint,
+    blueprint: str | BlueprintId,
     channels: int,
     topology: Topology = Topology.CNN,
     device: torch.device | str = "cpu",

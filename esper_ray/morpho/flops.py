@@ -12,7 +12,10 @@ module whose parameters are frozen (a seed whose prune is ramping alpha down) co
 no gradient reaches it (seeds read the host's features detached).
 
 The counts come from one forward of a single row through a copy on the meta device (shapes only, no
-arithmetic), with hooks on the counted module types; they are cached per host preset and per seed shape.
+arithmetic), with hooks on the counted module types; they are cached per host preset and per seed shape. A plug-in's
+seed (a blueprint under a name of its own) may be built of anything, so its cost is measured instead: built on the
+CPU and run on one row under torch's FlopCounterMode, which counts every matmul and convolution whatever module
+makes it (seed_cost).
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
-from esper_ray.contracts.actions import Blueprint
+from esper_ray.contracts.actions import Blueprint, BlueprintId, PluginBlueprint
 from esper_ray.contracts.host import Topology
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.blend import GatedBlend
-from esper_ray.morpho.blueprints import build_seed
+from esper_ray.morpho.blueprints import build_seed, count_params
 from esper_ray.morpho.hosts import build_host
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.transformer import CausalSelfAttention
@@ -100,14 +104,42 @@ def host_flops(preset: str) -> HostFlops:
 
 
 @functools.cache
-def seed_flops(blueprint: Blueprint, topology: Topology, feature_shape: tuple[int, ...]) -> int:
+def host_params(preset: str) -> int:
+    """Parameters of a host preset (built on the meta device: shapes only)."""
+    with torch.device("meta"):
+        return count_params(build_host(preset))
+
+
+@functools.cache
+def seed_flops(blueprint: BlueprintId, topology: Topology, feature_shape: tuple[int, ...]) -> int:
     """Forward FLOPs per row of a seed on features of `feature_shape` ((C, H, W) or (T, C)). flex_attention does
-    the attention seed's arithmetic, so it is counted as one."""
+    the attention seed's arithmetic, so it is counted as one; a plug-in's seed is measured (seed_cost)."""
+    if isinstance(blueprint, PluginBlueprint):
+        return seed_cost(blueprint, topology, feature_shape)[1]
     counted = Blueprint.ATTENTION if blueprint is Blueprint.FLEX_ATTENTION else blueprint
     with torch.device("meta"):
         seed = build_seed(counted, _channels(topology, feature_shape), topology)
     x = torch.zeros(1, *feature_shape, device="meta")
     return _counting(seed, lambda: seed(x))
+
+
+@functools.cache
+def seed_cost(blueprint: BlueprintId, topology: Topology, feature_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(parameters, forward FLOPs per row) a seed adds at a slot of `feature_shape`: a built-in's counted on the meta
+    device as seed_flops counts it; a plug-in's measured on the CPU (sum of its parameters' numel; FlopCounterMode
+    over one forward of a zero row), under a forked RNG so that building it draws nothing from the run's generator."""
+    channels = _channels(topology, feature_shape)
+    if not isinstance(blueprint, PluginBlueprint):
+        counted = Blueprint.ATTENTION if blueprint is Blueprint.FLEX_ATTENTION else blueprint
+        with torch.device("meta"):
+            params = count_params(build_seed(counted, channels, topology))
+        return params, seed_flops(blueprint, topology, feature_shape)
+    with torch.random.fork_rng(devices=[]):
+        seed = build_seed(blueprint, channels, topology, inference_only=True).eval()  # eval: a batch norm takes 1 row
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            seed(torch.zeros(1, *feature_shape))
+    return count_params(seed), int(counter.get_total_flops())
 
 
 @functools.cache

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from esper_ray.contracts.actions import BlendAlgorithm, Blueprint
+from esper_ray.contracts.actions import BlendAlgorithm, Blueprint, BlueprintId, blueprint_id
 from esper_ray.contracts.host import HostConfig, Topology
 from esper_ray.contracts.stages import Stage
 from esper_ray.contracts.transformer_host import TransformerHostConfig
@@ -46,7 +46,8 @@ class GrownSeedSpec:
     """What the architecture file says about one kept seed; enough to rebuild its module before loading weights."""
 
     slot: str
-    blueprint: Blueprint
+    blueprint: BlueprintId
+    """A built-in blueprint, or a plug-in's name (registered once load_grown has imported the plug-ins passed)."""
     blend: BlendAlgorithm
     alpha: float
     """The blend amplitude the seed is fixed at, in (0, 1]."""
@@ -79,13 +80,23 @@ class GrownSeedSpec:
             raise ValueError(f"{where}: seed {raw.get('slot')!r} has alpha={alpha}; expected a number in (0, 1]")
         return cls(
             slot=field("slot", str, "a slot name such as 'r0c1'"),
-            blueprint=field("blueprint", lambda v: Blueprint[str(v).upper()], f"one of {[b.key for b in Blueprint]}"),
+            blueprint=field("blueprint", _blueprint_name, "a blueprint name (no ':')"),
             blend=field(
                 "blend", lambda v: BlendAlgorithm[str(v).upper()], f"one of {[a.name.lower() for a in BlendAlgorithm]}"
             ),
             alpha=alpha,
             stage=field("stage", _kept_stage, f"one of {sorted(s.name for s in KEPT_STAGES)}"),
         )
+
+
+def _blueprint_name(name: Any) -> BlueprintId:
+    """A blueprint read from a file: a built-in name (in any case, as files have always held them), else a name a
+    plug-in may register; only a name, never an import string (load_grown checks it is registered before building)."""
+    if isinstance(name, str) and name.upper() in Blueprint.__members__ and name.lower() != "noop":
+        return Blueprint[name.upper()]
+    if not isinstance(name, str) or not name or ":" in name or name.lower() == "noop" or len(name) > 100:
+        raise ValueError(name)
+    return blueprint_id(name)
 
 
 def _kept_stage(name: Any) -> Stage:

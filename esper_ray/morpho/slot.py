@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, AlphaTarget, BlendAlgorithm, Blueprint, Style, Tempo
+from esper_ray.contracts.actions import AlphaCurve, AlphaSpeed, AlphaTarget, BlendAlgorithm, BlueprintId, Style, Tempo
 from esper_ray.contracts.host import Topology
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES, IllegalTransitionError, Stage, check_transition
@@ -71,7 +71,7 @@ class SeedSlot(nn.Module):
         self.seed = None
         self.gate = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.blueprint: Blueprint | None = None
+        self.blueprint: BlueprintId | None = None
         self.algorithm = BlendAlgorithm.ADD
         self.tempo_epochs = Tempo.STANDARD.epochs
         self.initial_target = 1.0
@@ -149,7 +149,7 @@ class SeedSlot(nn.Module):
 
     def germinate(
         self,
-        blueprint: str | Blueprint,
+        blueprint: str | BlueprintId,
         style: Style = Style.SIGMOID_ADD,
         tempo: Tempo = Tempo.STANDARD,
         alpha_target: AlphaTarget = AlphaTarget.FULL,

@@ -1,5 +1,7 @@
 """What a policy's inputs and outputs mean, recorded in its checkpoint: MAX_SLOTS, the feature layout, the
-blueprint head's name-to-index table and the network's architecture ("flat" or "slots": TrainConfig.policy).
+blueprint head's built-in name-to-index table, its size (MAX_BLUEPRINTS: the plug-ins' names take the entries past the
+built-ins) and the blueprint cost features (env/blueprint_costs.py), and the network's architecture ("flat" or
+"slots": TrainConfig.policy).
 
 The spaces do not depend on the host (observation.py, masks.py), but they do depend on this code: a checkpoint
 saved by code with another MAX_SLOTS, another feature layout or other blueprint indices would run and read its
@@ -14,9 +16,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from esper_ray.contracts.actions import BLUEPRINT_TABLE, MAX_SLOTS, joint_size
+from esper_ray.contracts.actions import BLUEPRINT_TABLE, MAX_BLUEPRINTS, MAX_SLOTS, joint_size
 from esper_ray.contracts.registry import TOPOLOGIES
 from esper_ray.contracts.train_config import POLICY_ARCHITECTURES
+from esper_ray.env.blueprint_costs import COST_FEATURES, COST_SCALE
 from esper_ray.env.observation import BASE_FEATURES, SLOT_DESCRIPTORS, SLOT_FEATURES
 
 LAYOUT_KEY = "policy_layout"
@@ -41,6 +44,8 @@ def policy_layout(architecture: str = FLAT) -> dict[str, Any]:
         "topologies": list(TOPOLOGIES),
         "joint_size": joint_size(),
         "blueprints": list(BLUEPRINT_TABLE),
+        "max_blueprints": MAX_BLUEPRINTS,
+        "blueprint_costs": [*COST_FEATURES, f"log1p({COST_SCALE:g} x added / host) / log1p({COST_SCALE:g})"],
     }
 
 

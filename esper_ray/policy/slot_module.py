@@ -11,7 +11,14 @@ its own (a position no training host fills is never trained), and its argument h
   from attending to nothing;
 - an LSTM over time reads the run token beside the masked mean of the slot tokens (the recurrent state "h", "c");
 - per slot, from its token and the LSTM output, one shared layer gives the logits of the 5 slotted ops and one the
-  argument logits (every argument head); WAIT and V(s) come from the LSTM output.
+  argument logits of every argument head but the blueprint; WAIT and V(s) come from the LSTM output;
+- the blueprint logits of slot s score each vocabulary entry b the host offers: one shared small MLP of [s's token,
+  the LSTM output, b's embedding, what b would add at s (the observation's `blueprint_costs`: parameters and FLOPs
+  relative to the host, env/blueprint_costs.py)] gives one logit. A built-in blueprint has its own embedding row; every
+  plug-in name shares one "plug-in" row (PLUGIN_ROW), so a name no run has trained on is scored from its costs and a
+  row every plug-in trains, never from an untrained row of its own. Only the entries some observation of the batch
+  offers are scored (the others are masked anyway), so the cost of the head grows with what hosts offer, not with
+  MAX_BLUEPRINTS.
 
 ACTION_DIST_INPUTS: the joint head in contracts/actions.py's layout for S slots (0 = WAIT, then 1 + (op - 1) * S +
 slot), then S rows of argument logits (slot_distribution.py samples the arguments from the chosen slot's row). Masked
@@ -34,8 +41,16 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
 
-from esper_ray.contracts.actions import BLUEPRINT_NONE_INDEX, HEAD_SIZES_AFTER_JOINT, SLOTTED_OPS, Op
-from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT
+from esper_ray.contracts.actions import (
+    BLUEPRINT_NONE_INDEX,
+    HEAD_SIZES_AFTER_JOINT,
+    MAX_BLUEPRINTS,
+    SLOTTED_OPS,
+    Blueprint,
+    Op,
+)
+from esper_ray.env.blueprint_costs import COST_FEATURES
+from esper_ray.env.observation import BASE_FEATURES, FEATURE_BOUND, SLOT_BLOCK, SLOT_PRESENT
 from esper_ray.policy.layout import LAYOUT_KEY, check_layout
 from esper_ray.policy.rl_module import MASKED_LOGIT, LeanActing, _mlp_head, run_lstm
 from esper_ray.policy.slot_distribution import (
@@ -59,6 +74,20 @@ SLOT_MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+PLUGIN_ROW = len(Blueprint)
+"""The embedding row every plug-in blueprint shares; the built-ins keep rows 0..12 (their vocabulary indices)."""
+NONE_ROW = PLUGIN_ROW + 1
+"""The embedding row of "no seed" (BLUEPRINT_NONE_INDEX)."""
+
+
+def embedding_rows() -> torch.Tensor:
+    """The embedding row of each blueprint id 0..BLUEPRINT_NONE_INDEX: a built-in's own, PLUGIN_ROW, NONE_ROW."""
+    rows = torch.full((BLUEPRINT_NONE_INDEX + 1,), PLUGIN_ROW, dtype=torch.long)
+    rows[:PLUGIN_ROW] = torch.arange(PLUGIN_ROW)
+    rows[BLUEPRINT_NONE_INDEX] = NONE_ROW
+    return rows
+
+
 def slot_spaces(num_slots: int) -> tuple[gym.spaces.Dict, gym.spaces.MultiDiscrete]:
     """The observation and action spaces for `num_slots` slot positions, built as the env builds its own for
     MAX_SLOTS (env/morphogenetic_env.py): the same at MAX_SLOTS."""
@@ -68,6 +97,9 @@ def slot_spaces(num_slots: int) -> tuple[gym.spaces.Dict, gym.spaces.MultiDiscre
         {
             "features": gym.spaces.Box(-10.0, 10.0, shape=(BASE_FEATURES + SLOT_BLOCK * num_slots,), dtype=np.float32),
             "blueprint_ids": gym.spaces.MultiDiscrete([BLUEPRINT_NONE_INDEX + 1] * num_slots),
+            "blueprint_costs": gym.spaces.Box(
+                0.0, FEATURE_BOUND, shape=(num_slots, MAX_BLUEPRINTS, len(COST_FEATURES)), dtype=np.float32
+            ),
             "action_mask": gym.spaces.MultiDiscrete(np.full(sum(nvec), 2), dtype=np.int8),
         }
     )
@@ -104,9 +136,11 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         heads = int(cfg.get("attention_heads", 1))
         if heads < 1 or width % heads:
             raise ValueError(f"policy: attention_heads={heads}: must be >= 1 and divide hidden_size={width}")
-        self.embedding = nn.Embedding(BLUEPRINT_NONE_INDEX + 1, int(cfg["blueprint_embedding"]))
+        embedding = int(cfg["blueprint_embedding"])
+        self.embedding = nn.Embedding(NONE_ROW + 1, embedding)
         nn.init.normal_(self.embedding.weight, std=0.02)
-        self.slot_encoder = _encoder(SLOT_BLOCK + int(cfg["blueprint_embedding"]), width)
+        self.register_buffer("embedding_rows", embedding_rows(), persistent=False)
+        self.slot_encoder = _encoder(SLOT_BLOCK + embedding, width)
         self.run_encoder = _encoder(BASE_FEATURES, width)
         self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
         self.attention_norm = nn.LayerNorm(width)
@@ -115,7 +149,14 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         self.summary = _encoder(2 * width, width)
         self.lstm = nn.LSTM(width, self.cell, batch_first=True)
         self.op_head = _mlp_head(width + self.cell, hidden, len(SLOTTED_OPS), 0.01)
-        self.argument_head = _mlp_head(width + self.cell, hidden, ARGUMENT_SIZE, 0.01)
+        self.argument_head = _mlp_head(width + self.cell, hidden, ARGUMENT_SIZE - MAX_BLUEPRINTS, 0.01)
+        # The blueprint scorer: an MLP of [token, LSTM output, embedding, costs] -> 1 whose first layer is split in
+        # two, the slot's part once per slot and the blueprint's once per (slot, blueprint): their sum is that layer.
+        self.blueprint_context = nn.Linear(width + self.cell, hidden)
+        self.blueprint_input = nn.Linear(embedding + len(COST_FEATURES), hidden, bias=False)
+        self.blueprint_score = nn.Linear(hidden, 1)
+        nn.init.orthogonal_(self.blueprint_score.weight, gain=0.01)  # near-uniform at start, as the other heads
+        nn.init.zeros_(self.blueprint_score.bias)
         self.wait_head = _mlp_head(self.cell, hidden, 1, 0.01)
         with torch.no_grad():  # priors, learnable like any bias: how often an untrained policy prunes and commits
             for op, key in ((Op.PRUNE, "prune_logit"), (Op.FOSSILIZE, "fossilize_logit")):
@@ -134,7 +175,7 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         features = obs["features"].float()
         blocks = features[..., BASE_FEATURES:].unflatten(-1, (self.num_slots, SLOT_BLOCK))  # [B, T, S, SLOT_BLOCK]
         present = blocks[..., SLOT_PRESENT] > 0.5
-        blueprints = self.embedding(obs["blueprint_ids"].long())
+        blueprints = self.embedding(self.embedding_rows[obs["blueprint_ids"].long()])
         slots = self.slot_encoder(torch.cat([blocks, blueprints], dim=-1))
         run = self.run_encoder(features[..., :BASE_FEATURES])
         tokens = torch.cat([run.unsqueeze(-2), slots], dim=-2)  # [B, T, 1 + S, W]
@@ -154,11 +195,26 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         out, state = run_lstm(self.lstm, self.summary(torch.cat([run, pooled], dim=-1)), batch[Columns.STATE_IN])
         return out, slots, state
 
-    def _logits(self, out: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _blueprint_logits(self, per_slot: torch.Tensor, costs: torch.Tensor, offered: torch.Tensor) -> torch.Tensor:
+        """[B, T, S, MAX_BLUEPRINTS]: the score of each blueprint some observation offers (`offered` [B, T, V], the
+        blueprint head's mask), MASKED_LOGIT elsewhere; `costs` [B, T, S, V, len(COST_FEATURES)]."""
+        columns = offered.flatten(0, -2).any(0).nonzero().squeeze(-1)  # [K]
+        embedded = self.embedding(self.embedding_rows[columns])  # [K, E]
+        chosen = costs.float().index_select(-2, columns)  # [B, T, S, K, 2]
+        inputs = torch.cat([embedded.expand(*chosen.shape[:-1], embedded.shape[-1]), chosen], dim=-1)
+        hidden = torch.relu(self.blueprint_context(per_slot).unsqueeze(-2) + self.blueprint_input(inputs))
+        scores = self.blueprint_score(hidden).squeeze(-1)  # [B, T, S, K]
+        logits = scores.new_full((*scores.shape[:-1], MAX_BLUEPRINTS), MASKED_LOGIT)
+        return logits.index_copy(-1, columns, scores)
+
+    def _logits(self, out: torch.Tensor, slots: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        mask = obs["action_mask"]
         per_slot = torch.cat([slots, out.unsqueeze(-2).expand(*slots.shape[:-1], out.shape[-1])], dim=-1)
         ops = self.op_head(per_slot).transpose(-1, -2).flatten(-2)  # [B, T, 5 * S], op-major like the joint layout
         joint = torch.cat([self.wait_head(out), ops], dim=-1)
-        rows = self.argument_head(per_slot)  # [B, T, S, A]
+        offered = mask[..., self.joint_size : self.joint_size + MAX_BLUEPRINTS] != 0
+        blueprints = self._blueprint_logits(per_slot, obs["blueprint_costs"], offered)
+        rows = torch.cat([blueprints, self.argument_head(per_slot)], dim=-1)  # [B, T, S, A], blueprint head first
         arguments_mask = mask[..., self.joint_size :].unsqueeze(-2)  # one mask for every slot's row
         joint = joint.masked_fill(mask[..., : self.joint_size] == 0, MASKED_LOGIT)
         rows = rows.masked_fill(arguments_mask == 0, MASKED_LOGIT)
@@ -167,7 +223,7 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
     def _outputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         out, slots, state_out = self._embed(batch)
         return {
-            Columns.ACTION_DIST_INPUTS: self._logits(out, slots, batch[Columns.OBS]["action_mask"]),
+            Columns.ACTION_DIST_INPUTS: self._logits(out, slots, batch[Columns.OBS]),
             Columns.STATE_OUT: state_out,
             Columns.EMBEDDINGS: out,
         }

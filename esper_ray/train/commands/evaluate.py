@@ -140,6 +140,7 @@ def policy_batch(
         Columns.OBS: {
             FEATURES: tensor(feature_filter.normalize(obs[FEATURES], update=False), torch.float32),
             "blueprint_ids": tensor(obs["blueprint_ids"]),
+            "blueprint_costs": tensor(obs["blueprint_costs"], torch.float32),
             "action_mask": tensor(obs["action_mask"]),
         },
         Columns.STATE_IN: state,
