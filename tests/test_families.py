@@ -95,6 +95,23 @@ def test_the_built_in_held_out_family_shares_no_host_with_the_training_family_an
     )
 
 
+HELD_OUT = ("digits-held-out", "digits-held-out-starved", "grow-held-out")
+
+
+def test_grow_family_covers_what_transfer_meets_and_shares_no_host_or_new_data_set_with_a_held_out_family():
+    members = [cfg for _, cfg in EnvConfig(family="grow-family").members()]
+    assert {len(cfg.slots) for cfg in members} == set(range(2, 8))  # 2 to 7 slots
+    assert len({cfg.task for cfg in members}) >= 3
+    assert min(cfg.max_epochs for cfg in members) == 15 and max(cfg.max_epochs for cfg in members) == 35
+    assert any(cfg.train_samples is not None for cfg in members)  # a data budget
+    training = {(cfg.task, cfg.effective_host_preset) for cfg in members}
+    for name in HELD_OUT:
+        held_out = {(cfg.task, cfg.effective_host_preset) for _, cfg in EnvConfig(family=name).members()}
+        assert not {host for _, host in training} & {host for _, host in held_out}, name
+    grow_held_out = {cfg.task for _, cfg in EnvConfig(family="grow-held-out").members()}
+    assert grow_held_out and not grow_held_out & {task for task, _ in training}  # its data set no member trains on
+
+
 @pytest.mark.parametrize(
     "env, match",
     [

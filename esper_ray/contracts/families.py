@@ -149,6 +149,25 @@ def _register_builtins() -> None:
         "synthetic-gray-starved", in_channels=1, image_size=16, base_channels=2, blocks=3, kernel_size=1, pool_layers=3
     )
 
+    # grow-family's own hosts (issue 75): 5 and 7 slots, two more shapes of synthetic data, and a third data set
+    _cnn("digits-impaired-5b-w3", **{**digits, "blocks": 5}, base_channels=3, kernel_size=1)
+    _cnn("digits-impaired-7b", **{**digits, "blocks": 7}, base_channels=2, kernel_size=1)
+    _cnn("synthetic-6b", in_channels=3, image_size=32, base_channels=2, blocks=6, kernel_size=1, pool_layers=3)
+    patterns = {"in_channels": 2, "image_size": 12, "kernel_size": 1, "pool_layers": 2}
+    _cnn("patterns-4b", **patterns, base_channels=2, blocks=4)
+    _cnn("patterns-2b", **patterns, base_channels=3, blocks=2)
+    registry.register_task(
+        "patterns", "esper_ray.data.datasets:patterns_task", hosts=("patterns-4b",), batch_size=64, host_lr=0.05
+    )
+    # grow-held-out's: a data set no training member uses, on 2, 3 and 5 slots
+    textures = {"in_channels": 3, "image_size": 20, "kernel_size": 1, "pool_layers": 2}
+    _cnn("textures-3b", **textures, base_channels=2, blocks=3)
+    _cnn("textures-5b", **textures, base_channels=2, blocks=5)
+    _cnn("textures-2b-wide", **textures, base_channels=3, blocks=2)
+    registry.register_task(
+        "textures", "esper_ray.data.datasets:textures_task", hosts=("textures-3b",), batch_size=64, host_lr=0.05
+    )
+
     impaired = {"task": "digits-impaired"}
     synthetic = {
         "task": "synthetic",
@@ -182,6 +201,56 @@ def _register_builtins() -> None:
                     "max_epochs": 20,
                 },
             ),
+        ),
+        builtin=True,
+    )
+
+    def slots(count: int) -> list[str]:
+        return [f"r0c{i}" for i in range(count)]
+
+    pattern_data = {"task": "patterns", "synthetic_size": 800, "synthetic_held_out": 200}
+    register_family(
+        "grow-family",
+        (
+            Member("impaired", impaired),
+            Member("impaired-wide", {**impaired, "host_preset": "digits-impaired-wide"}),
+            Member("impaired-400", {**impaired, "train_samples": 400}),  # a data budget
+            Member(
+                "impaired-2b",
+                {**impaired, "host_preset": "digits-impaired-2b", "slots": slots(2), "max_epochs": 15},
+            ),
+            Member(
+                "impaired-4b",
+                {**impaired, "host_preset": "digits-impaired-4b", "slots": slots(4), "max_epochs": 20},
+            ),
+            Member(
+                "impaired-5b-w3",
+                {**impaired, "host_preset": "digits-impaired-5b-w3", "slots": slots(5), "max_epochs": 30},
+            ),
+            Member(
+                "impaired-7b",
+                {**impaired, "host_preset": "digits-impaired-7b", "slots": slots(7), "max_epochs": 35},
+            ),
+            Member("synthetic-small", synthetic),
+            Member(
+                "synthetic-6b",
+                {**synthetic, "host_preset": "synthetic-6b", "slots": slots(6), "max_epochs": 30},
+            ),
+            Member("patterns-4b", {**pattern_data, "slots": slots(4), "max_epochs": 20}),
+            Member(
+                "patterns-2b-long",
+                {**pattern_data, "host_preset": "patterns-2b", "slots": slots(2), "max_epochs": 35},
+            ),
+        ),
+        builtin=True,
+    )
+    texture_data = {"task": "textures", "synthetic_size": 800, "synthetic_held_out": 300}
+    register_family(
+        "grow-held-out",
+        (
+            Member("textures-3b", texture_data),
+            Member("textures-5b", {**texture_data, "host_preset": "textures-5b", "slots": slots(5)}),
+            Member("textures-2b-wide", {**texture_data, "host_preset": "textures-2b-wide", "slots": slots(2)}),
         ),
         builtin=True,
     )

@@ -207,5 +207,33 @@ def synthetic_gray_task(context: TaskContext) -> TaskData:
     )
 
 
+def patterns_task(context: TaskContext) -> TaskData:
+    """grow-family's third data set (contracts/families.py): 12x12 images of 2 channels, 6 classes, prototypes of
+    their own."""
+    return make_synthetic(
+        context.synthetic_size,
+        image_size=12,
+        channels=2,
+        num_classes=6,
+        held_out=context.synthetic_held_out,
+        seed=SPLIT_SEED + 2,
+        name="patterns",
+    )
+
+
+def textures_task(context: TaskContext) -> TaskData:
+    """grow-held-out's data set, which no training member uses: 20x20 colour images, 8 classes, prototypes of their
+    own."""
+    return make_synthetic(
+        context.synthetic_size,
+        image_size=20,
+        channels=3,
+        num_classes=8,
+        held_out=context.synthetic_held_out,
+        seed=SPLIT_SEED + 3,
+        name="textures",
+    )
+
+
 def text_task(context: TaskContext) -> TaskData:
     return load_text_task(context.data_dir, context.seq_len, context.text_max_bytes)
