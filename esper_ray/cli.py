@@ -640,7 +640,7 @@ def _add_grow(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "`train`, it trains no controller. The run takes the checkpoint's env settings (epochs, lifecycle) with the "
         "host, its task and its slots put in (the checkpoint's slots where the host has them all, else every slot "
         "the host declares), then --env. Refused in one line before the host trains: an unknown host or task, a "
-        "policy that cannot decide for this host (a host above MAX_SLOTS = 8 slots, or a checkpoint of another "
+        "policy that cannot decide for this host (a host above MAX_SLOTS = 16 slots, or a checkpoint of another "
         "policy layout), a --save folder that is in use. "
         "Runs in this process, without Ray.",
     )

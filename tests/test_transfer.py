@@ -163,6 +163,14 @@ def test_a_family_name_gives_its_members_as_hosts_and_an_unknown_one_is_refused_
         parse_held_out("other")
 
 
+def test_several_families_and_hosts_in_one_list_give_every_member_and_host_and_a_name_twice_is_refused():
+    hosts = parse_held_out(["digits-held-out-starved", "grow-held-out", {"name": "d", "env": {"task": "digits"}}])
+    expected = [m.name for m in family("digits-held-out-starved")] + [m.name for m in family("grow-held-out")] + ["d"]
+    assert [h.name for h in hosts] == expected
+    with pytest.raises(ValueError, match=r"host name\(s\) \['gray-starved', 'impaired-5b'"):
+        parse_held_out(["digits-held-out-starved", "digits-held-out-starved"])
+
+
 def test_transfer_yaml_compares_ppo_with_every_baseline_on_held_out_hosts_at_a_stated_budget():
     spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / "transfer.yaml")
     kinds = {spec.controller(a) for a in spec.arms}

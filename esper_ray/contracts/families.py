@@ -5,9 +5,10 @@ it never saw must be trained on many. A family is a named list of members, each 
 host_preset, slots, max_epochs, train_samples, ...); a run with `family` set draws one member per episode
 (env/morphogenetic_env.py) and applies its overrides to the run's own env settings.
 
-Built in: `digits-family` (training: digits-impaired variants of other widths, kernels, block counts, data budgets and
-run lengths, and small synthetic ones), `digits-family-3slot` (its members with the default 3 slots), and two held-out
-families of hosts no training member uses, each with a data set none trains on: `digits-held-out` (hosts with room to
+Built in: `grow-family` (training for the slot-shared policy: 2-7 slots, three data sets, runs of 15-35 epochs, a data
+budget) and `grow-held-out` (a data set none of it trains on); `digits-family` (training: digits-impaired variants of
+other widths, kernels, block counts, data budgets and run lengths, and small synthetic ones), `digits-family-3slot`
+(its members with the default 3 slots), and two held-out families of hosts no training member uses, each with a data set none trains on: `digits-held-out` (hosts with room to
 spare, where growth adds little) and `digits-held-out-starved` (starved as the training hosts are, where it pays).
 Their hosts and the held-out data set register here, as plug-ins would (not `builtin`: the built-in tasks and hosts
 stay the ones the README lists).

@@ -4,6 +4,7 @@
       - {name: digits, env: {task: digits, max_epochs: 25}}
       - {name: synthetic, env: {task: synthetic, synthetic_size: 2000}}
     held_out: digits-held-out       # or the name of a registered host family (esper_ray/contracts/families.py)
+    held_out: [digits-held-out-starved, grow-held-out]   # or several families' (entries of the list above may mix in)
 
 A trial then evaluates on each host in turn (its `eval_episodes` there) and reports, per host, the metric under
 `eval/<metric>/<host>` and the host runs it spent there (`eval/host_runs/<host>`: the cost of a new host); its
@@ -47,11 +48,17 @@ def parse_held_out(value: Any) -> tuple[HeldOutHost, ...]:
         return family_hosts(value)
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"held_out={value!r}: must be a non-empty list of hosts, {EXAMPLE}, or a host family's name")
-    hosts = []
+    hosts: list[HeldOutHost] = []
     for i, entry in enumerate(value):
         where = f"held_out[{i}]"
+        if isinstance(entry, str):  # a family's name: its members
+            hosts.extend(family_hosts(entry))
+            continue
         if not isinstance(entry, Mapping) or set(entry) != {"name", "env"}:
-            raise ValueError(f"{where}={entry!r}: each host is a mapping with exactly `name` and `env`, {EXAMPLE}")
+            raise ValueError(
+                f"{where}={entry!r}: each host is a mapping with exactly `name` and `env`, {EXAMPLE}, or a "
+                "family's name"
+            )
         hosts.append(_host(entry["name"], entry["env"], where))
     names = [h.name for h in hosts]
     twice = sorted({n for n in names if names.count(n) > 1})
