@@ -8,10 +8,10 @@ host_preset, slots, max_epochs, train_samples, ...); a run with `family` set dra
 Built in: `grow-family` (training for the slot-shared policy: 2-7 slots, three data sets, runs of 15-35 epochs, a data
 budget) and `grow-held-out` (a data set none of it trains on); `digits-family` (training: digits-impaired variants of
 other widths, kernels, block counts, data budgets and run lengths, and small synthetic ones), `digits-family-3slot`
-(its members with the default 3 slots), and two held-out families of hosts no training member uses, each with a data set none trains on: `digits-held-out` (hosts with room to
-spare, where growth adds little) and `digits-held-out-starved` (starved as the training hosts are, where it pays).
-Their hosts and the held-out data set register here, as plug-ins would (not `builtin`: the built-in tasks and hosts
-stay the ones the README lists).
+(its members with the default 3 slots), and two held-out families of hosts no training member uses, each with a
+data set none trains on: `digits-held-out` (hosts with room to spare, where growth adds little) and
+`digits-held-out-starved` (starved as the training hosts are, where it pays). Their hosts and data sets register
+here, as plug-ins would (not `builtin`: the built-in tasks and hosts stay the ones the README lists).
 
 This module imports nothing from esper_ray but the registry; EnvConfig validates the members' overrides.
 """
