@@ -73,6 +73,8 @@ class Setup:
     bare_threads: int | None = None
     """torch threads of each bare env process; None: the machine's cores over the envs (a train runner has one a CPU
     it was given: 1 by default)."""
+    policy: str = "flat"
+    """The train half's policy network (TrainConfig.policy): flat, or slots (attention over slot tokens per step)."""
 
     @property
     def gpus_per_env(self) -> float:
@@ -291,6 +293,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
         learner_gpus=setup.learner_gpus,
         learner_cpus=setup.learner_cpus,
         model=setup.model,
+        policy=setup.policy,
         mps=mps,
         overlap=setup.overlap,
         lead=setup.lead,
@@ -673,6 +676,12 @@ def main() -> None:
         help="the bare envs' controller (default random; none: the host alone, so no step after the "
         "warm-up captures a graph: what the envs make without capture costs)",
     )
+    parser.add_argument(
+        "--policy",
+        choices=("flat", "slots"),
+        default="flat",
+        help="the train half's policy network (default flat; slots: the slot-shared one, attention each step)",
+    )
     args = parser.parse_args()
     halves = (args.only,) if args.only else HALVES
     from esper_ray.cli import parse_env_overrides
@@ -704,6 +713,7 @@ def main() -> None:
             extra_env=extra_env,
             bare_controller=args.bare_controller,
             bare_threads=args.bare_threads,
+            policy=args.policy,
         )
     else:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
@@ -731,6 +741,7 @@ def main() -> None:
             extra_env=extra_env,
             bare_controller=args.bare_controller,
             bare_threads=args.bare_threads,
+            policy=args.policy,
         )
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.precision import resolve_amp
