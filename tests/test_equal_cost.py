@@ -250,6 +250,8 @@ def test_the_report_gives_per_host_and_pooled_tables_at_each_k_the_curve_and_per
     assert "## At equal cost" in report and "### Pooled over the held-out hosts" in report
     assert (tmp_path / "equal_cost.png").is_file() and "`equal_cost.png`" in report
     assert "**not** corrected" in report
+    # 6 run seeds: 2 / 2^6 = 0.03125 at best, times 6 tests > 0.05, which the report says
+    assert "smallest exact paired p is 0.0312, so Holm over these 6 tests can reach at best 0.188: no" in report
     on_disk = json.loads((tmp_path / "results.json").read_text())
     ec = on_disk["statistics"]["equal_cost"]
     assert ec["ks"] == [1, 2, 4] and set(ec["panels"]) == {"digits", "wide", "pooled"}

@@ -30,6 +30,7 @@ from esper_ray.experiments.statistics import (  # noqa: E402
     holm_over,
     in_seed_order,
     t_interval,
+    wilcoxon_min_p,
 )
 
 FIGURE = "equal_cost.png"
@@ -148,6 +149,15 @@ def _p_cell(p: PairComparison, label: str) -> str:
 
 def equal_cost_lines(stats: Mapping[str, Any], metric: str, arms: list[str]) -> list[str]:
     ks, hosts = stats["ks"], stats["hosts"]
+    tests = sum(len(part["pairs"]) for part in stats["panels"][POOLED].values())
+    seeds = max((r["n"] for part in stats["panels"][POOLED].values() for r in part["arms"]), default=0)
+    reach = (
+        f"With {seeds} run seeds the smallest exact paired p is {wilcoxon_min_p(seeds):.3g}, so Holm over these "
+        f"{tests} tests can reach at best {min(1.0, tests * wilcoxon_min_p(seeds)):.3g}"
+        f"{'' if tests * wilcoxon_min_p(seeds) <= 0.05 else ': no difference can be detected at 0.05 here'}."
+        if seeds and tests
+        else ""
+    )
     lines = [
         "",
         "## At equal cost",
@@ -163,7 +173,7 @@ def equal_cost_lines(stats: Mapping[str, Any], metric: str, arms: list[str]) -> 
         "### Pooled over the held-out hosts",
         "",
         "Per run seed the mean over the hosts; mean [95 % t interval] (n run seeds); exact paired signed-rank test, "
-        f"Holm over every pair and every k ({len(ks)} k's x the compared pairs).",
+        f"Holm over every pair and every k ({len(ks)} k's x the compared pairs). {reach}",
         "",
         *_tables(stats["panels"][POOLED], arms, "paired p (Holm)"),
     ]
