@@ -39,6 +39,10 @@ from esper_ray.contracts.slots import slot_id
 from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.host_api import SlotHook
 
+# False: a 1x1 convolution runs as the grouped convolution too (a switch for benchmarks/stacked_hosts.py, which
+# measures both).
+POINTWISE_AS_PRODUCT = True
+
 Rows = torch.Tensor | None
 """Which hosts a call runs, as an int64 index tensor; None: all of them, in order."""
 
@@ -154,7 +158,7 @@ class StackedCNNHosts:
         norm = f"blocks.{i}.norm."
         if self.training:
             buffers[norm + "num_batches_tracked"].add_(1)
-        if k == 1:  # stride 1, no padding: a product over the channels, one for all hosts
+        if k == 1 and POINTWISE_AS_PRODUCT:  # stride 1, no padding: a product over the channels, one for all hosts
             y = torch.bmm(weight.view(m, c_out, c_in), h.reshape(m, c_in, -1))  # [M, Cout, B*H*W]
         else:  # one grouped convolution over the hosts' channels side by side: [B, M*Cin, H, W] -> [B, M*Cout, H, W]
             y = F.conv2d(
