@@ -10,8 +10,8 @@ env's optimizer (SGD, momentum 0.9, weight decay 5e-4) and gradient clipping, on
 - `grouped`: the same with the 1x1 convolutions as one grouped convolution (groups=N);
 - `vmap`: the same step with the forward as torch.func.vmap over functional_call of a CNNHost.
 The variants run alternately, in a rotating order, `--rounds` times after one warm-up round; a figure is the median
-over rounds of an epoch's seconds divided by N. Prints the machine, then one JSON line per N (ratios to `separate`
-measured in the same rounds). Under a minute on one core.
+over rounds of an epoch's seconds divided by N. Prints the machine (CPU, cores, torch, commit), then one JSON line per
+N with `separate_over`, each variant's speed-up over `separate` measured in the same rounds. About 15 s on one core.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ def machine() -> dict[str, object]:
     except OSError:
         pass
     return {
+        "card": "no GPU",
         "cpu": model,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -86,13 +87,79 @@ def machine() -> dict[str, object]:
     }
 
 
+def measure(n: int, data, shards: list[DeviceShard], rounds: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Per-host seconds of an epoch of each variant for N hosts: the median over rounds."""
+    hosts = []
+    for seed in range(n):
+        torch.manual_seed(seed)
+        hosts.append(CNNHost(host_preset("digits-impaired")))
+    host_shards = [shards[i % 2] for i in range(n)]
+    epochs = {"separate": 0}
+
+    models = [MorphogeneticModel(copy.deepcopy(h), ["r0c1"]) for h in hosts]
+    optimizers = [
+        torch.optim.SGD(m.host.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY, fused=True)
+        for m in models
+    ]
+
+    def separate() -> None:
+        for i, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            g = torch.Generator().manual_seed(epochs["separate"] * 1000 + i)
+            train_epoch(
+                model,
+                optimizer,
+                host_shards[i],
+                batch_size=BATCH,
+                generator=g,
+                prepare=data.prepare,
+                precision=Precision(),
+                max_grad_norm=MAX_GRAD_NORM,
+            )
+        epochs["separate"] += 1
+
+    def stacked_variant(cls: type[StackedCNNHosts], pointwise_as_product: bool) -> Callable[[], None]:
+        module = cls(hosts)
+        sgd = StackedSGD(module.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY)
+        step = StackedTrainStep(module, sgd, MAX_GRAD_NORM)
+        done = [0]
+
+        def run() -> None:
+            stacked_module.POINTWISE_AS_PRODUCT = pointwise_as_product
+            try:
+                generators = [torch.Generator().manual_seed(done[0] * 1000 + i) for i in range(n)]
+                train_stacked_epoch(step, host_shards, generators, [data.prepare] * n, batch_size=BATCH)
+            finally:
+                stacked_module.POINTWISE_AS_PRODUCT = True
+            done[0] += 1
+
+        return run
+
+    variants: dict[str, Callable[[], None]] = {
+        "separate": separate,
+        "stacked": stacked_variant(StackedCNNHosts, True),
+        "grouped": stacked_variant(StackedCNNHosts, False),
+        "vmap": stacked_variant(VmapHosts, True),
+    }
+    names = list(variants)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds + 1):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            variants[name]()
+            if r > 0:  # round 0 warms up (allocator, oneDNN's primitives)
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) / n for name, s in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps({"machine": machine()}), flush=True)
+    where = machine()
+    print(json.dumps({"machine": where}), flush=True)
     data = load_digits()
     cpu = torch.device("cpu")
     shards = []
@@ -101,74 +168,18 @@ def main() -> None:
         shards.append(DeviceShard(data.train_x[idx], data.train_y[idx], cpu))
 
     for n in args.sizes:
-        hosts = []
-        for seed in range(n):
-            torch.manual_seed(seed)
-            hosts.append(CNNHost(host_preset("digits-impaired")))
-        host_shards = [shards[i % 2] for i in range(n)]
-        epochs = {"separate": 0}
-
-        models = [MorphogeneticModel(copy.deepcopy(h), ["r0c1"]) for h in hosts]
-        optimizers = [
-            torch.optim.SGD(m.host.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY, fused=True)
-            for m in models
-        ]
-
-        def separate() -> None:
-            for i, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
-                g = torch.Generator().manual_seed(epochs["separate"] * 1000 + i)
-                train_epoch(
-                    model,
-                    optimizer,
-                    host_shards[i],
-                    batch_size=BATCH,
-                    generator=g,
-                    prepare=data.prepare,
-                    precision=Precision(),
-                    max_grad_norm=MAX_GRAD_NORM,
-                )
-            epochs["separate"] += 1
-
-        def stacked_variant(cls: type[StackedCNNHosts], pointwise_as_product: bool) -> Callable[[], None]:
-            module = cls(hosts)
-            sgd = StackedSGD(module.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY)
-            step = StackedTrainStep(module, sgd, MAX_GRAD_NORM)
-            done = [0]
-
-            def run() -> None:
-                stacked_module.POINTWISE_AS_PRODUCT = pointwise_as_product
-                try:
-                    generators = [torch.Generator().manual_seed(done[0] * 1000 + i) for i in range(n)]
-                    train_stacked_epoch(step, host_shards, generators, [data.prepare] * n, batch_size=BATCH)
-                finally:
-                    stacked_module.POINTWISE_AS_PRODUCT = True
-                done[0] += 1
-
-            return run
-
-        variants: dict[str, Callable[[], None]] = {
-            "separate": separate,
-            "stacked": stacked_variant(StackedCNNHosts, True),
-            "grouped": stacked_variant(StackedCNNHosts, False),
-            "vmap": stacked_variant(VmapHosts, True),
-        }
-        names = list(variants)
-        seconds: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(args.rounds + 1):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                start = time.perf_counter()
-                variants[name]()
-                if r > 0:  # round 0 warms up (allocator, oneDNN's primitives)
-                    seconds[name].append(time.perf_counter() - start)
-        per_host = {name: statistics.median(s) / n for name, s in seconds.items()}
+        per_host = measure(n, data, shards, args.rounds)
         print(
             json.dumps(
                 {
                     "hosts": n,
                     "per_host_epoch_ms": {k: round(1000 * v, 3) for k, v in per_host.items()},
-                    "separate_over": {k: round(per_host["separate"] / v, 2) for k, v in per_host.items() if k != "separate"},
+                    "separate_over": {
+                        k: round(per_host["separate"] / v, 2) for k, v in per_host.items() if k != "separate"
+                    },
                     "rounds": args.rounds,
+                    "card": where["card"],
+                    "commit": where["commit"],
                 }
             ),
             flush=True,

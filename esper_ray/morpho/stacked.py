@@ -86,7 +86,9 @@ class StackedCNNHosts:
         self.buffers: dict[str, torch.Tensor] = {k: v.contiguous() for k, v in buffers.items()}
         self.norms = [(b.norm.momentum, b.norm.eps) for b in hosts[0].blocks]
         if any(momentum is None for momentum, _ in self.norms):
-            raise ValueError("stacked hosts: batch norm momentum=None (a cumulative average) is not stacked; use a float")
+            raise ValueError(
+                "stacked hosts: batch norm momentum=None (a cumulative average) is not stacked; use a float"
+            )
         self.training = True
 
     def train(self, mode: bool = True) -> StackedCNNHosts:
@@ -150,7 +152,7 @@ class StackedCNNHosts:
     def _block(
         self, i: int, h: torch.Tensor, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], pool: bool
     ) -> torch.Tensor:
-        """Block i of every host: conv -> batch norm -> ReLU (-> 2x2 max-pool), [M, Cin, B, H, W] -> [M, Cout, B, ...]."""
+        """Block i of all hosts: conv -> batch norm -> ReLU (-> max-pool), [M, Cin, B, H, W] -> [M, Cout, B, ...]."""
         weight = params[f"blocks.{i}.conv.weight"]  # [M, Cout, Cin, k, k]
         m, c_out, c_in, k = weight.shape[:4]
         batch, side = h.shape[2], h.shape[3]
