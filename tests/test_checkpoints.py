@@ -252,7 +252,7 @@ def test_eval_says_once_which_checkpoint_it_loaded_a_training_folder_standing_fo
 
 
 def test_a_checkpoint_on_its_own_takes_its_round_from_round_json_as_an_ab_trials_does(tmp_path):
-    """A shipped controller (docs/results/transfer/controllers/seedS) is an A/B trial's checkpoint under any name:
+    """A shipped controller (docs/results/grow_family/controllers/seedS) is an A/B trial's checkpoint under any name:
     its round is the one its round.json records; a folder with neither that name nor the file is refused."""
     shipped = tmp_path / "seed3"
     shipped.mkdir()

@@ -85,23 +85,26 @@ def test_an_unknown_host_or_task_is_one_line_listing_what_is_registered(host, ta
 
 
 # ---------------------------------------------------------------------- from a shipped controller (no Ray)
-SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "results" / "transfer" / "controllers" / "seed0"
+SHIPPED = Path(__file__).resolve().parents[1] / "docs" / "results" / "grow_family" / "controllers" / "seed0"
+SHIPPED_ROUND = 60  # tune_configs/grow_family.yaml's rounds
 
 
 def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, capsys):
-    """docs/results/transfer/controllers/seedS are checkpoints `grow` and `eval` take with no copy or added file."""
+    """docs/results/grow_family/controllers/seedS are checkpoints `grow` and `eval` take with no copy or added file."""
     folder = tmp_path / "net"
     code, out, err = grow(
         capsys, str(SHIPPED), "--host", "digits", "--save", str(folder), "--env", "max_epochs=2", "--env", "device=cpu"
     )
     assert code == 0, err
-    assert f"checkpoint {SHIPPED} (round 120) grows host digits" in out
+    assert f"checkpoint {SHIPPED} (round {SHIPPED_ROUND}) grows host digits" in out
     architecture = json.loads((folder / ARCHITECTURE_FILE).read_text())
-    assert architecture["run"]["checkpoint"] == "transfer/controllers/seed0" and architecture["run"]["epochs"] == 2
+    assert architecture["run"]["checkpoint"] == "grow_family/controllers/seed0" and architecture["run"]["epochs"] == 2
     assert esper_ray.load_grown(folder)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     assert main(["eval", "--checkpoint", str(SHIPPED), "--episodes", "1", "--env", "device=cpu"]) == 0
     out = capsys.readouterr().out
-    assert "(round 120)" in out and out.strip().splitlines()[-1].startswith("mean over 1 episode: test acc ")
+    assert f"(round {SHIPPED_ROUND})" in out and out.strip().splitlines()[-1].startswith(
+        "mean over 1 episode: test acc "
+    )
 
 
 def episode(index: int, test: float, params_added: int) -> EpisodeSummary:

@@ -46,7 +46,7 @@ def test_records_written_before_load_and_are_written_again_unchanged(record):
 
 
 def test_records_are_found():
-    assert len(RECORDS) >= 4  # docs/results/transfer/controllers/seed*/train_config.json and others
+    assert len(RECORDS) >= 4  # docs/results/grow_family/controllers/seed*/train_config.json and others
 
 
 def test_train_help_gives_each_run_level_flag_the_env_setting_s_own_words(capsys, monkeypatch):

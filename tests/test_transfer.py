@@ -16,6 +16,7 @@ from scipy import stats
 from esper_ray.cli import main
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.families import family
+from esper_ray.contracts.registry import BLUEPRINT_NAMES
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.held_out import HeldOutHost, host_settings, parse_held_out
 from esper_ray.experiments.held_out_report import held_out_statistics, pooled_pair
@@ -451,29 +452,46 @@ def test_transfer_yaml_at_smoke_size_runs_to_its_report_per_host_and_pooled(ray_
     assert "trained before this run" in (tmp_path / "frozen" / "report.md").read_text()
 
 
-def test_transfer_starved_yaml_reads_controllers_this_code_loads(monkeypatch):
-    """transfer_starved.yaml evaluates the controllers docs/results/transfer/ kept, one a seed: each is a checkpoint
+def test_transfer_equal_cost_yaml_reads_controllers_this_code_loads(monkeypatch):
+    """transfer_equal_cost.yaml freezes the controllers docs/results/grow_family/ kept, one a seed: each is a checkpoint
     folder, and its policy layout is this code's (a change of the layout must retrain them or drop the file)."""
     monkeypatch.chdir(REPO)  # its paths are relative to the repository's root, where `esper-ray ab` runs it
-    spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / "transfer_starved.yaml")
+    spec = ExperimentSpec.from_yaml(REPO / "tune_configs" / "transfer_equal_cost.yaml")
     frozen = [t for t in spec.trials() if t.controller is ControllerKind.CHECKPOINT]
-    assert sorted(t.seed for t in frozen) == list(range(8)) and len({t.checkpoint for t in frozen}) == 8
+    assert sorted(t.seed for t in frozen) == list(range(12)) and len({t.checkpoint for t in frozen}) == 12
     for trial in frozen:
         check_checkpoint(trial.arm, trial.checkpoint)
-        check_layout(
-            saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint
-        )  # what load_policy checks first
+        check_layout(saved_layout(Path(trial.checkpoint) / MODULE_PATH), trial.checkpoint)  # what load_policy checks
 
 
-def test_the_kept_controllers_are_complete_checkpoints_with_the_transfer_runs_settings():
+def test_the_retired_controllers_layout_is_refused_in_one_line_naming_what_differs():
+    """transfer.yaml's controllers (8 slot positions, weights of their own) were retired by issue 75: a checkpoint of
+    their layout is refused before any pickle of it runs, in one line."""
+    old = {
+        "max_slots": 8,
+        "base_features": 23,
+        "slot_features": 31,
+        "slot_descriptors": 6,
+        "topologies": ["cnn", "transformer", "vector"],
+        "joint_size": 41,
+        "blueprints": ["noop", *BLUEPRINT_NAMES],
+    }  # as docs/results/transfer/controllers/seed0 recorded it (saved_layout), before they were retired
+    with pytest.raises(ValueError, match=r"^c: its policy layout does not match this code's: max_slots 8 there, 16 "):
+        check_layout(old, "c")
+
+
+def test_the_kept_controllers_are_complete_checkpoints_with_the_grow_family_runs_settings():
     """`eval` and `grow` take each kept controller as it is: it matches its files.json, its train_config.json holds
-    the settings its seed's PPO trial of docs/results/transfer/ trained with, and its round is the run's last."""
-    record = json.loads((REPO / "docs" / "results" / "transfer" / "experiment.json").read_text())
+    the settings its seed's PPO trial of docs/results/grow_family/ trained with, and its round is the run's last."""
+    record = json.loads((REPO / "docs" / "results" / "grow_family" / "experiment.json").read_text())
     spec = ExperimentSpec.from_mapping(record["experiment"])
-    for trial in (t for t in spec.trials() if t.arm == "ppo"):
-        folder = REPO / "docs" / "results" / "transfer" / "controllers" / f"seed{trial.seed}"
+    trials = [t for t in spec.trials() if t.arm == "ppo"]
+    assert len(trials) == 12
+    for trial in trials:
+        folder = REPO / "docs" / "results" / "grow_family" / "controllers" / f"seed{trial.seed}"
         assert resolve_checkpoint(folder) == folder  # complete: matches its manifest
         assert load_checkpoint_config(folder) == TrainConfig.from_mapping(trial.train)
+        assert load_checkpoint_config(folder).policy == "slots"
         assert round_of(folder) == spec.rounds
 
 

@@ -8,7 +8,7 @@
     checkpoints/latest.json     the newest checkpoint, as a path relative to checkpoints/, so a copied or moved
                                 run folder (rsync-down, then eval) resumes its own checkpoint
 
-A checkpoint folder may also stand on its own (docs/results/transfer/controllers/seedS: an A/B trial's, with
+A checkpoint folder may also stand on its own (docs/results/grow_family/controllers/seedS: an A/B trial's, with
 train_config.json and files.json added, its round in round.json): `eval` and `grow` take either.
 
 A checkpoint is written into round_NNNNN.partial and renamed when complete, and latest.json is written to a
@@ -172,7 +172,7 @@ def _round_number(folder: Path) -> int | None:
 
 def round_of(checkpoint: Path) -> int:
     """The round a checkpoint folder was saved after: its name's (`round_NNNNN`), else the one its round.json
-    records (an A/B trial's checkpoint, as docs/results/transfer/controllers/ keeps them, under any name)."""
+    records (an A/B trial's checkpoint, as docs/results/grow_family/controllers/ keeps them, under any name)."""
     number = _round_number(checkpoint)
     if number is None:
         try:
