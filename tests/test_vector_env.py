@@ -21,6 +21,7 @@ import copy
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
@@ -186,3 +187,23 @@ def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle() -> No
     assert {"TRAINING", "BLENDING", "HOLDING", "FOSSILIZED", "EMBARGOED"} <= seen, seen
     assert resets >= 3  # env 2 twice, envs 0 and 1 once
     assert ours.stacked_epochs[1] > WAIT_FIRST  # env 1 back in the stack after its prune
+
+
+def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> None:
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.rllib.env_factory import RUNNER_KEY, ShardedVectorMorphogeneticEnv
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
+
+    cfg = TrainConfig(envs=3, envs_per_runner=2, episodes_per_env=1, max_epochs=3)
+    ppo = build_ppo_config(cfg)
+    assert ppo.num_envs_per_env_runner == 2 and ppo.gym_env_vectorize_mode == "vector_entry_point"
+    assert ppo.env is ShardedVectorMorphogeneticEnv
+    assert ppo.train_batch_size_per_learner == 3 * 2 * 3  # every env's episode steps
+    # runner 2 of 3 (worker index 2; 0 is the driver's): shards 2 and 3 of 6
+    env = ShardedVectorMorphogeneticEnv({**cfg.env_config(), "device": "cpu", "num_envs": 2, RUNNER_KEY: (2, 3)})
+    assert [(e.cfg.shard, e.cfg.num_shards) for e in env.envs] == [(2, 6), (3, 6)]  # type: ignore[attr-defined]
+    single = build_ppo_config(TrainConfig(envs=3, episodes_per_env=1, max_epochs=3))
+    assert single.num_envs_per_env_runner == 1 and single.gym_env_vectorize_mode == "sync"
+    assert TrainConfig.from_mapping(cfg.to_dict()).envs_per_runner == 2  # kept in the run's record
+    with pytest.raises(ValueError, match="envs_per_runner"):
+        TrainConfig(envs_per_runner=0)
