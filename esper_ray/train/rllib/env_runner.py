@@ -72,7 +72,7 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         cpu_policy = config.copy(copy_frozen=False)
         cpu_policy.num_gpus_per_env_runner = 0
         if config.num_envs_per_env_runner > 1:  # the vector env's shards follow the runner's index (env_factory.py)
-            runner = (kwargs.get("worker_index") or 0, config.num_env_runners)
+            runner = (kwargs.get("worker_index") or 0, kwargs.get("num_workers", config.num_env_runners))
             cpu_policy.env_config = {**config.env_config, RUNNER_KEY: runner}
         super().__init__(*args, config=cpu_policy, **kwargs)
         torch.backends.cudnn.deterministic = bool(self.config.env_config.get("cudnn_deterministic", False))
