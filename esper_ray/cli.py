@@ -232,8 +232,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
+    envs = counted(cfg.envs, "env")
+    if cfg.envs_per_runner > 1:  # one vector env per runner (env/vector_env.py)
+        envs = f"{counted(cfg.envs, 'env runner')} x {counted(cfg.envs_per_runner, 'env')}"
     print(
-        f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
+        f"esper-ray train: {what}, {envs} x {counted(cfg.episodes_per_env, 'episode')} of "
         f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
         f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
         flush=True,

@@ -540,6 +540,20 @@ def test_bad_training_settings_name_the_setting(settings, match):
         TrainConfig(**settings)
 
 
+def test_train_with_two_envs_per_runner_samples_every_env_of_the_vector_env(ray_local, tmp_path, capsys):
+    """envs_per_runner=2: the runner steps one vector env of two envs (env/vector_env.py), each on its own shard; a
+    round samples an episode of each, and the rounds' lines and metrics count both."""
+    out = tmp_path / "vector"
+    argv = ["train", "--rounds", "2", "--envs", "1", "--envs-per-runner", "2", "--cpus-per-env", "0.5"]
+    argv += ["--max-epochs", "3", "--episodes-per-env", "1", "--env", "batch_size=512", "--env", "device=cpu"]
+    assert main([*argv, "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 env runner x 2 envs x 1 episode of 3 epochs per round" in printed, printed
+    assert "round 2/2 | env steps 6" in printed, printed
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["env_steps"], r["episodes"]) for r in rows] == [(1, 6, 2), (2, 6, 2)]
+
+
 def test_train_config_file_is_strict(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rounds: 2\nmax_epoch: 5\n")

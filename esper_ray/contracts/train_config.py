@@ -43,7 +43,10 @@ class TrainConfig:
     read there too (`cfg.task` is `cfg.env.task`)."""
 
     envs: int = 2
-    """Env-runner actors, one environment each; env k trains on data shard k."""
+    """Env-runner actors; runner k's env i trains on data shard k * envs_per_runner + i."""
+    envs_per_runner: int = 1
+    """Environments each env runner steps, as one vector env in its process (RLlib's num_envs_per_env_runner; with
+    more than one, the hosts of those without a seed train stacked: env/vector_env.py, issue 77)."""
     episodes_per_env: int = 4
     """Episodes each env runner collects per round (per PPO update)."""
     rounds: int = 20
@@ -165,6 +168,7 @@ class TrainConfig:
         check_types(self)
         for name, minimum, maximum in (
             ("envs", 1, MAX_COUNT),
+            ("envs_per_runner", 1, MAX_COUNT),
             ("episodes_per_env", 1, MAX_COUNT),
             ("rounds", 1, MAX_ROUNDS),
             ("learners", 0, MAX_COUNT),
@@ -236,6 +240,8 @@ class TrainConfig:
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
         if own["policy"] == "flat":  # records of the default network stay as they were before `policy` (issue 75)
             del own["policy"]
+        if own["envs_per_runner"] == 1:  # likewise before `envs_per_runner` (issue 77)
+            del own["envs_per_runner"]
         default = TrainConfig().env
         env = {
             f.name: getattr(self.env, f.name)
@@ -288,4 +294,9 @@ class TrainConfig:
 
     @property
     def episode_steps_per_round(self) -> int:
-        return self.envs * self.episode_steps_per_env
+        return self.total_envs * self.episode_steps_per_env
+
+    @property
+    def total_envs(self) -> int:
+        """Environments of the run, each on its own data shard: envs x envs_per_runner."""
+        return self.envs * self.envs_per_runner

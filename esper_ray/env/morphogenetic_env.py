@@ -98,6 +98,17 @@ class TestStats:
     """Of the model as it runs, seeds on probation in at their current alpha (equals `accuracy` without any)."""
 
 
+@dataclass(frozen=True)
+class StepStart:
+    """A step's first half (MorphogeneticEnv._begin_step): its decision and what the reward compares with."""
+
+    timings: dict[str, float]
+    decision: FactoredAction
+    before: dict[str, dict[str, Any]]
+    """The slots before the decision (step_signal.slot_snapshot)."""
+    success: bool
+
+
 class MorphogeneticEnv(gym.Env):
     metadata = {"render_modes": []}
 
@@ -347,14 +358,29 @@ class MorphogeneticEnv(gym.Env):
 
     # -------------------------------------------- step: decision, epoch, validation, rollback, reward, observation
     def _step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        start = self._begin_step(action)
+        with timed(start.timings, "train"):
+            train = self._train_epoch()
+        return self._end_step(start, train)
+
+    # A step in two halves around its host epoch: a vector env (vector_env.py) runs the halves of each of its envs and
+    # trains the epochs of those whose hosts stack in one call between them.
+    def _begin_step(self, action: np.ndarray) -> StepStart:
+        """The decision: decoded against the mask, applied to the model."""
         assert self.model is not None
         timings: dict[str, float] = {}
         with timed(timings, "decision"):
             decision = decode_action(action, self._mask(), self.slot_ids)
             before = slot_snapshot(self.model)
             success = self._apply_decision(decision)
-        with timed(timings, "train"):
-            train = self._train_epoch()
+        return StepStart(timings, decision, before, success)
+
+    def _end_step(
+        self, start: StepStart, train: TrainStats
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """After the epoch: validation, lifecycle tick, governor, reward, observation and info."""
+        assert self.model is not None
+        timings, decision, success = start.timings, start.decision, start.success
         with timed(timings, "val"):
             plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
             val = self._validate(plan)
@@ -371,7 +397,7 @@ class MorphogeneticEnv(gym.Env):
             ):
                 self.governor.snapshot(self.model, self.epoch)
         with timed(timings, "reward"):
-            signal = step_signal(self, decision, success, before, plan, val, prev_val)
+            signal = step_signal(self, decision, success, start.before, plan, val, prev_val)
             reward = self._reward(signal, rollback)
         with timed(timings, "observation"):
             self.last_op, self.last_success = decision.op, success
@@ -395,13 +421,8 @@ class MorphogeneticEnv(gym.Env):
 
     def _train_epoch(self) -> TrainStats:
         assert self.model is not None
-        if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
-            poison_with_nan(self.model.host)
-        raise_if_asked(self.epoch + 1, self.cfg.seed)  # likewise
+        self._before_epoch()
         capture = GradientCapture(self.model)
-        total, seeds = self.flop_counter.train_epoch(self.model.seed_slots(), rows=len(self.shard))
-        self.flops.train += total
-        self.flops.train_seeds += seeds
         stats = train_epoch(
             self.model,
             self.host_optimizer,
@@ -417,6 +438,17 @@ class MorphogeneticEnv(gym.Env):
         capture.publish()
         self.epoch += 1
         return stats
+
+    def _before_epoch(self) -> None:
+        """What precedes an epoch's training wherever it runs (here, or stacked by a vector env): a test's injected
+        faults, and the epoch's training FLOPs."""
+        assert self.model is not None
+        if self.epoch + 1 == nan_epoch(self.cfg.seed):  # a test's injected fault (faults.py); never set otherwise
+            poison_with_nan(self.model.host)
+        raise_if_asked(self.epoch + 1, self.cfg.seed)  # likewise
+        total, seeds = self.flop_counter.train_epoch(self.model.seed_slots(), rows=len(self.shard))
+        self.flops.train += total
+        self.flops.train_seeds += seeds
 
     def _validate(self, plan: CounterfactualPlan) -> ValStats:
         assert self.model is not None

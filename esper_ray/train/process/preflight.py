@@ -17,7 +17,7 @@ from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 
 def check_env_config(cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
     """Raise ValueError/FileNotFoundError for settings an env runner would fail on; say once what is ignored."""
-    env_config = cfg.env_config(shard=0, num_shards=cfg.envs)
+    env_config = cfg.env_config(shard=0, num_shards=cfg.total_envs)
     device = str(env_config.get("device", "auto"))
     if device.startswith("cuda") and cfg.gpus_per_env == 0:
         raise ValueError(

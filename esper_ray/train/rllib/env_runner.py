@@ -50,6 +50,7 @@ from esper_ray.contracts import metrics as m
 from esper_ray.policy.feature_filter import feature_filter_of
 from esper_ray.train.process.background import InBackground, WorkerThread
 from esper_ray.train.process.gpu_spread import single_visible_gpu, spread_gpu
+from esper_ray.train.rllib.env_factory import RUNNER_KEY
 from esper_ray.train.rllib.step_failures import StepFailureRecorder, record_step_failure
 
 RLLIB_ENV_ID = "rllib-single-agent-env-v0"
@@ -70,6 +71,9 @@ class CpuPolicyEnvRunner(SingleAgentEnvRunner):
         # runner's GPU share through its own `device` setting.
         cpu_policy = config.copy(copy_frozen=False)
         cpu_policy.num_gpus_per_env_runner = 0
+        if config.num_envs_per_env_runner > 1:  # the vector env's shards follow the runner's index (env_factory.py)
+            runner = (kwargs.get("worker_index") or 0, kwargs.get("num_workers", config.num_env_runners))
+            cpu_policy.env_config = {**config.env_config, RUNNER_KEY: runner}
         super().__init__(*args, config=cpu_policy, **kwargs)
         torch.backends.cudnn.deterministic = bool(self.config.env_config.get("cudnn_deterministic", False))
         self._lead: InBackground | None = None

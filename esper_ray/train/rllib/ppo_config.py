@@ -1,8 +1,9 @@
 """Build RLlib's PPOConfig (new API stack) from a TrainConfig.
 
 Choices and where they differ from the original's PPO defaults (DOMAIN.md section 10), and why:
-- One env per env runner; each collects `episodes_per_env` complete episodes per round, so a round's batch
-  is whole episodes and every round reports finished episodes.
+- `envs_per_runner` envs per env runner (1 by default; more as one vector env whose seedless hosts train stacked:
+  env/vector_env.py); each env collects `episodes_per_env` complete episodes per round, so a round's batch is whole
+  episodes and every round reports finished episodes.
 - LSTM sequences are whole episodes: `max_seq_len = max_epochs + 1`, because RLlib's learner appends one
   bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
 - `ppo_epochs` (default 16) full-batch passes (see train/rllib/learner.py). The original did 1 pass; with
@@ -34,7 +35,7 @@ from esper_ray.policy.slot_module import SLOT_MODEL_PRESETS, SlotPolicyModule
 from esper_ray.train.output.progress import PROGRESS_ACTOR_KEY
 from esper_ray.train.rllib.callbacks import MorphoMetrics
 from esper_ray.train.rllib.clawback import clawback_connector
-from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
+from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv, ShardedVectorMorphogeneticEnv
 from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
 from esper_ray.train.rllib.learner import BLUEPRINT_ENTROPY_KEY, MorphoPPOLearner
 from esper_ray.train.rllib.overlap import OverlappedPPO
@@ -61,10 +62,15 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     )
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
-        .environment(ShardedMorphogeneticEnv, env_config=cfg.env_config())
+        .environment(
+            ShardedMorphogeneticEnv if cfg.envs_per_runner == 1 else ShardedVectorMorphogeneticEnv,
+            env_config=cfg.env_config(),
+        )
         .env_runners(
             num_env_runners=cfg.envs,
-            num_envs_per_env_runner=1,
+            num_envs_per_env_runner=cfg.envs_per_runner,
+            # more than one: RLlib calls ShardedVectorMorphogeneticEnv for the runner's whole vector env
+            gym_env_vectorize_mode="sync" if cfg.envs_per_runner == 1 else "vector_entry_point",
             num_cpus_per_env_runner=cfg.cpus_per_env,
             num_gpus_per_env_runner=cfg.gpus_per_env,
             rollout_fragment_length=steps_per_runner,

@@ -1,0 +1,195 @@
+"""N MorphogeneticEnvs in one process as one gymnasium VectorEnv, whose hosts train stacked where they can (issue 77).
+
+Each env keeps everything it has alone (its shard, generators, episode seeds, lifecycle, governor, rewards and
+observations) and runs its own step in two halves (MorphogeneticEnv._begin_step and _end_step). Between them the
+vector env trains the envs' host epochs: the envs whose epoch is the host's alone (a CNN host in fp32 on the CPU, no
+seed in any slot) and which share the host's structure and training settings train as one stacked module in one call
+per batch (morpho/stacked.py, env/stacked_step.py); every other env trains its epoch itself, exactly as a lone env
+does. A step's other phases (validation, counterfactuals, seeds) stay per env in this cut.
+
+The state stays in each env: a stacked epoch stacks the hosts' tensors and their momentum, trains, and writes them back
+into each env's own host module and optimizer. So validation, the governor's snapshots and rollbacks, a germinated
+seed, the next episode's kept host and the env's own epoch all read what they read in a lone env, and an env leaves or
+joins the stack from one epoch to the next (a seed planted, pruned, an episode reset) with nothing to hand over. The
+copies cost a few dozen small tensors an epoch against the epoch's ~5,000 calls; holding the stack across epochs would
+save them once the seeds stack too (docs/design.md, "Many hosts per process").
+
+Autoreset is gymnasium's NEXT_STEP, which RLlib's SingleAgentEnvRunner expects of its vector envs: the step after an
+env's episode ends resets that env (its action ignored) and returns the new episode's first observation, reward 0 and
+neither terminated nor truncated, as SyncVectorEnv does. tests/test_vector_env.py checks this env against a
+SyncVectorEnv of separate envs, step by step.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from copy import deepcopy
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector.utils import concatenate, iterate
+
+from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES
+from esper_ray.env.epoch import TrainStats
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv, StepStart
+from esper_ray.env.stacked_step import StackedSGD, StackedTrainStep, train_stacked_epoch
+from esper_ray.morpho.host import CNNHost
+from esper_ray.morpho.stacked import StackedCNNHosts
+
+SEEDED_STAGES = ACTIVE_STAGES | LIVE_STAGES
+"""Stages in which a slot holds a seed module (planted, training, blending, holding or kept)."""
+
+
+def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
+    """What envs must share for their epochs to train stacked (None: this env's epoch trains alone): the host's
+    structure and the settings of its training step."""
+    model = env.model
+    assert model is not None
+    if env.device.type != "cpu" or env.precision.dtype is not None or type(model.host) is not CNNHost:
+        return None
+    if any(s.stage in SEEDED_STAGES for s in model.seed_slots()):
+        return None
+    group = env.host_optimizer.param_groups[0]
+    return (
+        model.host.cfg,
+        env.cfg.effective_batch_size,
+        env.cfg.max_grad_norm,
+        group["lr"],
+        group["momentum"],
+        group["weight_decay"],
+    )
+
+
+def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
+    """One host epoch of each env (stack_key equal for all), stacked; each env's host and its momentum are written
+    back into the env's own module and optimizer."""
+    for env in envs:
+        env._before_epoch()  # a test's injected NaN lands in the host before it is stacked
+        env.model.train()  # type: ignore[union-attr]
+    first = envs[0]
+    group = first.host_optimizer.param_groups[0]
+    hosts = [env.model.host for env in envs]  # type: ignore[union-attr]
+    stack = StackedCNNHosts(hosts)  # type: ignore[arg-type]
+    sgd = StackedSGD(stack.parameters(), lr=group["lr"], momentum=group["momentum"], weight_decay=group["weight_decay"])
+    names = list(stack.params)
+    named = [dict(host.named_parameters()) for host in hosts]
+    with torch.no_grad():
+        for i, env in enumerate(envs):
+            for buffer, name in zip(sgd.momentum_buffers, names, strict=True):
+                momentum = env.host_optimizer.state[named[i][name]].get("momentum_buffer")
+                if momentum is not None:  # none yet: SGD's first step, where a zero buffer gives the same
+                    buffer[i].copy_(momentum)
+    stats = train_stacked_epoch(
+        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm),
+        [env.shard for env in envs],
+        [env.data_generator for env in envs],
+        [env._prepare_train for env in envs],
+        batch_size=first.cfg.effective_batch_size,
+    )
+    with torch.no_grad():
+        for i, env in enumerate(envs):
+            stack.write_to(i, hosts[i])
+            for buffer, name in zip(sgd.momentum_buffers, names, strict=True):
+                state = env.host_optimizer.state[named[i][name]]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = buffer[i].clone()
+                else:
+                    state["momentum_buffer"].copy_(buffer[i])
+            env.epoch += 1
+    return stats
+
+
+class VectorMorphogeneticEnv(SyncVectorEnv):
+    """A VectorEnv of MorphogeneticEnvs, one per config, stepped as SyncVectorEnv steps them (NEXT_STEP autoreset),
+    their host epochs stacked where they can be (the module doc). `stacked_epochs[i]` counts env i's epochs that
+    trained stacked."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], MorphogeneticEnv]]) -> None:
+        if not env_fns:
+            raise ValueError("VectorMorphogeneticEnv: env_fns must make at least one env, got none")
+        super().__init__(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+        self.stacked_epochs = [0] * self.num_envs
+
+    @classmethod
+    def of_configs(cls, configs: Sequence[Mapping[str, Any]]) -> VectorMorphogeneticEnv:
+        """One env per config."""
+        return cls([functools.partial(MorphogeneticEnv, dict(c)) for c in configs])
+
+    @classmethod
+    def sharded(
+        cls, config: Mapping[str, Any], num_envs: int, first_shard: int, num_shards: int
+    ) -> VectorMorphogeneticEnv:
+        """`num_envs` envs of one config on shards first_shard, first_shard + 1, ... of `num_shards`."""
+        return cls.of_configs([{**config, "shard": first_shard + i, "num_shards": num_shards} for i in range(num_envs)])
+
+    def start_round(self, round_: int) -> None:
+        for env in self.envs:
+            env.start_round(round_)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
+        env_infos: list[dict[str, Any]] = [{} for _ in envs]
+        started: dict[int, StepStart] = {}
+        for i, action in enumerate(iterate(self.action_space, actions)):
+            if self._autoreset_envs[i]:
+                self._env_obs[i], env_infos[i] = envs[i].reset()
+                self._rewards[i], self._terminations[i], self._truncations[i] = 0.0, False, False
+            else:
+                if envs[i].model is None:
+                    raise RuntimeError("step() called before reset()")
+                with envs[i]._on_stream():
+                    started[i] = envs[i]._begin_step(action)
+        trained = self._train_epochs(started)
+        for i, start in started.items():
+            with envs[i]._on_stream():
+                (
+                    self._env_obs[i],
+                    self._rewards[i],
+                    self._terminations[i],
+                    self._truncations[i],
+                    env_infos[i],
+                ) = envs[i]._end_step(start, trained[i])
+        infos: dict[str, Any] = {}
+        for i, info in enumerate(env_infos):
+            infos = self._add_info(infos, info, i)
+        self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (
+            deepcopy(self._observations) if self.copy else self._observations,
+            np.copy(self._rewards),
+            np.copy(self._terminations),
+            np.copy(self._truncations),
+            infos,
+        )
+
+    def _train_epochs(self, started: dict[int, StepStart]) -> dict[int, TrainStats]:
+        """The host epoch of every env that steps: stacked by stack_key where two or more share one, alone otherwise.
+        A stacked group's seconds are shared out equally among its envs' `time/train`."""
+        envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        alone: list[int] = []
+        for i in started:
+            key = stack_key(envs[i])
+            (alone if key is None else groups.setdefault(key, [])).append(i)
+        trained: dict[int, TrainStats] = {}
+        for members in groups.values():
+            if len(members) == 1:
+                alone.extend(members)
+                continue
+            began = time.perf_counter()
+            for i, stats in zip(members, train_stacked([envs[i] for i in members]), strict=True):
+                trained[i] = stats
+                self.stacked_epochs[i] += 1
+            share = (time.perf_counter() - began) / len(members)
+            for i in members:
+                started[i].timings["train"] = share
+        for i in sorted(alone):
+            began = time.perf_counter()
+            with envs[i]._on_stream():
+                trained[i] = envs[i]._train_epoch()
+            started[i].timings["train"] = time.perf_counter() - began
+        return trained

@@ -1,0 +1,209 @@
+"""The vector env (esper_ray/env/vector_env.py) steps N envs as N separate envs step: the same observations, rewards,
+terminations, infos and env states, through a seed's germination, fossilization and a prune, episode ends and their
+autoresets, while the envs without a seed train their hosts stacked (issue 77's equal-episode test).
+
+The reference is gymnasium's SyncVectorEnv over separate MorphogeneticEnvs: what RLlib's env runner steps with
+`num_envs_per_env_runner` > 1 and no vector env of ours, NEXT_STEP autoreset included.
+
+Tolerance. A stacked epoch sums in another order than a lone env's CPU step (tests/test_stacked_hosts.py: ~1e-7 an
+epoch here), and SGD carries that on: over a whole run the validation losses of the two drift apart to ~3e-5, and at a
+near-tie one validation prediction of 359 flips (seen once in this run, at env 1's ninth step: reward 100 x 1/359
+apart). So the two are compared twice:
+- step by step from the same state (the vector env made of copies of the separate envs before each step): every
+  output and the envs' states after the step at rtol 1e-4, one epoch's rounding far inside it;
+- over the whole run: the decisions, stages, terminations and autoresets exactly, the losses at rtol 1e-3 and the
+  correct counts within one sample, as tests/test_cpu_step.py compares two paths' episodes.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from esper_ray.contracts.actions import Blueprint, Op, Style, Tempo
+from esper_ray.contracts.stages import Stage
+from esper_ray.env import MorphogeneticEnv
+from esper_ray.env.masks import allows
+from esper_ray.env.vector_env import VectorMorphogeneticEnv
+from esper_ray.policy.baselines import lifecycle_action, wait_action
+
+SEED = 3
+BASE = {
+    "task": "digits-impaired",
+    "max_epochs": 9,
+    "min_training_epochs": 2,
+    "min_prune_age": 2,
+    "device": "cpu",
+    "seed": SEED,
+}
+# Env 2's episodes are shorter, so it resets while the others step.
+CONFIGS = [{**BASE, "shard": i, "num_shards": 3, **({"max_epochs": 5} if i == 2 else {})} for i in range(3)]
+STEPS = 12  # through the first episodes' ends (step 9), their autoresets and two epochs of the next
+WAIT_FIRST = 2  # epochs before any seed: every host trains stacked
+PLANTED = {0: (0, Blueprint.CONV_LIGHT, Style.GATED_GATE), 1: (2, Blueprint.ATTENTION, Style.LINEAR_ADD)}
+"""Env 0 plants a gated seed in its first slot and fossilizes it; env 1 plants one in its third and prunes it; env 2
+only waits."""
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+STATE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+# The gradient of a convolution's weight that a batch norm follows is a near-cancelling sum, whose rounding is of the
+# size of the host's other gradients times ~1e-4 (tests/test_stacked_hosts.py, GRAD_TOLERANCE), and momentum adds up
+# an epoch of them: seen 1.6e-4 on a block-0 momentum of 1.5e-3 where the host's largest is 0.27. So the momentum is
+# compared to the host's largest.
+MOMENTUM_TOLERANCE = 1e-3
+
+
+def scripted_action(env: MorphogeneticEnv, index: int) -> np.ndarray:
+    if index not in PLANTED or env.epoch < WAIT_FIRST:
+        return wait_action()
+    slot, blueprint, style = PLANTED[index]
+    stage = env.model.slot(env.slot_ids[slot]).stage  # type: ignore[union-attr]
+    planted = env.counts[f"germinated/{blueprint.key}"] > 0
+    op = {
+        Stage.DORMANT: None if planted else Op.GERMINATE,
+        Stage.HOLDING: Op.FOSSILIZE if index == 0 else Op.PRUNE,
+        Stage.TRAINING: Op.PRUNE if index == 1 else None,
+        Stage.BLENDING: Op.PRUNE if index == 1 else None,
+    }.get(stage)
+    mask = env._mask()
+    if op is not None and allows(mask, op, slot, Tempo.FAST):
+        return lifecycle_action(op, slot, blueprint=blueprint, style=style, tempo=Tempo.FAST)
+    return wait_action()
+
+
+def assert_same(ours: Any, theirs: Any, where: str) -> None:
+    """Equal structure; numbers at TOLERANCE, everything else equal. Phase timings are not compared."""
+    if isinstance(theirs, dict):
+        keys = {k for k in theirs if not k.lstrip("_").startswith("time/")}
+        assert {k for k in ours if not k.lstrip("_").startswith("time/")} == keys, where
+        for k in keys:
+            assert_same(ours[k], theirs[k], f"{where}[{k!r}]")
+        return
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape, where
+    if theirs.dtype.kind in "fc":
+        np.testing.assert_allclose(ours, theirs, **TOLERANCE, err_msg=where)
+    elif theirs.dtype.kind == "O" and all(isinstance(v, float) for v in theirs.flat if v is not None):
+        np.testing.assert_allclose(ours.astype(float), theirs.astype(float), **TOLERANCE, err_msg=where)
+    else:
+        assert ours.tolist() == theirs.tolist(), where
+
+
+def separate_envs() -> SyncVectorEnv:
+    return SyncVectorEnv([lambda c=c: MorphogeneticEnv(c) for c in CONFIGS], autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+def script(envs: Any) -> np.ndarray:
+    return np.stack([scripted_action(env, i) for i, env in enumerate(envs)])
+
+
+def copies(separate: SyncVectorEnv) -> VectorMorphogeneticEnv:
+    """A vector env of copies of the separate envs, as they stand (their autoresets due included)."""
+    ours = VectorMorphogeneticEnv([lambda e=e: e for e in copy.deepcopy(separate.envs)])
+    ours._autoreset_envs = separate._autoreset_envs.copy()
+    return ours
+
+
+def assert_same_state(ours: MorphogeneticEnv, theirs: MorphogeneticEnv, where: str) -> None:
+    """The model (host, seeds, batch-norm statistics), the host's momentum, the epoch and the data generator."""
+    assert ours.epoch == theirs.epoch, where
+    assert torch.equal(ours.data_generator.get_state(), theirs.data_generator.get_state()), where
+    mine, other = ours.model.state_dict(), theirs.model.state_dict()  # type: ignore[union-attr]
+    assert mine.keys() == other.keys(), where
+    for name, value in other.items():
+        torch.testing.assert_close(mine[name], value, **STATE_TOLERANCE, msg=f"{where}: {name}")
+    pairs = [
+        (
+            name,
+            ours.host_optimizer.state[p].get("momentum_buffer"),
+            theirs.host_optimizer.state[q].get("momentum_buffer"),
+        )
+        for (name, p), q in zip(ours.model.host.named_parameters(), theirs.model.host.parameters(), strict=True)  # type: ignore[union-attr]
+    ]
+    largest = max((b.abs().max().item() for _, _, b in pairs if b is not None), default=0.0)
+    for name, a, b in pairs:
+        assert (a is None) == (b is None), f"{where}: momentum of {name}"
+        if b is not None:
+            assert (a - b).abs().max().item() <= MOMENTUM_TOLERANCE * largest, f"{where}: momentum of {name}"
+
+
+def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
+    separate = separate_envs()
+    separate.reset(seed=0)
+    stacked = [0, 0, 0]
+    for t in range(STEPS):
+        ours = copies(separate)
+        actions = script(separate.envs)
+        theirs_out = separate.step(actions)
+        ours_out = ours.step(actions)
+        for k, name in enumerate(("observations", "rewards", "terminations", "truncations", "infos")):
+            assert_same(ours_out[k], theirs_out[k], f"step {t} {name}")
+        for i, (a, b) in enumerate(zip(ours.envs, separate.envs, strict=True)):
+            assert_same_state(a, b, f"step {t} env {i}")  # type: ignore[arg-type]
+        stacked = [n + m for n, m in zip(stacked, ours.stacked_epochs, strict=True)]
+    # The stack ran: all three hosts before any seed; env 1's again once its seed was pruned (with env 2); and every
+    # env's epochs also ran alone (env 2's while the others had seeds).
+    assert stacked[0] >= WAIT_FIRST and stacked[1] > WAIT_FIRST and stacked[2] > WAIT_FIRST, stacked
+    assert all(n < STEPS - 1 for n in stacked), stacked
+
+
+def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle() -> None:
+    separate, ours = separate_envs(), VectorMorphogeneticEnv.of_configs(CONFIGS)
+    (theirs_obs, _), (ours_obs, _) = separate.reset(seed=0), ours.reset(seed=0)
+    np.testing.assert_array_equal(ours_obs["features"], theirs_obs["features"])
+    seen, resets = set(), 0
+    for t in range(STEPS):
+        actions = script(separate.envs)
+        _, _, theirs_term, theirs_trunc, theirs_info = separate.step(actions)
+        _, _, ours_term, ours_trunc, ours_info = ours.step(actions)
+        where = f"step {t}"
+        np.testing.assert_array_equal(ours_term, theirs_term, err_msg=where)
+        np.testing.assert_array_equal(ours_trunc, theirs_trunc, err_msg=where)
+        for key in (
+            "epoch",
+            "last_op",
+            "action_success",
+            "stages",
+            "count/germinated",
+            "count/fossilized",
+            "count/pruned",
+            "episode_seed",
+        ):
+            assert_same(ours_info[key], theirs_info[key], f"{where} {key}")
+        for key in ("val_loss", "train_loss"):
+            if key in theirs_info:
+                mask = theirs_info["_" + key]
+                np.testing.assert_allclose(ours_info[key][mask], theirs_info[key][mask], rtol=1e-3, err_msg=where)
+        for key in ("val_correct", "train_correct"):
+            if key in theirs_info:
+                mask = theirs_info["_" + key]
+                assert np.abs(ours_info[key][mask] - theirs_info[key][mask]).max() <= 1, (where, key)
+        seen |= {stage for stages in theirs_info["stages"].values() for stage in stages if stage}
+        resets += int((theirs_info["epoch"] == 0).sum())
+    assert {"TRAINING", "BLENDING", "HOLDING", "FOSSILIZED", "EMBARGOED"} <= seen, seen
+    assert resets >= 3  # env 2 twice, envs 0 and 1 once
+    assert ours.stacked_epochs[1] > WAIT_FIRST  # env 1 back in the stack after its prune
+
+
+def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> None:
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.rllib.env_factory import RUNNER_KEY, ShardedVectorMorphogeneticEnv
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
+
+    cfg = TrainConfig(envs=3, envs_per_runner=2, episodes_per_env=1, max_epochs=3)
+    ppo = build_ppo_config(cfg)
+    assert ppo.num_envs_per_env_runner == 2 and ppo.gym_env_vectorize_mode == "vector_entry_point"
+    assert ppo.env is ShardedVectorMorphogeneticEnv
+    assert ppo.train_batch_size_per_learner == 3 * 2 * 3  # every env's episode steps
+    # runner 2 of 3 (worker index 2; 0 is the driver's): shards 2 and 3 of 6
+    env = ShardedVectorMorphogeneticEnv({**cfg.env_config(), "device": "cpu", "num_envs": 2, RUNNER_KEY: (2, 3)})
+    assert [(e.cfg.shard, e.cfg.num_shards) for e in env.envs] == [(2, 6), (3, 6)]  # type: ignore[attr-defined]
+    single = build_ppo_config(TrainConfig(envs=3, episodes_per_env=1, max_epochs=3))
+    assert single.num_envs_per_env_runner == 1 and single.gym_env_vectorize_mode == "sync"
+    assert TrainConfig.from_mapping(cfg.to_dict()).envs_per_runner == 2  # kept in the run's record
+    with pytest.raises(ValueError, match="envs_per_runner"):
+        TrainConfig(envs_per_runner=0)
