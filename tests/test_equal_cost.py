@@ -26,6 +26,7 @@ from esper_ray.experiments.spec import ExperimentSpec
 from esper_ray.experiments.statistics import holm
 from esper_ray.experiments.trainable import HostEvaluation, equal_cost_search, held_out_metrics
 from esper_ray.train.commands.episodes import EpisodeSummary
+from tests.episode_summaries import episode_summary
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
@@ -146,27 +147,8 @@ def scores_of(scores):
 
 # ------------------------------------------------------------------------------------------------- the trial
 def summary(episode: int, val: float, test: float) -> EpisodeSummary:
-    return EpisodeSummary(
-        episode=episode,
-        steps=3,
-        episode_return=0.0,
-        initial_accuracy=0.1,
-        final_accuracy=val,
-        host_params=160,
-        params_added=40,
-        germinated=1,
-        fossilized=1,
-        pruned=0,
-        rollbacks=0,
-        refused=0,
-        train_flops=1,
-        seed_train_flops=0,
-        validation_flops=1,
-        counterfactual_flops=0,
-        rolled_back=False,
-        seconds=1.0,
-        test_accuracy=test,
-        test_loss=1.0,
+    return episode_summary(
+        episode=episode, final_accuracy=val, test_accuracy=test, params_added=40, germinated=1, fossilized=1
     )
 
 

@@ -18,6 +18,7 @@ from esper_ray.morpho.grown_artifact import ARCHITECTURE_FILE
 from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.train.commands.evaluate import mean_line
 from esper_ray.train.commands.grow_command import TASK_BOUND_ENV_KEYS, default_save_folder, grow_env_config
+from tests.episode_summaries import episode_summary
 
 PLUGIN = "tests.plugin_parts"
 TOY_HOST = "tests.plugin_parts:ToyMLP"
@@ -108,28 +109,7 @@ def test_a_shipped_controller_grows_a_host_and_is_evaluated_as_it_is(tmp_path, c
 
 
 def episode(index: int, test: float, params_added: int) -> EpisodeSummary:
-    return EpisodeSummary(
-        episode=index,
-        steps=3,
-        episode_return=0.0,
-        initial_accuracy=0.1,
-        final_accuracy=0.5,
-        host_params=160,
-        params_added=params_added,
-        germinated=1,
-        fossilized=1,
-        pruned=0,
-        rollbacks=0,
-        refused=0,
-        train_flops=1,
-        seed_train_flops=0,
-        validation_flops=1,
-        counterfactual_flops=0,
-        rolled_back=False,
-        seconds=1.0,
-        test_accuracy=test,
-        test_loss=1.0,
-    )
+    return episode_summary(episode=index, test_accuracy=test, params_added=params_added, germinated=1, fossilized=1)
 
 
 def test_eval_ends_with_the_mean_test_accuracy_and_committed_params_over_its_episodes():

@@ -32,6 +32,7 @@ from esper_ray.policy.layout import check_layout, saved_layout
 from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
 from esper_ray.train.rllib.rounds import MODULE_PATH
+from tests.episode_summaries import episode_summary
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
@@ -210,28 +211,7 @@ def test_the_search_proposes_each_plan_once_and_picks_the_best_by_validation():
 
 
 def summary(val: float, test: float, params: int = 200) -> EpisodeSummary:
-    return EpisodeSummary(
-        episode=0,
-        steps=3,
-        episode_return=0.0,
-        initial_accuracy=0.1,
-        final_accuracy=val,
-        host_params=160,
-        params_added=params - 160,
-        germinated=0,
-        fossilized=0,
-        pruned=0,
-        rollbacks=0,
-        refused=0,
-        train_flops=1,
-        seed_train_flops=0,
-        validation_flops=1,
-        counterfactual_flops=0,
-        rolled_back=False,
-        seconds=1.0,
-        test_accuracy=test,
-        test_loss=1.0,
-    )
+    return episode_summary(final_accuracy=val, test_accuracy=test, params_added=params - 160)
 
 
 def test_a_search_ranks_by_validation_never_by_test():
