@@ -298,7 +298,7 @@ def test_a_policy_trained_on_a_3_slot_host_evaluates_on_a_2_slot_and_a_4_slot_ho
     with pytest.raises(SystemExit):
         main(["eval", "--checkpoint", str(run), "--episodes", "1"])
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]
-    assert "its policy layout does not match this code's: max_slots 8 there, 4 here" in line
+    assert f"its policy layout does not match this code's: max_slots {MAX_SLOTS} there, 4 here" in line
 
 
 # ----------------------------------------------------------------------------- blueprints a host does not offer
