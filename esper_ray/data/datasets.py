@@ -14,6 +14,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -192,47 +193,30 @@ def cifar10_task(context: TaskContext) -> TaskData:
 
 
 def synthetic_task(context: TaskContext) -> TaskData:
-    return make_synthetic(context.synthetic_size, held_out=context.synthetic_held_out)
+    return _synthetic_of(context)
+
+
+def _synthetic_of(context: TaskContext, **shape: Any) -> TaskData:
+    """make_synthetic at the run's sizes (synthetic_size, synthetic_held_out), of `shape` (image_size, channels,
+    num_classes, seed, name): each seed other prototypes, so each variant below is a data set of its own."""
+    return make_synthetic(context.synthetic_size, held_out=context.synthetic_held_out, **shape)
 
 
 def synthetic_gray_task(context: TaskContext) -> TaskData:
     """digits-held-out's data set (contracts/families.py): 16x16 grey images of other prototypes than synthetic's."""
-    return make_synthetic(
-        context.synthetic_size,
-        image_size=16,
-        channels=1,
-        held_out=context.synthetic_held_out,
-        seed=SPLIT_SEED + 1,
-        name="synthetic-gray",
-    )
+    return _synthetic_of(context, image_size=16, channels=1, seed=SPLIT_SEED + 1, name="synthetic-gray")
 
 
 def patterns_task(context: TaskContext) -> TaskData:
     """grow-family's third data set (contracts/families.py): 12x12 images of 2 channels, 6 classes, prototypes of
     their own."""
-    return make_synthetic(
-        context.synthetic_size,
-        image_size=12,
-        channels=2,
-        num_classes=6,
-        held_out=context.synthetic_held_out,
-        seed=SPLIT_SEED + 2,
-        name="patterns",
-    )
+    return _synthetic_of(context, image_size=12, channels=2, num_classes=6, seed=SPLIT_SEED + 2, name="patterns")
 
 
 def textures_task(context: TaskContext) -> TaskData:
     """grow-held-out's data set, which no training member uses: 20x20 colour images, 8 classes, prototypes of their
     own."""
-    return make_synthetic(
-        context.synthetic_size,
-        image_size=20,
-        channels=3,
-        num_classes=8,
-        held_out=context.synthetic_held_out,
-        seed=SPLIT_SEED + 3,
-        name="textures",
-    )
+    return _synthetic_of(context, image_size=20, channels=3, num_classes=8, seed=SPLIT_SEED + 3, name="textures")
 
 
 def text_task(context: TaskContext) -> TaskData:
