@@ -26,7 +26,7 @@ from esper_ray.contracts.actions import (
     Op,
 )
 from esper_ray.contracts.env_config import EnvConfig
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import SLOT_ARCHITECTURES, TrainConfig
 from esper_ray.env.masks import action_nvec
 from esper_ray.env.observation import BASE_FEATURES, SLOT_BLOCK, SLOT_PRESENT, feature_size, slot_offset
 from esper_ray.policy.distribution import relevance_matrix
@@ -51,14 +51,20 @@ BLUEPRINTS = len(Blueprint)
 COSTS = 2
 
 
-def make_module(num_slots: int, seed: int = 0, **config: float) -> SlotPolicyModule:
+def make_module(num_slots: int, seed: int = 0, architecture: str = "slots", **config: float) -> SlotPolicyModule:
     observation_space, action_space = slot_spaces(num_slots)
     torch.manual_seed(seed)
     return SlotPolicyModule(
         observation_space=observation_space,
         action_space=action_space,
-        model_config=dict(SLOT_MODEL_PRESETS["cpu"], max_seq_len=4, **config),
+        model_config=dict(
+            SLOT_MODEL_PRESETS["cpu"], max_seq_len=4, **{LAYOUT_KEY: policy_layout(architecture)}, **config
+        ),
     )
+
+
+MIXINGS = pytest.mark.parametrize("architecture", SLOT_ARCHITECTURES)
+"""The tests of what the slot-shared network guarantees hold for both ways of mixing slots (attention, masked mean)."""
 
 
 @dataclass
@@ -143,8 +149,9 @@ def test_slot_spaces_at_max_slots_are_the_envs_and_the_joint_layout_is_contracts
     assert SlotConditionedDistribution.required_input_dim(action_space) == slot_logits_size(MAX_SLOTS)
 
 
-def test_permuting_the_slots_permutes_op_and_blueprint_probabilities_and_leaves_wait_and_value_alone():
-    module = make_module(5)
+@MIXINGS
+def test_permuting_the_slots_permutes_op_and_blueprint_probabilities_and_leaves_wait_and_value_alone(architecture):
+    module = make_module(5, architecture=architecture)
     hosts = [random_host(5, seed) for seed in range(3)]  # three steps, so the LSTM's state carries them
     perm = [3, 0, 4, 1, 2]
     plain = outputs(module, [observation(h, 5) for h in hosts])
@@ -156,17 +163,29 @@ def test_permuting_the_slots_permutes_op_and_blueprint_probabilities_and_leaves_
     assert not torch.allclose(plain.ops, plain.ops[:, :, perm], atol=1e-6)  # the permutation did move something
 
 
-def test_the_weight_count_does_not_depend_on_the_slot_count():
-    counts = {s: sum(p.numel() for p in make_module(s).parameters()) for s in (2, 12)}
+def test_the_mean_mixing_replaces_the_attention_and_a_flat_layout_is_not_this_modules():
+    attention, mean = make_module(3), make_module(3, architecture="slots-mean")
+    assert hasattr(attention, "attention") and not hasattr(attention, "mean_mixing")
+    assert hasattr(mean, "mean_mixing") and not hasattr(mean, "attention")
+    host = random_host(3, seed=13)
+    assert not torch.allclose(outputs(attention, [observation(host, 3)]).ops, outputs(mean, [observation(host, 3)]).ops)
+    with pytest.raises(ValueError, match=r"^policy: architecture 'flat': this module is \['slots', 'slots-mean'\]$"):
+        make_module(3, architecture="flat")
+
+
+@MIXINGS
+def test_the_weight_count_does_not_depend_on_the_slot_count(architecture):
+    counts = {s: sum(p.numel() for p in make_module(s, architecture=architecture).parameters()) for s in (2, 12)}
     assert counts[2] == counts[12], counts
 
 
-def test_one_set_of_weights_runs_on_2_5_and_12_slot_spaces_and_a_host_reads_the_same_in_each():
-    small = make_module(2)
+@MIXINGS
+def test_one_set_of_weights_runs_on_2_5_and_12_slot_spaces_and_a_host_reads_the_same_in_each(architecture):
+    small = make_module(2, architecture=architecture)
     host = random_host(2, seed=4)
     want = outputs(small, [observation(host, 2)])
     for num_slots in (5, 12):
-        module = make_module(num_slots, seed=num_slots)
+        module = make_module(num_slots, seed=num_slots, architecture=architecture)
         module.load_state_dict(small.state_dict())  # strict: the same parameters, the same shapes
         got = outputs(module, [observation(host, num_slots)])
         torch.testing.assert_close(got.ops[:, :, :2], want.ops, rtol=1e-4, atol=1e-6)
@@ -224,10 +243,11 @@ def test_every_plugin_blueprint_is_scored_from_one_shared_embedding_and_its_cost
     assert float((again.blueprint[..., built_in] - again.blueprint[..., first]).abs().max()) > 1e-3
 
 
-def test_absent_slots_are_masked_and_do_not_change_what_the_present_slots_get():
+@MIXINGS
+def test_absent_slots_are_masked_and_do_not_change_what_the_present_slots_get(architecture):
     host = random_host(3, seed=7)
     host.legal[:] = 1
-    small, large = make_module(3), make_module(8)
+    small, large = make_module(3, architecture=architecture), make_module(8, architecture=architecture)
     large.load_state_dict(small.state_dict())
     three = outputs(small, [observation(host, 3)])
     padded = outputs(large, [observation(host, 8)])
@@ -285,9 +305,10 @@ def test_the_prune_and_fossilize_priors_land_on_every_slots_prune_and_fossilize_
         torch.testing.assert_close(ratio[SLOTTED_OPS.index(op)], want, rtol=0.05, atol=0, msg=op.name)
 
 
-def test_one_step_at_a_time_gives_what_the_whole_sequence_gives():
+@MIXINGS
+def test_one_step_at_a_time_gives_what_the_whole_sequence_gives(architecture):
     """Sampling steps the LSTM one cell call at a time on the CPU; the learner runs nn.LSTM over whole episodes."""
-    module = make_module(3)
+    module = make_module(3, architecture=architecture)
     observations = [observation(random_host(3, seed), 3) for seed in range(4)]
     whole_batch = batch_of(module, observations)
     with torch.no_grad():
@@ -401,7 +422,7 @@ def test_arguments_are_sampled_from_the_chosen_slots_row():
 # ------------------------------------------------------------------------------------- wiring (TrainConfig.policy)
 def test_the_policy_setting_refuses_an_unknown_architecture_naming_the_choices():
     assert TrainConfig().policy == "flat"  # the default is unchanged
-    with pytest.raises(ValueError, match=r"^policy='attention': choose one of \['flat', 'slots'\]$"):
+    with pytest.raises(ValueError, match=r"^policy='attention': choose one of \['flat', 'slots', 'slots-mean'\]$"):
         TrainConfig(policy="attention")
 
 
@@ -411,16 +432,19 @@ def test_a_runs_record_names_a_slots_policy_and_a_flat_ones_record_is_as_before(
     assert TrainConfig.from_mapping(TrainConfig().to_dict()).policy == "flat"
 
 
-@pytest.mark.parametrize(("policy", "module_class"), [("flat", MorphoPolicyModule), ("slots", SlotPolicyModule)])
+@pytest.mark.parametrize(
+    ("policy", "module_class"),
+    [("flat", MorphoPolicyModule), ("slots", SlotPolicyModule), ("slots-mean", SlotPolicyModule)],
+)
 def test_the_policy_setting_picks_the_module_its_presets_and_the_layouts_architecture(policy, module_class):
     spec = build_ppo_config(TrainConfig(policy=policy)).rl_module_spec
-    presets = SLOT_MODEL_PRESETS if policy == "slots" else MODEL_PRESETS
+    presets = SLOT_MODEL_PRESETS if policy in SLOT_ARCHITECTURES else MODEL_PRESETS
     assert spec.module_class is module_class
     assert {k: spec.model_config[k] for k in presets["cpu"]} == presets["cpu"]
     assert spec.model_config[LAYOUT_KEY] == policy_layout(policy) and policy_layout(policy)["architecture"] == policy
 
 
-@pytest.mark.parametrize(("saved", "run"), [("flat", "slots"), ("slots", "flat")])
+@pytest.mark.parametrize(("saved", "run"), [("flat", "slots"), ("slots", "flat"), ("slots", "slots-mean")])
 def test_a_checkpoint_of_the_other_architecture_is_refused_in_one_line(saved, run):
     with pytest.raises(
         ValueError,

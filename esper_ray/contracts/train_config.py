@@ -14,7 +14,9 @@ from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
-POLICY_ARCHITECTURES = ("flat", "slots")
+POLICY_ARCHITECTURES = ("flat", "slots", "slots-mean")
+SLOT_ARCHITECTURES = ("slots", "slots-mean")
+"""The architectures of SlotPolicyModule: slots mixed by attention, or by a masked mean (Deep Sets)."""
 PLACEMENTS = ("PACK", "SPREAD")
 SEED_LIMIT = 2**32
 MAX_ROUNDS = 100_000
@@ -113,8 +115,9 @@ class TrainConfig:
     """Network size preset: cpu (64-unit LSTM) or gpu (512, the original's sizes)."""
     policy: str = "flat"
     """The policy network: flat (the default: every slot position read by weights of its own, policy/rl_module.py)
-    or slots (one set of weights shared by every slot, with attention between slots: policy/slot_module.py; new and
-    not yet trained to any result: issue 75). A checkpoint of the other one is refused."""
+    or slots (one set of weights shared by every slot, with attention between slots: policy/slot_module.py, issue
+    75), or slots-mean (the same network with the attention replaced by a masked mean over the slots, as Deep Sets
+    mix: the alternative tune_configs/slot_mixing.yaml measures). A checkpoint of another one is refused."""
     prune_logit: float = -3.0
     """Initial bias of the PRUNE entries of the policy's op head (learnable): negative makes an untrained policy prune
     less often, so a seed lives long enough to show what it brings (docs/learning.md, section 8)."""

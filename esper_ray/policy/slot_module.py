@@ -8,7 +8,8 @@ its own (a position no training host fills is never trained), and its argument h
   more the run features to a run token;
 - one attention layer mixes the tokens (no positional encoding: a slot is known by its descriptors, not its place in
   the list); absent slots are masked as keys, and the run token, always present, keeps a host with no slot present
-  from attending to nothing;
+  from attending to nothing. Architecture `slots-mean` mixes them instead as Deep Sets do: every token gets one
+  Linear of the masked mean of the present tokens (the run's included), the same for all; the rest is the same;
 - an LSTM over time reads the run token beside the masked mean of the slot tokens (the recurrent state "h", "c");
 - per slot, from its token and the LSTM output, one shared layer gives the logits of the 5 slotted ops and one the
   argument logits of every argument head but the blueprint; WAIT and V(s) come from the LSTM output;
@@ -25,7 +26,8 @@ slot), then S rows of argument logits (slot_distribution.py samples the argument
 like MorphoPolicyModule's: the joint entries by the mask's joint part, each row by its heads' masks. S is read from
 the observation space, so the same weights run on spaces of any slot count (slot_spaces builds them).
 
-Trained with `policy: slots` (TrainConfig.policy; new and untrained: issue 75); the default stays MorphoPolicyModule.
+Trained with `policy: slots` or `slots-mean` (TrainConfig.policy; the layout's architecture says which, and a
+checkpoint of the other is refused); the default stays MorphoPolicyModule.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from esper_ray.contracts.actions import (
     Blueprint,
     Op,
 )
+from esper_ray.contracts.train_config import SLOT_ARCHITECTURES
 from esper_ray.env.blueprint_costs import COST_FEATURES
 from esper_ray.env.observation import BASE_FEATURES, FEATURE_BOUND, SLOT_BLOCK, SLOT_PRESENT
 from esper_ray.policy.layout import LAYOUT_KEY, check_layout
@@ -113,14 +116,19 @@ def _encoder(inputs: int, width: int) -> nn.Sequential:
 class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
     """model_config keys: hidden_size, lstm_cell_size, head_hidden, blueprint_embedding, attention_heads (see
     SLOT_MODEL_PRESETS), prune_logit and fossilize_logit (optional): the initial bias of the shared op layer's PRUNE
-    and FOSSILIZE entries, and policy_layout (optional here, checked when given). Acts as LeanActing says: its
-    attention's dropout is 0, so no layer acts differently in training."""
+    and FOSSILIZE entries, and policy_layout (optional here, checked when given; its architecture, slots or
+    slots-mean, picks the mixing; attention without one). Acts as LeanActing says: its attention's dropout is 0, so
+    no layer acts differently in training."""
 
     @override(TorchRLModule)
     def setup(self) -> None:
         cfg = self.model_config
-        if cfg.get(LAYOUT_KEY) is not None:
-            check_layout(cfg[LAYOUT_KEY], "policy", "slots")
+        layout = cfg.get(LAYOUT_KEY)
+        self.architecture = str(layout.get("architecture")) if isinstance(layout, dict) else SLOT_ARCHITECTURES[0]
+        if self.architecture not in SLOT_ARCHITECTURES:
+            raise ValueError(f"policy: architecture {self.architecture!r}: this module is {list(SLOT_ARCHITECTURES)}")
+        if layout is not None:
+            check_layout(layout, "policy", self.architecture)
         spaces = self.observation_space.spaces  # type: ignore[union-attr]
         self.num_slots = int(spaces["blueprint_ids"].shape[0])
         expected_obs, expected_action = slot_spaces(self.num_slots)
@@ -142,8 +150,11 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         self.register_buffer("embedding_rows", embedding_rows(), persistent=False)
         self.slot_encoder = _encoder(SLOT_BLOCK + embedding, width)
         self.run_encoder = _encoder(BASE_FEATURES, width)
-        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.attention_norm = nn.LayerNorm(width)
+        if self.architecture == "slots":
+            self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        else:  # slots-mean: Deep Sets' mixing, one Linear of the tokens' masked mean
+            self.mean_mixing = nn.Linear(width, width)
+        self.attention_norm = nn.LayerNorm(width)  # the mixing's norm (named when attention was the only one)
         self.feed_forward = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
         self.feed_forward_norm = nn.LayerNorm(width)
         self.summary = _encoder(2 * width, width)
@@ -181,7 +192,11 @@ class SlotPolicyModule(LeanActing, TorchRLModule, ValueFunctionAPI):
         tokens = torch.cat([run.unsqueeze(-2), slots], dim=-2)  # [B, T, 1 + S, W]
         flat = tokens.flatten(0, 1)
         absent = torch.cat([torch.zeros_like(present[..., :1]), ~present], dim=-1).flatten(0, 1)  # run: never absent
-        mixed, _ = self.attention(flat, flat, flat, key_padding_mask=absent, need_weights=False)
+        if self.architecture == "slots":
+            mixed, _ = self.attention(flat, flat, flat, key_padding_mask=absent, need_weights=False)
+        else:
+            keep = (~absent).unsqueeze(-1).float()  # the run token is always kept: the sum below is >= 1
+            mixed = self.mean_mixing((flat * keep).sum(-2, keepdim=True) / keep.sum(-2, keepdim=True))
         flat = self.attention_norm(flat + mixed)
         flat = self.feed_forward_norm(flat + self.feed_forward(flat))
         tokens = flat.unflatten(0, tokens.shape[:2])

@@ -29,7 +29,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 
 from esper_ray.contracts.controllers import ControllerKind, FixedPlan
 from esper_ray.contracts.env_config import EnvConfig
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import SLOT_ARCHITECTURES, TrainConfig
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.morpho.hosts import topology_of
 from esper_ray.policy.baselines import NoGrowthController, RandomController
@@ -172,8 +172,8 @@ def untrained_positions_line(trained: EnvConfig, run: EnvConfig, policy: str = "
     """One line when the run's hosts fill more slot positions than any host the policy trained on: each position is
     read by weights of its own (policy/rl_module.py), and a position no training host filled got no gradient, so
     the policy's choices there are its initial weights', not learned. None when every position was trained, and for
-    a `policy` of slots (TrainConfig.policy), whose one set of weights reads every position."""
-    if policy == "slots":
+    a `policy` of slots or slots-mean (TrainConfig.policy), whose one set of weights reads every position."""
+    if policy in SLOT_ARCHITECTURES:
         return None
 
     def positions(cfg: EnvConfig) -> int:

@@ -27,7 +27,7 @@ import math
 from ray.rllib.algorithms.ppo import PPO, PPOConfig
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.contracts.train_config import SLOT_ARCHITECTURES, TrainConfig
 from esper_ray.policy.feature_filter import FeatureMeanStdFilter
 from esper_ray.policy.layout import LAYOUT_KEY, policy_layout
 from esper_ray.policy.rl_module import MODEL_PRESETS, MorphoPolicyModule
@@ -50,9 +50,8 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
-    module_class, presets = (
-        (SlotPolicyModule, SLOT_MODEL_PRESETS) if cfg.policy == "slots" else (MorphoPolicyModule, MODEL_PRESETS)
-    )
+    slots = cfg.policy in SLOT_ARCHITECTURES
+    module_class, presets = (SlotPolicyModule, SLOT_MODEL_PRESETS) if slots else (MorphoPolicyModule, MODEL_PRESETS)
     model_config = dict(
         presets[cfg.model],
         max_seq_len=cfg.longest_episode + 1,
