@@ -27,9 +27,9 @@ from esper_ray.experiments.statistics import holm
 from esper_ray.experiments.trainable import HostEvaluation, equal_cost_search, held_out_metrics
 from esper_ray.train.commands.episodes import EpisodeSummary
 from tests.episode_summaries import episode_summary
+from tests.held_out_parts import HOSTS
 
 REPO = Path(__file__).resolve().parents[1]
-HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
 BASE = {
     "name": "t",
     "seeds": [0, 1],
@@ -146,17 +146,23 @@ def scores_of(scores):
 
 
 # ------------------------------------------------------------------------------------------------- the trial
-def summary(episode: int, val: float, test: float) -> EpisodeSummary:
+def summary(episode: int, val: float, test: float, reset_seed: int | None = None) -> EpisodeSummary:
     return episode_summary(
-        episode=episode, final_accuracy=val, test_accuracy=test, params_added=40, germinated=1, fossilized=1
+        episode=episode,
+        final_accuracy=val,
+        test_accuracy=test,
+        params_added=40,
+        germinated=1,
+        fossilized=1,
+        reset_seed=reset_seed,
     )
 
 
 def test_at_equal_cost_a_trial_records_each_hosts_runs_and_its_metric_is_the_run_best_by_validation():
-    runs = [summary(0, 0.5, 0.6), summary(1, 0.8, 0.3), summary(2, 0.7, 0.9)]
+    runs = [summary(0, 0.5, 0.6, 100), summary(1, 0.8, 0.3, 101), summary(2, 0.7, 0.9, 102)]
     by_host = {
-        "a": HostEvaluation(runs, reset_seeds={0: 100, 1: 101, 2: 102}, plans=["x@r0c0", "y@r0c0", "z@r0c1"]),
-        "b": HostEvaluation([summary(0, 0.2, 0.4)], reset_seeds={0: 100}),
+        "a": HostEvaluation(runs, plans=["x@r0c0", "y@r0c0", "z@r0c1"]),
+        "b": HostEvaluation([summary(0, 0.2, 0.4, 100)]),
         "c": HostEvaluation([], not_applicable="no slot r0c1"),
     }
     metrics = held_out_metrics(by_host, "test_accuracy")

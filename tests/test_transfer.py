@@ -33,9 +33,9 @@ from esper_ray.train.commands.episodes import EpisodeSummary
 from esper_ray.train.folders.checkpoints import load_checkpoint_config, resolve_checkpoint, round_of
 from esper_ray.train.rllib.rounds import MODULE_PATH
 from tests.episode_summaries import episode_summary
+from tests.held_out_parts import HOSTS
 
 REPO = Path(__file__).resolve().parents[1]
-HOSTS = [{"name": "digits", "env": {"task": "digits"}}, {"name": "wide", "env": {"task": "digits", "max_epochs": 4}}]
 BASE = {
     "name": "t",
     "seeds": [0, 1],

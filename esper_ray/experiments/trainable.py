@@ -190,8 +190,6 @@ class HostEvaluation:
     search: SearchOutcome | None = None
     plans: list[str] | None = None
     """At equal cost, a search's plan of each host run (its summaries in order)."""
-    reset_seeds: dict[int, int] | None = None
-    """Each evaluation episode's reset seed, by its index (filled in by MorphoTrial._evaluate)."""
 
 
 def test_score(summary: EpisodeSummary, metric: str) -> float:
@@ -202,10 +200,11 @@ def test_score(summary: EpisodeSummary, metric: str) -> float:
 
 def host_runs_of(evaluation: HostEvaluation, metric: str) -> list[dict[str, Any]]:
     """A host's runs at equal cost, in order: episode seed, validation and test score, a search's plan."""
-    seeds = evaluation.reset_seeds or {}
     plans = evaluation.plans or [None] * len(evaluation.summaries)
     return [
-        run_record(seeds.get(s.episode, -1), validation_score(s, metric), test_score(s, metric), plan)
+        run_record(
+            -1 if s.reset_seed is None else s.reset_seed, validation_score(s, metric), test_score(s, metric), plan
+        )
         for s, plan in zip(evaluation.summaries, plans)
     ]
 
@@ -409,7 +408,6 @@ class MorphoTrial(tune.Trainable):
         by_host = {}
         for host, cfg in self.held_out:
             by_host[host] = on_host(host, cfg)
-            by_host[host].reset_seeds = {e.index: e.reset_seed for e in evaluation_episodes(cfg, self.eval_episodes)}
         return held_out_metrics(by_host, self.metric if self.host_runs is not None else None)
 
     def _networks_folder(self, host: str | None) -> Path:

@@ -63,6 +63,8 @@ class EpisodeSummary:
     """The family member the episode ran on (EnvConfig.family; None without one)."""
     torch_threads: int = 0
     """torch's intra-op threads in the process that ran the episode, read at its end (train/process/threads.py)."""
+    reset_seed: int | None = None
+    """The seed the episode's env.reset got (None: the env drew its own): what pairs host runs across arms."""
 
     @property
     def total_params(self) -> int:
@@ -174,6 +176,7 @@ def run_episode(
         test_accuracy_with_probation=test.accuracy_with_probation if test else None,
         family_member=info.get("family_member"),
         torch_threads=torch.get_num_threads(),
+        reset_seed=reset_seed,
     )
 
 
