@@ -22,7 +22,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.data.task_loading import load_task_data
-from esper_ray.experiments.report import FIGURES, write_report
+from esper_ray.experiments.report import FIGURES, training_cost_lines, write_report
 from esper_ray.experiments.results import (
     COMPUTE_COLUMNS,
     ERROR,
@@ -34,7 +34,7 @@ from esper_ray.experiments.results import (
     TrialResult,
     metric_by_arm,
 )
-from esper_ray.experiments.runner import check_same_experiment
+from esper_ray.experiments.runner import TrialWork, check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.trainable import evaluation_metrics
@@ -95,6 +95,25 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     assert [e.env_config["shard"] for e in plan] == [0, 1, 0, 1] and len({e.reset_seed for e in plan}) == 4
     assert all(e.reset_seed >= 1_000_000 for e in plan)  # never a training reset seed
     assert [e.reset_seed for e in evaluation_episodes(TrainConfig(envs=2, seed=4), 4)] != [e.reset_seed for e in plan]
+
+
+def test_an_arm_with_envs_per_runner_counts_every_env_of_its_runners_in_its_work_and_training_cost():
+    """envs_per_runner=2 (issue 77): a round of 3 env runners runs 3 x 2 envs' episodes, which the estimate of the
+    time left and the report's training cost count; the other arm's runners step one env each."""
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "arms": {"vec": {"envs_per_runner": 2}, "one": {}},
+            "training": {**BASE["training"], "envs": 3, "episodes_per_env": 2},
+        }
+    )
+    trials = {t.arm: t for t in spec.trials() if t.seed == 0}
+    assert TrainConfig.from_mapping(trials["vec"].train).envs_per_runner == 2
+    assert TrialWork.of(trials["vec"], 1).per_round == 3 * 2 * 2 and TrialWork.of(trials["one"], 1).per_round == 3 * 2
+    lines = training_cost_lines(ExperimentRecord(spec, 0, False, []))
+    assert "| vec | 24 host runs of 3 epochs per run seed (2 rounds x 3 env runners x 2 envs x 2 episodes) |" in lines
+    assert "| one | 12 host runs of 3 epochs per run seed (2 rounds x 3 envs x 2 episodes) |" in lines
+    assert spec.arm_envs("vec") == 6 and spec.arm_envs("one") == 3
 
 
 @pytest.mark.parametrize(
