@@ -801,6 +801,48 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
 
 
 @pytest.mark.expensive
+def test_an_ab_run_with_two_envs_per_runner_trains_every_env_and_records_the_setting(ray_local, tmp_path):
+    """envs_per_runner: 2 in the file's training settings (issue 77): each PPO trial's one env runner steps a vector
+    env of two envs, so each round finishes 1 x 2 x episodes_per_env episodes, and the run records the setting."""
+    experiment = tmp_path / "vector.yaml"
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "vector",
+                "seeds": [0],
+                "rounds": 2,
+                "last_rounds": 1,
+                "eval_episodes": 1,
+                "order_seed": 1,
+                "arms": {"ppo": {"controller": "ppo", "reward_mode": "shaped"}, "none": {"controller": "none"}},
+                "training": {
+                    "task": "digits-impaired",
+                    "max_epochs": 3,
+                    "envs": 1,
+                    "envs_per_runner": 2,
+                    "episodes_per_env": 2,
+                    "learners": 0,
+                    "cpus_per_env": 0.5,
+                    "driver_cpus": 0.5,
+                    "learner_cpus": 0.5,
+                    "env": {"batch_size": 512, "commit_horizon": False},
+                },
+            }
+        )
+    )
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["experiment"]["training"]["envs_per_runner"] == 2
+    trials = {t["arm"]: t for t in results["trials"]}
+    assert all(t["status"] == "finished" and t["config"]["envs_per_runner"] == 2 for t in trials.values())
+    assert [(r["round"], r["episodes"]) for r in trials["ppo"]["history"]] == [(1, 4), (2, 4)]  # 1 runner x 2 x 2
+    assert trials["ppo"]["evaluation"]["episodes"] == trials["none"]["evaluation"]["episodes"] == 1
+    report = (out / "report.md").read_text()
+    assert "| ppo | 8 host runs of 3 epochs per run seed (2 rounds x 1 env runner x 2 envs x 2 episodes) |" in report
+
+
+@pytest.mark.expensive
 def test_an_experiment_whose_arms_differ_reaches_a_paired_verdict(ray_local, tmp_path):
     """Two fixed controllers on the same 6 seeds: the same hosts, one with a learning rate 20x lower, so every
     seed pair differs the same way and the exact paired test reaches its floor p = 2 / 2^6."""
