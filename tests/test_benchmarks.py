@@ -85,6 +85,25 @@ def assert_the_split_adds_up(figures: dict) -> None:
     )
 
 
+def test_vector_env_benchmark_runs_and_prints_the_machine_then_one_json_line_per_size():
+    """benchmarks/vector_env.py at its smallest, once: it runs, names the machine, and the vector env of two waiting
+    envs trained every epoch stacked (no timing is asserted)."""
+    run = subprocess.run(
+        [sys.executable, "benchmarks/vector_env.py", "--sizes", "2", "--steps", "1", "--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines[0]["machine"]["torch_threads"] == 1 and lines[0]["machine"]["cpu"]
+    assert [line["envs"] for line in lines[1:]] == [2] and lines[1]["stacked_epoch_share"] == 1.0
+    assert set(lines[1]["per_host_step_ms"]) == {"separate", "vector"} and lines[1]["separate_over_vector"] > 0
+    assert {"cpu", "cores", "torch", "commit"} <= set(lines[1])
+
+
 @pytest.mark.parametrize("sampling_over_bare, share", [(17.60049, -0.00049), (17.6, -0.002), (0.41, 0.3)])
 def test_the_split_adds_up_whatever_the_rounding_and_a_jitter_below_zero(sampling_over_bare, share):
     """Figures as the benchmark rounds them, at the worst of the rounding: a ratio of 17.6 came out 0.009 off."""

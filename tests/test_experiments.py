@@ -22,7 +22,7 @@ from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import EnvConfig
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.data.task_loading import load_task_data
-from esper_ray.experiments.report import FIGURES, write_report
+from esper_ray.experiments.report import FIGURES, training_cost_lines, write_report
 from esper_ray.experiments.results import (
     COMPUTE_COLUMNS,
     ERROR,
@@ -34,7 +34,7 @@ from esper_ray.experiments.results import (
     TrialResult,
     metric_by_arm,
 )
-from esper_ray.experiments.runner import check_same_experiment
+from esper_ray.experiments.runner import TrialWork, check_same_experiment
 from esper_ray.experiments.spec import ExperimentSpec, start_order
 from esper_ray.experiments.statistics import compare_arms
 from esper_ray.experiments.trainable import evaluation_metrics
@@ -95,6 +95,25 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     assert [e.env_config["shard"] for e in plan] == [0, 1, 0, 1] and len({e.reset_seed for e in plan}) == 4
     assert all(e.reset_seed >= 1_000_000 for e in plan)  # never a training reset seed
     assert [e.reset_seed for e in evaluation_episodes(TrainConfig(envs=2, seed=4), 4)] != [e.reset_seed for e in plan]
+
+
+def test_an_arm_with_envs_per_runner_counts_every_env_of_its_runners_in_its_work_and_training_cost():
+    """envs_per_runner=2 (issue 77): a round of 3 env runners runs 3 x 2 envs' episodes, which the estimate of the
+    time left and the report's training cost count; the other arm's runners step one env each."""
+    spec = ExperimentSpec.from_mapping(
+        {
+            **BASE,
+            "arms": {"vec": {"envs_per_runner": 2}, "one": {}},
+            "training": {**BASE["training"], "envs": 3, "episodes_per_env": 2},
+        }
+    )
+    trials = {t.arm: t for t in spec.trials() if t.seed == 0}
+    assert TrainConfig.from_mapping(trials["vec"].train).envs_per_runner == 2
+    assert TrialWork.of(trials["vec"], 1).per_round == 3 * 2 * 2 and TrialWork.of(trials["one"], 1).per_round == 3 * 2
+    lines = training_cost_lines(ExperimentRecord(spec, 0, False, []))
+    assert "| vec | 24 host runs of 3 epochs per run seed (2 rounds x 3 env runners x 2 envs x 2 episodes) |" in lines
+    assert "| one | 12 host runs of 3 epochs per run seed (2 rounds x 3 envs x 2 episodes) |" in lines
+    assert spec.arm_envs("vec") == 6 and spec.arm_envs("one") == 3
 
 
 @pytest.mark.parametrize(
@@ -779,6 +798,48 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
     assert results["statistics"]["compute"]["size_verdicts"][0].startswith("At equal size: none has")
     assert (out / "metric_vs_flops.png").stat().st_size > 0
     assert "pair = fixed(norm@r0c1+conv_light@r0c2)" in (out / "report.md").read_text()
+
+
+@pytest.mark.expensive
+def test_an_ab_run_with_two_envs_per_runner_trains_every_env_and_records_the_setting(ray_local, tmp_path):
+    """envs_per_runner: 2 in the file's training settings (issue 77): each PPO trial's one env runner steps a vector
+    env of two envs, so each round finishes 1 x 2 x episodes_per_env episodes, and the run records the setting."""
+    experiment = tmp_path / "vector.yaml"
+    experiment.write_text(
+        json.dumps(
+            {
+                "name": "vector",
+                "seeds": [0],
+                "rounds": 2,
+                "last_rounds": 1,
+                "eval_episodes": 1,
+                "order_seed": 1,
+                "arms": {"ppo": {"controller": "ppo", "reward_mode": "shaped"}, "none": {"controller": "none"}},
+                "training": {
+                    "task": "digits-impaired",
+                    "max_epochs": 3,
+                    "envs": 1,
+                    "envs_per_runner": 2,
+                    "episodes_per_env": 2,
+                    "learners": 0,
+                    "cpus_per_env": 0.5,
+                    "driver_cpus": 0.5,
+                    "learner_cpus": 0.5,
+                    "env": {"batch_size": 512, "commit_horizon": False},
+                },
+            }
+        )
+    )
+    out = tmp_path / "run"
+    assert main(["ab", str(experiment), "--output", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["experiment"]["training"]["envs_per_runner"] == 2
+    trials = {t["arm"]: t for t in results["trials"]}
+    assert all(t["status"] == "finished" and t["config"]["envs_per_runner"] == 2 for t in trials.values())
+    assert [(r["round"], r["episodes"]) for r in trials["ppo"]["history"]] == [(1, 4), (2, 4)]  # 1 runner x 2 x 2
+    assert trials["ppo"]["evaluation"]["episodes"] == trials["none"]["evaluation"]["episodes"] == 1
+    report = (out / "report.md").read_text()
+    assert "| ppo | 8 host runs of 3 epochs per run seed (2 rounds x 1 env runner x 2 envs x 2 episodes) |" in report
 
 
 @pytest.mark.expensive

@@ -213,19 +213,24 @@ def _descendants(pid: int) -> list:
     return psutil.Process(pid).children(recursive=True)
 
 
+# The same two envs as two env runners, or as one runner's vector env of two (issue 77: resume and exactly-once
+# rounds unchanged with envs_per_runner > 1).
+@pytest.mark.parametrize(
+    "runners", [[], ["--envs", "1", "--envs-per-runner", "2"]], ids=["one-env-per-runner", "two-envs-per-runner"]
+)
 def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leaves_no_ray_process(
-    ray_with_faults, tmp_path
+    ray_with_faults, tmp_path, runners
 ):
     """kill -9 of the command alone (as `kill -9 PID` does), after round 3 with checkpoints every 2 rounds: its Ray
     processes end with it (the dashboard and runtime-env agents outlived it before), and the resume from round 2
     replays round 3, which metrics.jsonl then holds once (it held [1, 2, 3, 3, 4] before)."""
     import psutil
 
-    whole = _train(tmp_path / "whole", 4)
+    whole = _train(tmp_path / "whole", 4, *runners)
     whole.communicate(timeout=600)
     assert whole.returncode == 0
 
-    killed = _train(tmp_path / "killed", 4)
+    killed = _train(tmp_path / "killed", 4, *runners)
     started: list = []
     try:
         for line in killed.stdout:
@@ -242,13 +247,14 @@ def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leave
             if process.is_running():
                 process.kill()
     assert json.loads((tmp_path / "killed" / "checkpoints" / "latest.json").read_text())["round"] == 2
-    resumed = _train(tmp_path / "killed", 4, "--resume", str(tmp_path / "killed"))
+    resumed = _train(tmp_path / "killed", 4, *runners, "--resume", str(tmp_path / "killed"))
     printed, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, printed[-3000:]
     assert "resumed from" in printed and "at round 2" in printed
 
     expected, got = _rounds(tmp_path / "whole"), _rounds(tmp_path / "killed")
     assert [r["round"] for r in got] == [1, 2, 3, 4]
+    assert all(r["env_steps"] == 2 * 20 for r in got)  # both envs step every round
     keys = ("env_steps", "episode_return", "final_accuracy", "params_added", "germinated", "pruned")
     for round_ in range(3, 5):
         assert {k: got[round_ - 1][k] for k in keys} == {k: expected[round_ - 1][k] for k in keys}, round_

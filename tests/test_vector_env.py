@@ -207,3 +207,19 @@ def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> N
     assert TrainConfig.from_mapping(cfg.to_dict()).envs_per_runner == 2  # kept in the run's record
     with pytest.raises(ValueError, match="envs_per_runner"):
         TrainConfig(envs_per_runner=0)
+
+
+def test_every_env_of_every_runner_reads_its_own_data_shard():
+    """envs=2, envs_per_runner=2: the two runners' vector envs hold four envs on shards 0..3 of 4, as RLlib builds
+    them (each runner's index comes in through its constructor, env_runner.py), so no two envs train on one shard."""
+    from esper_ray.contracts.train_config import TrainConfig
+    from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
+    from esper_ray.train.rllib.ppo_config import build_ppo_config
+
+    cfg = TrainConfig(envs=2, envs_per_runner=2, max_epochs=2, env={"device": "cpu"})
+    shards = []
+    for index in (1, 2):  # remote runners are numbered from 1
+        runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=index, num_workers=cfg.envs)
+        shards.append([(e.unwrapped.cfg.shard, e.unwrapped.cfg.num_shards) for e in runner.env.unwrapped.envs])
+        runner.stop()
+    assert shards == [[(0, 4), (1, 4)], [(2, 4), (3, 4)]]

@@ -81,7 +81,7 @@ def cost_rows(record: ExperimentRecord, hosts: list[str]) -> list[dict[str, Any]
         runs, search = [r for r in runs if math.isfinite(r)], [r for r in search if math.isfinite(r)]
         kind = spec.controller(arm)
         if kind is ControllerKind.PPO:
-            training = spec.rounds * spec.arm_setting(arm, "envs") * spec.arm_setting(arm, "episodes_per_env")
+            training = spec.rounds * spec.arm_envs(arm) * spec.arm_setting(arm, "episodes_per_env")
             one_off = f"{training:,} host runs of training per run seed, once"
         elif kind is ControllerKind.CHECKPOINT:
             one_off = "its training, done before this run (not counted here)"

@@ -107,7 +107,7 @@ class TrialWork:
         searches = trial.search is not None and trial.host_runs is None  # at equal cost its candidates are the episodes
         per_host = eval_episodes + (trial.search.budget if searches else 0)
         return cls(
-            cfg.envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0,
+            cfg.total_envs * cfg.episodes_per_env if trial.controller is ControllerKind.PPO else 0,
             hosts * per_host,
             rounds_before,
         )

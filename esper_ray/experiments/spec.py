@@ -398,6 +398,10 @@ class ExperimentSpec:
         built (building one imports the plug-ins the settings name; a report imports none)."""
         return self._arm_settings(arm).get(name, TrainConfig.default(name))
 
+    def arm_envs(self, arm: str) -> int:
+        """The envs each round of `arm`'s training steps, each an episode source: env runners x envs_per_runner."""
+        return int(self.arm_setting(arm, "envs")) * int(self.arm_setting(arm, "envs_per_runner"))
+
     def check_checkpoints(self) -> None:
         """Every `checkpoint` arm's folder, for every seed, is a checkpoint folder: one ValueError naming the arm, the
         seed and the path, before anything starts (Ray's start takes a minute on a busy machine). Not in __post_init__:
