@@ -1,10 +1,12 @@
-"""The training step and epoch of N stacked hosts (morpho/stacked.py): what N envs' TrainSteps compute, in calls that
-each carry N hosts' work (issue 77). The host alone: no seed, and no gradient telemetry yet (docs/design.md, "Many
-hosts per process").
+"""The training step and epoch of N stacked hosts and their seeds (morpho/stacked.py, morpho/stacked_seeds.py): what
+N envs' TrainSteps compute, in calls that each carry N hosts' work (issue 77; docs/design.md, "Many hosts per process").
 
 Per host, as train_step.py's CPU path does for one: the mean cross-entropy of its own batch (the hosts' losses are
 summed, so host i's gradient is its own loss's), its gradients clipped to `max_grad_norm` by its own norm, and an SGD
-step with momentum and weight decay (StackedSGD). Host i's update is row i of each stacked tensor's.
+step with momentum and weight decay (StackedSGD). Host i's update is row i of each stacked tensor's. Each trained seed
+likewise: its group's gradients clipped by each row's own norm, one StackedSGD per group (the seed optimizer's lr and
+momentum). On each host's last batch the gradient telemetry (StackedTelemetry) reads the unclipped gradients of that
+host's row, as GradientCapture reads a lone env's.
 """
 
 from __future__ import annotations
@@ -16,18 +18,23 @@ from torch import nn
 
 from esper_ray.data.sharding import DeviceShard
 from esper_ray.env.epoch import TrainStats
+from esper_ray.env.gradient_telemetry import MEASURED_STAGES
 from esper_ray.morpho.stacked import Rows, StackedCNNHosts
+from esper_ray.morpho.stacked_seeds import StackedModel, StackedSeeds
 
 
 class StackedSGD:
     """N hosts' SGD optimizers (one lr, momentum and weight decay, no dampening or Nesterov) over stacked tensors, in
     one fused call. The momentum buffers start at zero, which is where torch's SGD starts: its first step sets the
-    buffer to the gradient, and 0 * momentum + gradient is the gradient, exactly."""
+    buffer to the gradient, and 0 * momentum + gradient is the gradient, exactly. A tensor without a gradient is not
+    stepped, as torch's SGD skips it (a gate's, while its seed is TRAINING); `stepped[k]` says whether tensor k ever was
+    (torch would have given it a momentum buffer)."""
 
     def __init__(self, params: Sequence[torch.Tensor], *, lr: float, momentum: float, weight_decay: float) -> None:
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.momentum_buffers = [torch.zeros_like(p) for p in self.params]
+        self.stepped = [False] * len(self.params)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -36,7 +43,14 @@ class StackedSGD:
     @torch.no_grad()
     def step(self, rows: Rows = None) -> None:
         """Step every host, or only `rows` (the others keep their parameters and momentum)."""
-        params, grads, buffers = self.params, [p.grad for p in self.params], self.momentum_buffers
+        with_grad = [k for k, p in enumerate(self.params) if p.grad is not None]
+        if not with_grad:
+            return
+        for k in with_grad:
+            self.stepped[k] = True
+        params = [self.params[k] for k in with_grad]
+        grads, buffers = [p.grad for p in params], [self.momentum_buffers[k] for k in with_grad]
+        stacked_all = params + buffers
         if rows is not None:
             params, grads, buffers = ([t[rows] for t in ts] for ts in (params, grads, buffers))  # type: ignore[index]
         torch._fused_sgd_(
@@ -52,8 +66,32 @@ class StackedSGD:
             is_first_step=False,
         )
         if rows is not None:
-            for stacked, new in zip(self.params + self.momentum_buffers, params + buffers):  # type: ignore[operator]
+            for stacked, new in zip(stacked_all, params + buffers):  # type: ignore[operator]
                 stacked.index_copy_(0, rows, new)
+
+
+def load_momentum(sgd: StackedSGD, rows: Sequence[tuple[torch.optim.Optimizer, Sequence[torch.Tensor]]]) -> None:
+    """Row i of sgd's momentum from rows[i] = (an optimizer, its tensors in sgd.params' order); a tensor without a
+    buffer yet (SGD's first step) keeps the zero row, which gives the same step."""
+    with torch.no_grad():
+        for i, (optimizer, params) in enumerate(rows):
+            for buffer, p in zip(sgd.momentum_buffers, params, strict=True):
+                momentum = optimizer.state[p].get("momentum_buffer")
+                if momentum is not None:
+                    buffer[i].copy_(momentum)
+
+
+def store_momentum(sgd: StackedSGD, rows: Sequence[tuple[torch.optim.Optimizer, Sequence[torch.Tensor]]]) -> None:
+    """Write row i of sgd's momentum back into rows[i]'s optimizer: into its buffer, or as a new one where the stack
+    stepped a tensor that had none (as torch's SGD creates it); a tensor never stepped gets none."""
+    with torch.no_grad():
+        for i, (optimizer, params) in enumerate(rows):
+            for buffer, p, stepped in zip(sgd.momentum_buffers, params, sgd.stepped, strict=True):
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is not None:
+                    state["momentum_buffer"].copy_(buffer[i])
+                elif stepped:
+                    state["momentum_buffer"] = buffer[i].clone()
 
 
 def clip_per_host(grads: list[torch.Tensor], max_norm: float) -> None:
@@ -64,26 +102,77 @@ def clip_per_host(grads: list[torch.Tensor], max_norm: float) -> None:
     torch._foreach_mul_(grads, [factor.view(-1, *[1] * (g.dim() - 1)) for g in grads])
 
 
-class StackedTrainStep:
-    """One optimisation step of the stacked hosts, each on its own batch; loss sums and correct counts per host."""
+class StackedTelemetry:
+    """The gradient telemetry of each host's last batch (GradientCapture's, per row): `host_norms[i]` the norm of host
+    i's per-tensor gradient norms, `seed_norms[i][slot]` the per-tensor norms of the seed there, for the seeds in
+    MEASURED_STAGES, of the tensors that have a gradient (as SeedSlot.gradient_norms)."""
 
-    def __init__(self, hosts: StackedCNNHosts, optimizer: StackedSGD, max_grad_norm: float) -> None:
+    def __init__(self, n: int) -> None:
+        self.host_norms: list[torch.Tensor | None] = [None] * n
+        self.seed_norms: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+
+    def __call__(self, step: StackedTrainStep, running: list[int], measured: list[int]) -> None:
+        """Record the norms of hosts `measured`, whose batches are rows of this step's (host running[k] in row k). The
+        gradients are the stacked leaves', row i host i's (zero for hosts not running)."""
+        host_grads = [p.grad for p in step.optimizer.params]
+        per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in host_grads], dim=1)  # type: ignore[union-attr]
+        for host in measured:
+            self.host_norms[host] = torch.linalg.vector_norm(per_tensor[host])
+        for group, _ in step.seeds:
+            for j, host in enumerate(group.hosts):
+                if host in measured and group.slots[j].stage in MEASURED_STAGES:
+                    grads = [p.grad[j] for p in group.parameters() if p.grad is not None]
+                    if grads:
+                        self.seed_norms[host][group.slot_id] = torch.stack([torch.linalg.vector_norm(g) for g in grads])
+
+
+class StackedTrainStep:
+    """One optimisation step of the stacked hosts and their seeds, each host on its own batch; loss sums and correct
+    counts per host. `seeds`: each stacked seed group with its optimizer (none for the host alone)."""
+
+    def __init__(
+        self,
+        hosts: StackedCNNHosts,
+        optimizer: StackedSGD,
+        max_grad_norm: float,
+        seeds: Sequence[tuple[StackedSeeds, StackedSGD]] = (),
+    ) -> None:
         self.hosts, self.optimizer, self.max_grad_norm = hosts, optimizer, max_grad_norm
+        self.seeds = list(seeds)
+        self.model = StackedModel(hosts, [group for group, _ in self.seeds])
         self.loss_sum = torch.zeros(hosts.n)
         self.correct = torch.zeros(hosts.n, dtype=torch.int64)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, rows: Rows = None) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        rows: Rows = None,
+        on_grads: Callable[[StackedTrainStep, list[int]], None] | None = None,
+    ) -> torch.Tensor:
         """x [M, B, C, H, W], y [M, B]: row k is host rows[k]'s batch (all hosts when rows is None). Returns the
-        hosts' losses [M]."""
-        logits = self.hosts(x, rows=rows)  # [M, B, classes]
+        hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry)."""
+        logits = self.model(x, rows=rows)  # [M, B, classes]
         m, b = y.shape
         losses = nn.functional.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
         losses = losses.mean(dim=1)  # each host's mean over its batch, as prediction_loss
         self.optimizer.zero_grad()
+        for _, sgd in self.seeds:
+            sgd.zero_grad()
         losses.sum().backward()
+        running = list(range(self.hosts.n)) if rows is None else rows.tolist()
+        if on_grads is not None:
+            on_grads(self, running)
         grads = [p.grad for p in self.optimizer.params]
         clip_per_host(grads, self.max_grad_norm)  # type: ignore[arg-type]
         self.optimizer.step(rows)
+        for group, sgd in self.seeds:
+            local = [j for j, host in enumerate(group.hosts) if host in running]
+            seed_grads = [p.grad for p in sgd.params if p.grad is not None]
+            if not local or not seed_grads:
+                continue
+            clip_per_host(seed_grads, self.max_grad_norm)  # each seed by its own norm, as TrainStep clips it
+            sgd.step(None if len(local) == len(group.hosts) else torch.tensor(local))
         correct = (logits.argmax(dim=-1) == y).sum(dim=1)
         if rows is None:
             self.loss_sum += losses.detach() * b
@@ -94,6 +183,14 @@ class StackedTrainStep:
         return losses.detach()
 
 
+def seed_optimizer(group: StackedSeeds) -> StackedSGD:
+    """The group's StackedSGD, with its seeds' optimizer settings (group_key makes them one)."""
+    settings = group.slots[0].optimizer.param_groups[0]  # type: ignore[union-attr]
+    return StackedSGD(
+        group.parameters(), lr=settings["lr"], momentum=settings["momentum"], weight_decay=settings["weight_decay"]
+    )
+
+
 def train_stacked_epoch(
     step: StackedTrainStep,
     shards: Sequence[DeviceShard],
@@ -101,10 +198,12 @@ def train_stacked_epoch(
     prepares: Sequence[Callable[[torch.Tensor], torch.Tensor]],
     *,
     batch_size: int,
+    telemetry: StackedTelemetry | None = None,
 ) -> list[TrainStats]:
     """One pass of host i over shard i, in the order its own generator draws (DeviceShard.epoch, as train_epoch does),
-    batch j of every host in one step. Where the shards' lengths differ, batch j's hosts are stacked by batch size."""
-    step.hosts.train()
+    batch j of every host in one step. Where the shards' lengths differ, batch j's hosts are stacked by batch size.
+    `telemetry` reads each host's gradients on its last batch."""
+    step.model.train()
     step.loss_sum.zero_()
     step.correct.zero_()
     epochs = [shard.epoch(g, prepare) for shard, g, prepare in zip(shards, generators, prepares, strict=True)]
@@ -118,7 +217,11 @@ def train_stacked_epoch(
         for size, members in by_size.items():
             x = torch.stack([epochs[i][0][start : start + size] for i in members])
             y = torch.stack([epochs[i][1][start : start + size] for i in members])
-            step(x, y, rows=None if len(members) == len(shards) else torch.tensor(members))
+            last = [i for i in members if n_batches[i] == j + 1]
+            on_grads = None
+            if telemetry is not None and last:
+                on_grads = lambda s, running, last=last: telemetry(s, running, last)  # noqa: E731
+            step(x, y, rows=None if len(members) == len(shards) else torch.tensor(members), on_grads=on_grads)
     loss_sums, corrects = step.loss_sum.tolist(), step.correct.tolist()
     return [
         TrainStats(batches=n_batches[i], samples=len(epochs[i][1]), loss_sum=loss_sums[i], correct=int(corrects[i]))

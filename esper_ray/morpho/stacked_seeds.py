@@ -1,0 +1,181 @@
+"""The seeds of N stacked CNN hosts (morpho/stacked.py): per slot and blueprint, one stacked seed module over the rows of
+the hosts whose model planted that blueprint there (issue 77, cut 4).
+
+Each row computes what its SeedSlot.forward computes alone (slot.py): the seed reads the host's features detached (a
+CNN seed always does), a TRAINING seed's slot outputs the host's features exactly with the seed's gradient passed
+straight through, and from BLENDING on the slot blends by the row's own alpha and the group's blend (ADD, MULTIPLY or
+GATE with the row's own gate). Rows of hosts without a seed there pass their features through, as a dormant slot does.
+
+A group (`group_key`) holds seeds that compute alike: one slot, blueprint, blend, stage kind (TRAINING or blended),
+module structure and seed optimizer settings (seed lr while TRAINING, the blended lr from BLENDING on). Its tensors are
+stacked as torch.func.stack_module_state stacks a host's, the seed's under "seed.<name>" then the gate's under
+"gate.<name>" (SeedSlot.seed_parameters' order), and it runs as torch.func.vmap over functional_call of the first
+seed's module: the built-in seeds are convolutions, linear maps and group norms (statistics per sample), which vmap
+batches row by row.
+
+What does not stack (`unstackable`, which keeps the env's epoch out of the stack): a seed whose prune is ramping alpha
+down (frozen, it keeps the gradients of its last trained batch, which the env's gradient telemetry reads again), and a
+seed module that is not one of the built-in blueprints' or that holds buffers (a plug-in's batch norm, say: running
+statistics and whatever else a module does in training mode are not reproduced per row here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from esper_ray.contracts.stages import Stage
+from esper_ray.morpho.blend import blend
+from esper_ray.morpho.blueprints import AttentionSeed, BottleneckSeed, ConvSeed, DepthwiseSeed, NormSeed
+from esper_ray.morpho.slot import SeedSlot
+from esper_ray.morpho.stacked import Rows, StackedCNNHosts
+
+BUILTIN_SEEDS = (NormSeed, AttentionSeed, DepthwiseSeed, BottleneckSeed, ConvSeed)
+"""Seed modules whose forward vmap batches exactly (convolutions, linear maps, group norms, no buffers)."""
+
+
+def unstackable(slot: SeedSlot) -> str | None:
+    """Why this slot keeps its env's epoch out of a stack; None where it stacks (a seed that trains, or no seed in the
+    forward pass: dormant, germinated, cooling down)."""
+    if not slot.is_active:
+        return None
+    if slot.pruning:
+        return f"slot {slot.slot_id}: a prune is ramping its seed down"
+    if slot.optimizer is None:
+        return f"slot {slot.slot_id}: its seed has no optimizer"
+    if type(slot.seed) not in BUILTIN_SEEDS:
+        return f"slot {slot.slot_id}: seed module {type(slot.seed).__name__} is not a built-in blueprint's"
+    modules = [m for m in (slot.seed, slot.gate) if m is not None]
+    if any(True for m in modules for _ in m.buffers()):
+        return f"slot {slot.slot_id}: its seed holds buffers"
+    return None
+
+
+def _named(slot: SeedSlot) -> list[tuple[str, nn.Parameter]]:
+    """The seed's and gate's parameters in SeedSlot.seed_parameters' order, under stacked names."""
+    out = [(f"seed.{n}", p) for n, p in slot.seed.named_parameters()]  # type: ignore[union-attr]
+    if slot.gate is not None:
+        out += [(f"gate.{n}", p) for n, p in slot.gate.named_parameters()]
+    return out
+
+
+def group_key(slot: SeedSlot) -> tuple[Any, ...]:
+    """What the seeds of one stacked group share (the slot is active and stackable)."""
+    group = slot.optimizer.param_groups[0]  # type: ignore[union-attr]
+    return (
+        slot.slot_id,
+        slot.blueprint,
+        slot.algorithm,
+        slot.stage is Stage.TRAINING,
+        type(slot.seed),
+        tuple((n, tuple(p.shape)) for n, p in _named(slot)),
+        tuple(group[k] for k in ("lr", "momentum", "weight_decay", "dampening", "nesterov")),
+    )
+
+
+class StackedSeeds:
+    """One group's seeds; row j is the seed of host `hosts[j]` (its index among the stacked hosts), held by `slots[j]`.
+    `params` are stacked leaves that take gradients; `alphas` [G] the rows' live alphas."""
+
+    def __init__(self, slots: Sequence[SeedSlot], hosts: Sequence[int]) -> None:
+        keys = {group_key(s) for s in slots}
+        if len(keys) != 1:
+            raise ValueError(f"stacked seeds need one group key, got {len(keys)}: {sorted(map(str, keys))}")
+        first = slots[0]
+        self.slot_id, self.algorithm = first.slot_id, first.algorithm
+        self.training = first.stage is Stage.TRAINING
+        self.slots, self.hosts = list(slots), list(hosts)
+        self.seed_module, self.gate_module = first.seed, first.gate  # templates for functional_call; not written
+        named = [_named(s) for s in slots]
+        self.names = [n for n, _ in named[0]]
+        self.params: dict[str, torch.Tensor] = {
+            name: torch.stack([dict(n)[name].detach() for n in named]).requires_grad_() for name in self.names
+        }
+        self.alphas = torch.stack([s.alpha_value.detach() for s in slots]).float()
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.params.values())
+
+    def write_to(self, row: int) -> None:
+        """Copy row `row`'s parameters into its slot's seed and gate (in place: its optimizer holds the tensors)."""
+        with torch.no_grad():
+            for (_, p), name in zip(_named(self.slots[row]), self.names, strict=True):
+                p.copy_(self.params[name][row])
+
+    def __call__(self, h: torch.Tensor, local: Rows = None) -> torch.Tensor:
+        """The slot's output for stacked host features h [M, C, B, H, W], row k being the seed of group row local[k]
+        (all rows, in order, when local is None)."""
+        params = self.params if local is None else {k: v[local] for k, v in self.params.items()}
+        alphas = self.alphas if local is None else self.alphas[local]
+        x = h.transpose(1, 2)  # [M, B, C, H, W]: each row as its seed reads it
+        seed_in = x.detach()  # a CNN seed reads detached host features at every stage (SeedSlot.isolated)
+
+        def one(p: dict[str, torch.Tensor], host: torch.Tensor, s_in: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+            seed_p = {k[5:]: v for k, v in p.items() if k.startswith("seed.")}
+            seed_out = torch.func.functional_call(self.seed_module, seed_p, (s_in,))  # type: ignore[arg-type]
+            if self.training:
+                return host + (seed_out - seed_out.detach())  # the host's value, the seed's gradient
+            gate = None
+            if self.gate_module is not None:
+                gate_p = {k[5:]: v for k, v in p.items() if k.startswith("gate.")}
+                gate = lambda z: torch.func.functional_call(self.gate_module, gate_p, (z,))  # noqa: E731
+            return blend(self.algorithm, host, seed_out, s_in, alpha, gate)  # type: ignore[arg-type]
+
+        return torch.func.vmap(one)(params, x, seed_in, alphas).transpose(1, 2)
+
+
+class StackedModel:
+    """Stacked hosts with their stacked seeds: what N MorphogeneticModels' forward computes, row i being model i's."""
+
+    def __init__(self, hosts: StackedCNNHosts, seeds: Sequence[StackedSeeds] = ()) -> None:
+        self.hosts, self.seeds = hosts, list(seeds)
+        self.by_slot: dict[str, list[StackedSeeds]] = {}
+        for group in self.seeds:
+            self.by_slot.setdefault(group.slot_id, []).append(group)
+        self.n = hosts.n
+
+    def train(self, mode: bool = True) -> StackedModel:
+        self.hosts.train(mode)
+        return self
+
+    def __call__(self, x: torch.Tensor, rows: Rows = None) -> torch.Tensor:
+        """Logits [M, B, classes] of images [M, B, C, H, W], row k run by model rows[k] (every model when None)."""
+        running = list(range(self.n)) if rows is None else rows.tolist()
+        position = {host: k for k, host in enumerate(running)}
+        plan: dict[int, tuple[torch.Tensor, Rows]] = {}  # group -> (its rows among x's, its members running)
+        for g, group in enumerate(self.seeds):
+            pairs = [(position[h], j) for j, h in enumerate(group.hosts) if h in position]
+            if pairs:
+                local = [j for _, j in pairs]
+                whole = local == list(range(len(group.hosts)))
+                plan[g] = (torch.tensor([k for k, _ in pairs]), None if whole else torch.tensor(local))
+        groups = {id(group): g for g, group in enumerate(self.seeds)}
+
+        def at_slot(slot: str, h: torch.Tensor) -> torch.Tensor:
+            for group in self.by_slot.get(slot, ()):
+                g = groups[id(group)]
+                if g in plan:
+                    at, local = plan[g]
+                    h = h.index_copy(0, at, group(h[at], local))
+            return h
+
+        return self.hosts(x, at_slot, frozenset(self.by_slot), rows)
+
+
+def stack_seeds(slots_of: Sequence[Sequence[SeedSlot]]) -> list[StackedSeeds]:
+    """The stacked seed groups of N models' slots (`slots_of[i]`: model i's), by group_key, rows in model order. Every
+    active seed must stack (unstackable is None): ValueError naming the first that does not."""
+    groups: dict[tuple[Any, ...], tuple[list[SeedSlot], list[int]]] = {}
+    for i, slots in enumerate(slots_of):
+        for slot in slots:
+            reason = unstackable(slot)
+            if reason is not None:
+                raise ValueError(f"stacked seeds: model {i}'s {reason}")
+            if slot.is_active:
+                members = groups.setdefault(group_key(slot), ([], []))
+                members[0].append(slot)
+                members[1].append(i)
+    return [StackedSeeds(slots, hosts) for slots, hosts in groups.values()]
