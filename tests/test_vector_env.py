@@ -1,6 +1,6 @@
 """The vector env (esper_ray/env/vector_env.py) steps N envs as N separate envs step: the same observations, rewards,
 terminations, infos and env states, through a seed's germination, fossilization and a prune, episode ends and their
-autoresets, while the envs without a seed train their hosts stacked (issue 77's equal-episode test).
+autoresets, while the envs train their hosts and seeds stacked (issue 77's equal-episode test).
 
 The reference is gymnasium's SyncVectorEnv over separate MorphogeneticEnvs: what RLlib's env runner steps with
 `num_envs_per_env_runner` > 1 and no vector env of ours, NEXT_STEP autoreset included.
@@ -29,7 +29,7 @@ from esper_ray.contracts.actions import Blueprint, Op, Style, Tempo
 from esper_ray.contracts.stages import Stage
 from esper_ray.env import MorphogeneticEnv
 from esper_ray.env.masks import allows
-from esper_ray.env.vector_env import VectorMorphogeneticEnv
+from esper_ray.env.vector_env import VectorMorphogeneticEnv, stack_key
 from esper_ray.policy.baselines import lifecycle_action, wait_action
 
 SEED = 3
@@ -45,9 +45,15 @@ BASE = {
 CONFIGS = [{**BASE, "shard": i, "num_shards": 3, **({"max_epochs": 5} if i == 2 else {})} for i in range(3)]
 STEPS = 12  # through the first episodes' ends (step 9), their autoresets and two epochs of the next
 WAIT_FIRST = 2  # epochs before any seed: every host trains stacked
-PLANTED = {0: (0, Blueprint.CONV_LIGHT, Style.GATED_GATE), 1: (2, Blueprint.ATTENTION, Style.LINEAR_ADD)}
-"""Env 0 plants a gated seed in its first slot and fossilizes it; env 1 plants one in its third and prunes it; env 2
-only waits."""
+PLANTED = {0: (0, Blueprint.CONV_LIGHT, Style.GATED_GATE), 1: (0, Blueprint.CONV_LIGHT, Style.GATED_GATE)}
+"""Env 0 plants a gated seed in its first slot and fossilizes it; env 1 plants the same there, trains it one epoch in
+the same stacked seed as env 0's, and prunes it; env 2 only waits (tests/test_stacked_hosts.py stacks other blueprints,
+blends and stages side by side)."""
+STACKED_EPOCHS = [11, 11, 9]
+"""Every epoch trains stacked but env 2's at step 9, where envs 0 and 1 reset (each env's epochs: 12 steps less its
+autoresets)."""
+STACKED_SEED_EPOCHS = [6, 1, 0]
+"""Env 0's seed TRAINING (step 3, with env 1's), BLENDING (4-6), HOLDING (7), FOSSILIZED (8); env 1's TRAINING once."""
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 STATE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 # The gradient of a convolution's weight that a batch norm follows is a near-cancelling sum, whose rounding is of the
@@ -134,7 +140,7 @@ def assert_same_state(ours: MorphogeneticEnv, theirs: MorphogeneticEnv, where: s
 def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
     separate = separate_envs()
     separate.reset(seed=0)
-    stacked = [0, 0, 0]
+    stacked, seeded = [0, 0, 0], [0, 0, 0]
     for t in range(STEPS):
         ours = copies(separate)
         actions = script(separate.envs)
@@ -145,10 +151,9 @@ def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
         for i, (a, b) in enumerate(zip(ours.envs, separate.envs, strict=True)):
             assert_same_state(a, b, f"step {t} env {i}")  # type: ignore[arg-type]
         stacked = [n + m for n, m in zip(stacked, ours.stacked_epochs, strict=True)]
-    # The stack ran: all three hosts before any seed; env 1's again once its seed was pruned (with env 2); and every
-    # env's epochs also ran alone (env 2's while the others had seeds).
-    assert stacked[0] >= WAIT_FIRST and stacked[1] > WAIT_FIRST and stacked[2] > WAIT_FIRST, stacked
-    assert all(n < STEPS - 1 for n in stacked), stacked
+        seeded = [n + m for n, m in zip(seeded, ours.stacked_seed_epochs, strict=True)]
+    # Every env's epochs trained stacked, with their seeds, except where an env was the only one to train.
+    assert (stacked, seeded) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
 
 
 def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle() -> None:
@@ -186,7 +191,20 @@ def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle() -> No
         resets += int((theirs_info["epoch"] == 0).sum())
     assert {"TRAINING", "BLENDING", "HOLDING", "FOSSILIZED", "EMBARGOED"} <= seen, seen
     assert resets >= 3  # env 2 twice, envs 0 and 1 once
-    assert ours.stacked_epochs[1] > WAIT_FIRST  # env 1 back in the stack after its prune
+    assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
+
+
+def test_an_env_with_seeds_stacks_unless_a_seed_cannot() -> None:
+    """A seed in any stage stacks (stack_key is the host's alone); a prune ramping a seed down keeps the env alone."""
+    env = MorphogeneticEnv(CONFIGS[0])
+    env.reset(seed=0)
+    key = stack_key(env)
+    slot = env.model.slot(env.slot_ids[0])  # type: ignore[union-attr]
+    assert slot.germinate(Blueprint.CONV_LIGHT, Style.GATED_GATE)
+    slot.stage = Stage.TRAINING
+    assert key is not None and stack_key(env) == key
+    slot.pruning = True
+    assert stack_key(env) is None
 
 
 def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> None:

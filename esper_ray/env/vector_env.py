@@ -2,17 +2,19 @@
 
 Each env keeps everything it has alone (its shard, generators, episode seeds, lifecycle, governor, rewards and
 observations) and runs its own step in two halves (MorphogeneticEnv._begin_step and _end_step). Between them the
-vector env trains the envs' host epochs: the envs whose epoch is the host's alone (a CNN host in fp32 on the CPU, no
-seed in any slot) and which share the host's structure and training settings train as one stacked module in one call
-per batch (morpho/stacked.py, env/stacked_step.py); every other env trains its epoch itself, exactly as a lone env
-does. A step's other phases (validation, counterfactuals, seeds) stay per env in this cut.
+vector env trains the envs' epochs: the envs with a CNN host in fp32 on the CPU whose seeds can stack (every seed but a
+prune's ramp-down and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the host's
+structure and training settings train as one stacked module in one call per batch, their seeds in one stacked module
+per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every
+other env trains its epoch itself, exactly as a lone env does. A step's other phases (validation, counterfactuals)
+stay per env in this cut.
 
-The state stays in each env: a stacked epoch stacks the hosts' tensors and their momentum, trains, and writes them back
-into each env's own host module and optimizer. So validation, the governor's snapshots and rollbacks, a germinated
-seed, the next episode's kept host and the env's own epoch all read what they read in a lone env, and an env leaves or
-joins the stack from one epoch to the next (a seed planted, pruned, an episode reset) with nothing to hand over. The
-copies cost a few dozen small tensors an epoch against the epoch's ~5,000 calls; holding the stack across epochs would
-save them once the seeds stack too (docs/design.md, "Many hosts per process").
+The state stays in each env: a stacked epoch stacks the hosts' and seeds' tensors and their momentum, trains, writes
+them back into each env's own modules and optimizers, and hands each env's last-batch gradient telemetry to its slots.
+So validation, the governor's snapshots and rollbacks, the lifecycle's gates, the next episode's kept host and the
+env's own epoch all read what they read in a lone env, and an env leaves or joins the stack from one epoch to the next
+with nothing to hand over. The copies cost a few dozen small tensors an epoch against the epoch's ~5,000 calls;
+holding the stack across epochs would save them (docs/design.md, "Many hosts per process").
 
 Autoreset is gymnasium's NEXT_STEP, which RLlib's SingleAgentEnvRunner expects of its vector envs: the step after an
 env's episode ends resets that env (its action ignored) and returns the new episode's first observation, reward 0 and
@@ -33,25 +35,33 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
-from esper_ray.contracts.stages import ACTIVE_STAGES, LIVE_STAGES
 from esper_ray.env.epoch import TrainStats
+from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv, StepStart
-from esper_ray.env.stacked_step import StackedSGD, StackedTrainStep, train_stacked_epoch
+from esper_ray.env.stacked_step import (
+    StackedSGD,
+    StackedTelemetry,
+    StackedTrainStep,
+    load_momentum,
+    seed_optimizer,
+    store_momentum,
+    train_stacked_epoch,
+)
 from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.stacked import StackedCNNHosts
-
-SEEDED_STAGES = ACTIVE_STAGES | LIVE_STAGES
-"""Stages in which a slot holds a seed module (planted, training, blending, holding or kept)."""
+from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, unstackable
 
 
 def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
     """What envs must share for their epochs to train stacked (None: this env's epoch trains alone): the host's
-    structure and the settings of its training step."""
+    structure and the settings of its training step. Seeds need not match: the stack splits them by slot, blueprint,
+    blend and stage kind inside (morpho/stacked_seeds.py); an env whose seed cannot stack (`unstackable`: a prune
+    ramping down, a plug-in's seed module) trains alone."""
     model = env.model
     assert model is not None
     if env.device.type != "cpu" or env.precision.dtype is not None or type(model.host) is not CNNHost:
         return None
-    if any(s.stage in SEEDED_STAGES for s in model.seed_slots()):
+    if any(unstackable(s) is not None for s in model.seed_slots()):
         return None
     group = env.host_optimizer.param_groups[0]
     return (
@@ -65,54 +75,65 @@ def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
 
 
 def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
-    """One host epoch of each env (stack_key equal for all), stacked; each env's host and its momentum are written
-    back into the env's own module and optimizer."""
+    """One epoch of each env's host and seeds (stack_key equal for all), stacked; each env's host, seeds and their
+    momentum are written back into the env's own modules and optimizers, and its gradient telemetry handed to its
+    slots as its own epoch would (GradientCapture.publish)."""
     for env in envs:
         env._before_epoch()  # a test's injected NaN lands in the host before it is stacked
         env.model.train()  # type: ignore[union-attr]
     first = envs[0]
     group = first.host_optimizer.param_groups[0]
-    hosts = [env.model.host for env in envs]  # type: ignore[union-attr]
+    models = [env.model for env in envs]
+    hosts = [model.host for model in models]  # type: ignore[union-attr]
     stack = StackedCNNHosts(hosts)  # type: ignore[arg-type]
     sgd = StackedSGD(stack.parameters(), lr=group["lr"], momentum=group["momentum"], weight_decay=group["weight_decay"])
-    names = list(stack.params)
-    named = [dict(host.named_parameters()) for host in hosts]
-    with torch.no_grad():
-        for i, env in enumerate(envs):
-            for buffer, name in zip(sgd.momentum_buffers, names, strict=True):
-                momentum = env.host_optimizer.state[named[i][name]].get("momentum_buffer")
-                if momentum is not None:  # none yet: SGD's first step, where a zero buffer gives the same
-                    buffer[i].copy_(momentum)
+    host_rows = [(env.host_optimizer, list(host.parameters())) for env, host in zip(envs, hosts, strict=True)]
+    load_momentum(sgd, host_rows)
+    seeds = []
+    for seed_group in stack_seeds([model.seed_slots() for model in models]):  # type: ignore[union-attr]
+        seed_sgd = seed_optimizer(seed_group)
+        load_momentum(seed_sgd, seed_rows(seed_group))
+        seeds.append((seed_group, seed_sgd))
+    telemetry = StackedTelemetry(len(envs))
     stats = train_stacked_epoch(
-        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm),
+        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm, seeds),
         [env.shard for env in envs],
         [env.data_generator for env in envs],
         [env._prepare_train for env in envs],
         batch_size=first.cfg.effective_batch_size,
+        telemetry=telemetry,
     )
-    with torch.no_grad():
-        for i, env in enumerate(envs):
-            stack.write_to(i, hosts[i])
-            for buffer, name in zip(sgd.momentum_buffers, names, strict=True):
-                state = env.host_optimizer.state[named[i][name]]
-                if state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = buffer[i].clone()
-                else:
-                    state["momentum_buffer"].copy_(buffer[i])
-            env.epoch += 1
+    for i, host in enumerate(hosts):
+        stack.write_to(i, host)
+    store_momentum(sgd, host_rows)
+    for seed_group, seed_sgd in seeds:
+        for j in range(len(seed_group.hosts)):
+            seed_group.write_to(j)
+        store_momentum(seed_sgd, seed_rows(seed_group))
+    for i, env in enumerate(envs):
+        capture = GradientCapture(env.model)  # type: ignore[arg-type]
+        capture.host_norm, capture.seed_norms = telemetry.host_norms[i], telemetry.seed_norms[i]
+        capture.publish()
+        env.epoch += 1
     return stats
+
+
+def seed_rows(group: StackedSeeds) -> list[tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]]:
+    """Each row's seed optimizer and tensors, in the group's order."""
+    return [(slot.optimizer, slot.seed_parameters()) for slot in group.slots]  # type: ignore[misc]
 
 
 class VectorMorphogeneticEnv(SyncVectorEnv):
     """A VectorEnv of MorphogeneticEnvs, one per config, stepped as SyncVectorEnv steps them (NEXT_STEP autoreset),
     their host epochs stacked where they can be (the module doc). `stacked_epochs[i]` counts env i's epochs that
-    trained stacked."""
+    trained stacked, `stacked_seed_epochs[i]` those of them in which a seed of env i ran in the forward pass."""
 
     def __init__(self, env_fns: Sequence[Callable[[], MorphogeneticEnv]]) -> None:
         if not env_fns:
             raise ValueError("VectorMorphogeneticEnv: env_fns must make at least one env, got none")
         super().__init__(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
         self.stacked_epochs = [0] * self.num_envs
+        self.stacked_seed_epochs = [0] * self.num_envs
 
     @classmethod
     def of_configs(cls, configs: Sequence[Mapping[str, Any]]) -> VectorMorphogeneticEnv:
@@ -181,9 +202,11 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 alone.extend(members)
                 continue
             began = time.perf_counter()
-            for i, stats in zip(members, train_stacked([envs[i] for i in members]), strict=True):
+            seeded = [bool(envs[i].model.active_slot_ids()) for i in members]  # type: ignore[union-attr]
+            for i, stats, with_seed in zip(members, train_stacked([envs[i] for i in members]), seeded, strict=True):
                 trained[i] = stats
                 self.stacked_epochs[i] += 1
+                self.stacked_seed_epochs[i] += with_seed
             share = (time.perf_counter() - began) / len(members)
             for i in members:
                 started[i].timings["train"] = share
