@@ -1,6 +1,7 @@
-"""N hosts stacked as one module (morpho/stacked.py, env/stacked_step.py) train as N separate hosts do with the
-project's own CPU step (env/epoch.py's train_epoch): the same losses, correct counts, gradients, parameters, momentum,
-batch-norm running statistics and eval-mode outputs, to float rounding.
+"""N hosts stacked as one module (morpho/stacked.py, env/stacked_step.py), and with their seeds
+(morpho/stacked_seeds.py), train as N separate hosts and models do with the project's own CPU step (env/epoch.py's
+train_epoch): the same losses, correct counts, gradients, parameters, momentum, batch-norm running statistics,
+eval-mode outputs and the seeds' gradient telemetry, to float rounding.
 
 Tolerance: rtol 1e-4 and atol 1e-5 in fp32 (gradients and momentum atol 1e-4: GRAD_TOLERANCE). The two paths sum in
 other orders (a batched matrix product for the 1x1 convolutions against a linear layer per host, the batch norm's
@@ -24,8 +25,8 @@ from esper_ray.contracts.stages import Stage
 from esper_ray.data.datasets import load_digits
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.epoch import train_epoch
-from esper_ray.env.morphogenetic_env import HOST_MOMENTUM, HOST_WEIGHT_DECAY
 from esper_ray.env.gradient_telemetry import GradientCapture
+from esper_ray.env.morphogenetic_env import HOST_MOMENTUM, HOST_WEIGHT_DECAY
 from esper_ray.env.stacked_step import (
     StackedSGD,
     StackedTelemetry,
@@ -193,7 +194,10 @@ def test_stacked_hosts_refuse_different_structures() -> None:
 # fifth has none. BLENDED_LR differs from the seed lr, as blended_seed_lr makes it from BLENDING on.
 SEEDED = (
     (("r0c1", "conv_light", Style.LINEAR_ADD, Stage.BLENDING, 0.3),),
-    (("r0c1", "conv_light", Style.SIGMOID_ADD, Stage.HOLDING, 1.0), ("r1c1", "norm", Style.LINEAR_MULTIPLY, Stage.BLENDING, 0.6)),
+    (
+        ("r0c1", "conv_light", Style.SIGMOID_ADD, Stage.HOLDING, 1.0),
+        ("r1c1", "norm", Style.LINEAR_MULTIPLY, Stage.BLENDING, 0.6),
+    ),
     (("r0c1", "conv_light", Style.GATED_GATE, Stage.TRAINING, 0.0),),
     (("r0c1", "attention", Style.GATED_GATE, Stage.BLENDING, 0.5),),
     (),
@@ -327,7 +331,7 @@ def test_stacked_epochs_with_seeds_train_as_separate_models(data) -> None:  # ty
         for j in range(len(group.hosts)):
             group.write_to(j)
         store_momentum(seed_sgd, [(s.optimizer, s.seed_parameters()) for s in group.slots])  # type: ignore[misc]
-    for i, ((model, optimizer), (theirs, their_optimizer)) in enumerate(zip(models, stacked_models, strict=True)):
+    for i, ((model, optimizer), (theirs, _)) in enumerate(zip(models, stacked_models, strict=True)):
         module.write_to(i, theirs.host)
         for name, value in model.state_dict().items():
             torch.testing.assert_close(theirs.state_dict()[name], value, **TOLERANCE, msg=f"model {i} {name}")

@@ -19,11 +19,11 @@ Rows: a step may train only some hosts (`rows`, an index tensor): at an epoch's 
 so their last batches differ in size and are stacked by size. Their tensors are gathered, and the buffers a training
 forward updates are written back.
 
-Slots (the next cut): `forward` calls `at_slot(slot_id, h)` where CNNHost.forward does, with the stacked features h
-[M, C, B, H, W] of the rows being run. A stacked seed slot will hold, per blueprint, one stacked seed for the hosts
-whose env planted that blueprint in that slot (its own rows, gathered as the host's are) and blend its output back
-into those rows; hosts without a seed there pass their features through, as a dormant slot does. `hooked` names the
-slots where any host has a live seed, as CNNHost's does.
+Slots: `forward` calls `at_slot(slot_id, h)` where CNNHost.forward does, with the stacked features h [M, C, B, H, W]
+of the rows being run; `hooked` names the slots where any host has a live seed, as CNNHost's does. The stacked seeds
+(morpho/stacked_seeds.py, StackedModel) hold, per slot and blueprint, one stacked seed for the hosts that planted it
+there and blend its output back into those rows; hosts without a seed there pass their features through, as a dormant
+slot does.
 """
 
 from __future__ import annotations

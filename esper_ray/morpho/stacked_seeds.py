@@ -1,5 +1,5 @@
-"""The seeds of N stacked CNN hosts (morpho/stacked.py): per slot and blueprint, one stacked seed module over the rows of
-the hosts whose model planted that blueprint there (issue 77, cut 4).
+"""The seeds of N stacked CNN hosts (morpho/stacked.py): per slot and blueprint, one stacked seed module over the rows
+of the hosts whose model planted that blueprint there (issue 77, cut 4).
 
 Each row computes what its SeedSlot.forward computes alone (slot.py): the seed reads the host's features detached (a
 CNN seed always does), a TRAINING seed's slot outputs the host's features exactly with the seed's gradient passed
@@ -113,7 +113,9 @@ class StackedSeeds:
         x = h.transpose(1, 2)  # [M, B, C, H, W]: each row as its seed reads it
         seed_in = x.detach()  # a CNN seed reads detached host features at every stage (SeedSlot.isolated)
 
-        def one(p: dict[str, torch.Tensor], host: torch.Tensor, s_in: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        def one(
+            p: dict[str, torch.Tensor], host: torch.Tensor, s_in: torch.Tensor, alpha: torch.Tensor
+        ) -> torch.Tensor:
             seed_p = {k[5:]: v for k, v in p.items() if k.startswith("seed.")}
             seed_out = torch.func.functional_call(self.seed_module, seed_p, (s_in,))  # type: ignore[arg-type]
             if self.training:
