@@ -6,8 +6,9 @@ MorphogeneticEnvs stepped one after another, on one CPU thread.
 Env i of N runs on shard i % 2 of 2 (the CNN A/Bs' setting: a 540- or 539-sample shard whatever N, so a host's work
 is the same at every N) from reset seed i, on the CPU, in episodes longer than the run (no reset is timed). By default
 every env only waits, so no slot holds a seed and the vector env trains all N hosts as one stacked module: the case
-it is built for. `--heuristic` lets a HeuristicController per env plant, blend and fossilize seeds: an env with a seed
-trains its epoch alone, so this is nearer what a run's envs do.
+it is built for. `--heuristic` lets a HeuristicController per env plant, blend and fossilize seeds, which train
+stacked too (one stacked seed per slot, blueprint, blend and stage kind: morpho/stacked_seeds.py), so this is nearer
+what a run's envs do.
 
 A step is the whole env step (the host epoch, validation, counterfactuals, lifecycle, reward, observation), the
 vector env's including its stacking and the copies back. The two variants run alternately, in a swapped order every

@@ -37,6 +37,7 @@ from esper_ray.env.stacked_step import (
     train_stacked_epoch,
 )
 from esper_ray.env.train_step import Accumulators, Precision, TrainStep
+from esper_ray.morpho.blueprints import CNN_BUILDERS
 from esper_ray.morpho.host import CNNHost, host_preset
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.stacked import StackedCNNHosts
@@ -364,3 +365,43 @@ def test_seeds_that_cannot_stack_are_refused_by_name() -> None:
     slot.pruning = False
     slot.seed = torch.nn.Identity()
     assert unstackable(slot) == "slot r0c1: seed module Identity is not a built-in blueprint's"
+
+
+@pytest.mark.parametrize("style", [Style.LINEAR_ADD, Style.LINEAR_MULTIPLY, Style.GATED_GATE])
+def test_every_builtin_blueprint_stacks_as_it_trains_alone(data, style) -> None:  # type: ignore[no-untyped-def]
+    """Every CNN blueprint under every blend, two models blending it in r0c1 at alphas 0.4 and 0.8 (one group): one
+    step gives each seed the gradient and new parameters of its model's own TrainStep."""
+    models = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        model = MorphogeneticModel(CNNHost(host_preset("digits-impaired")), ["r0c1"])
+        models.append(model)
+    x = data.prepare(data.train_x[: 2 * BATCH]).view(2, BATCH, 1, 8, 8)
+    y = data.train_y[: 2 * BATCH].view(2, BATCH)
+    for blueprint in CNN_BUILDERS:
+        pairs = []
+        for model, alpha in zip(models, (0.4, 0.8), strict=True):
+            model.slot("r0c1")._reset_state()
+            assert model.slot("r0c1").germinate(blueprint, style)
+            model.slot("r0c1").stage = Stage.BLENDING
+            model.slot("r0c1").alpha_value.fill_(alpha)
+            with torch.no_grad():  # away from the identity at birth, so every tensor's gradient is tested
+                for p in model.slot("r0c1").seed_parameters():
+                    p.add_(0.1 * torch.randn_like(p))
+            optimizer = torch.optim.SGD(model.host.parameters(), lr=LR, momentum=HOST_MOMENTUM, fused=True)
+            pairs.append((copy.deepcopy(model), optimizer))
+        _, _, seeds, step = stacked_seeded(pairs)
+        ((group, _),) = seeds
+        step(x, y)
+        for j, model in enumerate(models):
+            TrainStep(
+                model,
+                torch.optim.SGD(model.host.parameters(), lr=LR),
+                Precision(),
+                MAX_GRAD_NORM,
+                Accumulators(torch.device("cpu")),
+            )(x[j], y[j])
+            for name, p in zip(group.names, model.slot("r0c1").seed_parameters(), strict=True):
+                where = f"{blueprint} {style.name} model {j} {name}"
+                torch.testing.assert_close(group.params[name].grad[j], p.grad, **GRAD_TOLERANCE, msg=where)
+                torch.testing.assert_close(group.params[name][j], p, **TOLERANCE, msg=where)
