@@ -156,7 +156,18 @@ def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
     assert (stacked, seeded) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
 
 
-def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle() -> None:
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread, as an env process runs (train/process/threads.py). With two, a reduction's order differs
+    between the stacked and the separate path, and a whole run amplifies it: on an Intel Xeon (AVX-512, torch 2.11)
+    env 0's validation loss was 2e-3 apart at step 6 with two threads and 2.5e-5 at most with one (this VM: 4e-5)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle(one_torch_thread) -> None:
     separate, ours = separate_envs(), VectorMorphogeneticEnv.of_configs(CONFIGS)
     (theirs_obs, _), (ours_obs, _) = separate.reset(seed=0), ours.reset(seed=0)
     np.testing.assert_array_equal(ours_obs["features"], theirs_obs["features"])
