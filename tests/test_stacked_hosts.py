@@ -73,6 +73,21 @@ def separate(host: CNNHost) -> tuple[MorphogeneticModel, torch.optim.SGD]:
     return model, optimizer
 
 
+def train_alone(model, optimizer, shard, seed: int, prepare, on_last_batch=None):  # type: ignore[no-untyped-def]
+    """One epoch of one model as a lone env trains it (train_epoch), the reference every stacked epoch is held to."""
+    return train_epoch(
+        model,
+        optimizer,
+        shard,
+        batch_size=BATCH,
+        generator=torch.Generator().manual_seed(seed),
+        prepare=prepare,
+        precision=Precision(),
+        max_grad_norm=MAX_GRAD_NORM,
+        on_last_batch=on_last_batch,
+    )
+
+
 def stacked(host_list: list[CNNHost]) -> tuple[StackedCNNHosts, StackedSGD, StackedTrainStep]:
     module = StackedCNNHosts(host_list)
     sgd = StackedSGD(module.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY)
@@ -123,16 +138,7 @@ def test_stacked_epochs_train_as_separate_hosts(data) -> None:  # type: ignore[n
             step, shard_list, [torch.Generator().manual_seed(s) for s in seeds], [data.prepare] * 3, batch_size=BATCH
         )
         for i, ((model, optimizer), shard) in enumerate(zip(separates, shard_list, strict=True)):
-            alone = train_epoch(
-                model,
-                optimizer,
-                shard,
-                batch_size=BATCH,
-                generator=torch.Generator().manual_seed(seeds[i]),
-                prepare=data.prepare,
-                precision=Precision(),
-                max_grad_norm=MAX_GRAD_NORM,
-            )
+            alone = train_alone(model, optimizer, shard, seeds[i], data.prepare)
             assert (together[i].batches, together[i].samples) == (alone.batches, alone.samples)
             assert together[i].correct == alone.correct, (epoch, i)
             assert together[i].loss == pytest.approx(alone.loss, rel=TOLERANCE["rtol"]), (epoch, i)
@@ -309,17 +315,7 @@ def test_stacked_epochs_with_seeds_train_as_separate_models(data) -> None:  # ty
         )
         for i, ((model, optimizer), shard) in enumerate(zip(models, shard_list, strict=True)):
             capture = GradientCapture(model)
-            alone = train_epoch(
-                model,
-                optimizer,
-                shard,
-                batch_size=BATCH,
-                generator=torch.Generator().manual_seed(seeds_[i]),
-                prepare=data.prepare,
-                precision=Precision(),
-                max_grad_norm=MAX_GRAD_NORM,
-                on_last_batch=capture,
-            )
+            alone = train_alone(model, optimizer, shard, seeds_[i], data.prepare, on_last_batch=capture)
             assert (together[i].batches, together[i].samples) == (alone.batches, alone.samples)
             assert together[i].correct == alone.correct, (epoch, i)
             assert together[i].loss == pytest.approx(alone.loss, rel=TOLERANCE["rtol"]), (epoch, i)
