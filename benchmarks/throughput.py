@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 HALVES = ("bare", "train")
@@ -75,14 +76,22 @@ class Setup:
     it was given: 1 by default)."""
     policy: str = "flat"
     """The train half's policy network (TrainConfig.policy): flat, or slots (attention over slot tokens per step)."""
+    envs_per_runner: int = 1
+    """Envs per process (TrainConfig.envs_per_runner): more than one steps them as one VectorMorphogeneticEnv, whose
+    hosts train stacked (issue 77), in both halves."""
+
+    @property
+    def processes(self) -> int:
+        """Env processes (env runners) of each half: envs / envs_per_runner."""
+        return self.envs // self.envs_per_runner
 
     @property
     def gpus_per_env(self) -> float:
-        """Each GPU's room after one learner's share, split among its envs (4 envs and a 0.2 learner: 0.2 each), so
-        every GPU packs the same and the learner fits beside the envs of one of them."""
+        """Each GPU's room after one learner's share, split among its env processes (4 of them and a 0.2 learner: 0.2
+        each), so every GPU packs the same and the learner fits beside the envs of one of them."""
         if not self.gpus:
             return 0.0
-        return int(1000 * (1.0 - self.learner_gpus) / (self.envs // self.gpus)) / 1000
+        return int(1000 * (1.0 - self.learner_gpus) / (self.processes // self.gpus)) / 1000
 
     def env_config(self, shard: int) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -228,6 +237,69 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     )
 
 
+def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, results: Any) -> None:
+    """_bare_worker's figures for one process of `setup.envs_per_runner` envs (shards runner * N ...) stepped as one
+    VectorMorphogeneticEnv, each env with its own controller; a reset is the next step of an env whose episode ended
+    (NEXT_STEP autoreset), timed within the step."""
+    from gymnasium.vector.utils import iterate
+
+    from esper_ray.env.vector_env import VectorMorphogeneticEnv
+    from esper_ray.policy.baselines import NoGrowthController, RandomController
+
+    if setup.gpus:
+        _show_one_gpu(setup, runner)
+    torch.set_num_threads(threads)
+    n = setup.envs_per_runner
+    shards = [runner * n + i for i in range(n)]
+    vector = VectorMorphogeneticEnv.of_configs([setup.env_config(shard) for shard in shards])
+    controllers = [
+        NoGrowthController(env.slot_ids) if setup.bare_controller == "none" else RandomController(env.slot_ids, seed=k)
+        for env, k in zip(vector.envs, shards, strict=True)
+    ]
+    obs, _ = vector.reset(seed=shards[0])
+
+    def step() -> tuple[Any, dict[str, Any]]:
+        actions = [c.act(o) for c, o in zip(controllers, iterate(vector.single_observation_space, obs), strict=True)]
+        out = vector.step(np.stack(actions))
+        return out[0], out[4]
+
+    done = np.zeros(n, dtype=bool)
+    while not done.all():  # a whole episode of every env: warm-up (CUDA context, cuDNN, captures, compiles)
+        obs, info = step()
+        done |= info.get("epoch", np.ones(n)) == 0
+    stacked_before = sum(vector.stacked_epochs)
+    barrier.wait()
+    start, cpu_start, steps, samples, seed_epochs, in_env_s = time.perf_counter(), time.process_time(), 0, 0, 0, 0.0
+    while time.perf_counter() - start < setup.bare_seconds:
+        obs, info = step()
+        stepped = info.get("_train_total")  # absent where every env reset this step
+        if stepped is None:
+            continue
+        steps, samples = steps + int(stepped.sum()), samples + int(info["train_total"][stepped].sum())
+        seed_epochs += int((info["seed_params"][stepped] > 0).sum())
+        in_env_s += sum(float(v[info["_" + k]].sum()) for k, v in info.items() if k.startswith("time/"))
+    wall = time.perf_counter() - start
+    results.put(
+        (
+            runner,
+            steps,
+            samples,
+            wall,
+            (time.process_time() - cpu_start) / wall,
+            {
+                "reset_share": 0.0,
+                "capturing_steps_share": 0.0,
+                "captures_per_episode": 0.0,
+                "ms_per_reset": 0.0,
+                "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
+                "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1),
+                "threads_per_env": torch.get_num_threads(),
+                "stacked_epoch_share": (sum(vector.stacked_epochs) - stacked_before) / max(steps, 1),
+            },
+        )
+    )
+
+
 def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tuple[Any, ...]]) -> list[Any]:
     """target(*args(k), barrier, results) in n spawned processes k = 0..n-1 (each waits at the barrier, then puts
     one result); their results. A process that dies first (an import error, out of memory) raises here instead of
@@ -253,8 +325,9 @@ def run_processes(target: Callable[..., None], n: int, args: Callable[[int], tup
 
 
 def bare(setup: Setup) -> dict[str, float]:
-    threads = setup.bare_threads or max(1, (os.cpu_count() or 1) // setup.envs)
-    outcomes = run_processes(_bare_worker, setup.envs, lambda k: (setup, k, threads))
+    threads = setup.bare_threads or max(1, (os.cpu_count() or 1) // setup.processes)
+    worker = _bare_worker if setup.envs_per_runner == 1 else _bare_vector_worker
+    outcomes = run_processes(worker, setup.processes, lambda k: (setup, k, threads))
     seconds = max(o[3] for o in outcomes)
     figures = {
         "env_steps_per_s": sum(o[1] for o in outcomes) / seconds,
@@ -284,11 +357,12 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
         task=setup.task,
         slots=setup.slots,
         max_epochs=setup.max_epochs,
-        envs=setup.envs,
+        envs=setup.processes,
+        envs_per_runner=setup.envs_per_runner,
         episodes_per_env=setup.episodes_per_env,
         rounds=setup.rounds,
         gpus_per_env=setup.gpus_per_env,
-        cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.envs + 1))),
+        cpus_per_env=setup.cpus_per_env or max(0.25, min(1.0, (os.cpu_count() or 2) / (setup.processes + 1))),
         learners=1,
         learner_gpus=setup.learner_gpus,
         learner_cpus=setup.learner_cpus,
@@ -544,7 +618,8 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
     figures: dict[str, Any] = {}
     if "bare" in halves:
         log(
-            f"bare: {counted(setup.envs, 'env process', 'env processes')} for {setup.bare_seconds:.0f}s"
+            f"bare: {counted(setup.processes, 'env process', 'env processes')} of {counted(setup.envs, 'env')}"
+            f" for {setup.bare_seconds:.0f}s"
             f"{' under MPS' if mps else ''}"
         )
         with bare_mps(mps):
@@ -562,6 +637,8 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
             bare_seed_epochs_per_episode=round(bare_rate["seed_epochs_per_episode"], 2),
             bare_ms_per_step_in_env=round(bare_rate["ms_per_step_in_env"], 2),
         )
+        if "stacked_epoch_share" in bare_rate:  # vector envs: the share of their epochs that trained stacked
+            figures["bare_stacked_epoch_share"] = round(bare_rate["stacked_epoch_share"], 3)
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:
@@ -619,6 +696,12 @@ def main() -> None:
         "--gpus", type=int, default=1, help="GPUs to use with --gpu (envs per GPU stays --envs-per-gpu)"
     )
     parser.add_argument("--envs-per-gpu", type=int, default=4)
+    parser.add_argument(
+        "--envs-per-runner",
+        type=int,
+        default=1,
+        help="envs per process, stepped as one vector env whose hosts train stacked (must divide the envs)",
+    )
     parser.add_argument(
         "--learner-gpus",
         type=float,
@@ -714,6 +797,7 @@ def main() -> None:
             bare_controller=args.bare_controller,
             bare_threads=args.bare_threads,
             policy=args.policy,
+            envs_per_runner=args.envs_per_runner,
         )
     else:
         # CPU: the settings of a plain `esper-ray train` (unless --max-epochs)
@@ -742,7 +826,10 @@ def main() -> None:
             bare_controller=args.bare_controller,
             bare_threads=args.bare_threads,
             policy=args.policy,
+            envs_per_runner=args.envs_per_runner,
         )
+    if setup.envs % setup.envs_per_runner:
+        parser.error(f"--envs-per-runner {setup.envs_per_runner} must divide the {setup.envs} envs")
     from esper_ray.contracts.env_config import EnvConfig
     from esper_ray.env.precision import resolve_amp
 

@@ -19,6 +19,7 @@ from torch import nn
 from esper_ray.data.sharding import DeviceShard
 from esper_ray.env.epoch import TrainStats
 from esper_ray.env.gradient_telemetry import MEASURED_STAGES
+from esper_ray.env.train_step import Precision
 from esper_ray.morpho.stacked import Rows, StackedCNNHosts
 from esper_ray.morpho.stacked_seeds import StackedModel, StackedSeeds
 
@@ -136,12 +137,17 @@ class StackedTrainStep:
         optimizer: StackedSGD,
         max_grad_norm: float,
         seeds: Sequence[tuple[StackedSeeds, StackedSGD]] = (),
+        precision: Precision | None = None,
     ) -> None:
         self.hosts, self.optimizer, self.max_grad_norm = hosts, optimizer, max_grad_norm
         self.seeds = list(seeds)
+        self.precision = precision or Precision()
+        if self.precision.scaler is not None:
+            raise ValueError("stacked hosts: fp16 with a GradScaler is not stacked (one scaler per env); use bf16")
         self.model = StackedModel(hosts, [group for group, _ in self.seeds])
-        self.loss_sum = torch.zeros(hosts.n)
-        self.correct = torch.zeros(hosts.n, dtype=torch.int64)
+        device = optimizer.params[0].device
+        self.loss_sum = torch.zeros(hosts.n, device=device)
+        self.correct = torch.zeros(hosts.n, dtype=torch.int64, device=device)
 
     def __call__(
         self,
@@ -152,7 +158,8 @@ class StackedTrainStep:
     ) -> torch.Tensor:
         """x [M, B, C, H, W], y [M, B]: row k is host rows[k]'s batch (all hosts when rows is None). Returns the
         hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry)."""
-        logits = self.model(x, rows=rows)  # [M, B, classes]
+        with self.precision.autocast(x.device):  # bf16 on a GPU: as each env's own step (train_step.py)
+            logits = self.model(x, rows=rows).float()  # [M, B, classes]
         m, b = y.shape
         losses = nn.functional.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
         losses = losses.mean(dim=1)  # each host's mean over its batch, as prediction_loss
@@ -172,7 +179,7 @@ class StackedTrainStep:
             if not local or not seed_grads:
                 continue
             clip_per_host(seed_grads, self.max_grad_norm)  # each seed by its own norm, as TrainStep clips it
-            sgd.step(None if len(local) == len(group.hosts) else torch.tensor(local))
+            sgd.step(None if len(local) == len(group.hosts) else torch.tensor(local, device=x.device))
         correct = (logits.argmax(dim=-1) == y).sum(dim=1)
         if rows is None:
             self.loss_sum += losses.detach() * b
@@ -221,7 +228,8 @@ def train_stacked_epoch(
             on_grads = None
             if telemetry is not None and last:
                 on_grads = lambda s, running, last=last: telemetry(s, running, last)  # noqa: E731
-            step(x, y, rows=None if len(members) == len(shards) else torch.tensor(members), on_grads=on_grads)
+            rows = None if len(members) == len(shards) else torch.tensor(members, device=x.device)
+            step(x, y, rows=rows, on_grads=on_grads)
     loss_sums, corrects = step.loss_sum.tolist(), step.correct.tolist()
     return [
         TrainStats(batches=n_batches[i], samples=len(epochs[i][1]), loss_sum=loss_sums[i], correct=int(corrects[i]))

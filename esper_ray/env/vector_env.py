@@ -59,12 +59,14 @@ def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
     ramping down, a plug-in's seed module) trains alone."""
     model = env.model
     assert model is not None
-    if env.device.type != "cpu" or env.precision.dtype is not None or type(model.host) is not CNNHost:
+    if env.precision.scaler is not None or type(model.host) is not CNNHost:  # fp16: a GradScaler per env
         return None
     if any(unstackable(s) is not None for s in model.seed_slots()):
         return None
     group = env.host_optimizer.param_groups[0]
     return (
+        env.device,
+        env.precision.dtype,
         model.host.cfg,
         env.cfg.effective_batch_size,
         env.cfg.max_grad_norm,
@@ -96,7 +98,7 @@ def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
         seeds.append((seed_group, seed_sgd))
     telemetry = StackedTelemetry(len(envs))
     stats = train_stacked_epoch(
-        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm, seeds),
+        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm, seeds, first.precision),
         [env.shard for env in envs],
         [env.data_generator for env in envs],
         [env._prepare_train for env in envs],
@@ -132,6 +134,14 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         if not env_fns:
             raise ValueError("VectorMorphogeneticEnv: env_fns must make at least one env, got none")
         super().__init__(env_fns, autoreset_mode=AutoresetMode.NEXT_STEP)
+        # One CUDA stream for all: a stacked epoch reads and writes every env's tensors, so their work must be ordered
+        # on one stream (the envs of one process run one after another anyway).
+        streams = {env.stream for env in self.envs if env.stream is not None}
+        if len(streams) > 1:
+            torch.cuda.synchronize()  # what each env issued on its own stream while it was built
+            shared = self.envs[0].stream
+            for env in self.envs:
+                env.stream = shared
         self.stacked_epochs = [0] * self.num_envs
         self.stacked_seed_epochs = [0] * self.num_envs
 
@@ -203,7 +213,9 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 continue
             began = time.perf_counter()
             seeded = [bool(envs[i].model.active_slot_ids()) for i in members]  # type: ignore[union-attr]
-            for i, stats, with_seed in zip(members, train_stacked([envs[i] for i in members]), seeded, strict=True):
+            with envs[members[0]]._on_stream():
+                stats_of = train_stacked([envs[i] for i in members])
+            for i, stats, with_seed in zip(members, stats_of, seeded, strict=True):
                 trained[i] = stats
                 self.stacked_epochs[i] += 1
                 self.stacked_seed_epochs[i] += with_seed

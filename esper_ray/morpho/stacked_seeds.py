@@ -126,6 +126,8 @@ class StackedSeeds:
                 gate = lambda z: torch.func.functional_call(self.gate_module, gate_p, (z,))  # noqa: E731
             return blend(self.algorithm, host, seed_out, s_in, alpha, gate)  # type: ignore[arg-type]
 
+        if x.shape[0] == 1:  # one seed: its own module's call, without vmap's per-call cost (2x an env step here)
+            return one({k: v[0] for k, v in params.items()}, x[0], seed_in[0], alphas[0]).unsqueeze(0).transpose(1, 2)
         return torch.func.vmap(one)(params, x, seed_in, alphas).transpose(1, 2)
 
 
@@ -153,7 +155,10 @@ class StackedModel:
             if pairs:
                 local = [j for _, j in pairs]
                 whole = local == list(range(len(group.hosts)))
-                plan[g] = (torch.tensor([k for k, _ in pairs]), None if whole else torch.tensor(local))
+                plan[g] = (
+                    torch.tensor([k for k, _ in pairs], device=x.device),
+                    None if whole else torch.tensor(local, device=x.device),
+                )
         groups = {id(group): g for g, group in enumerate(self.seeds)}
 
         def at_slot(slot: str, h: torch.Tensor) -> torch.Tensor:
