@@ -6,8 +6,11 @@ vector env trains the envs' epochs: the envs with a CNN host in fp32 on the CPU 
 prune's ramp-down and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the host's
 structure and training settings train as one stacked module in one call per batch, their seeds in one stacked module
 per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every
-other env trains its epoch itself, exactly as a lone env does. A step's other phases (validation, counterfactuals)
-stay per env in this cut.
+other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch
+runs stacked likewise (env/stacked_validation.py: envs of one host structure and validation chunk whose seeds stack, in
+fp32 on the CPU), each env handed the ValStats its own pass gives; every other env, and one alone in its group,
+validates itself. A step's other phases (lifecycle, governor, reward, observation: none runs a forward pass) and a
+reset's or a rollback's validation stay per env.
 
 The state stays in each env: a stacked epoch stacks the hosts' and seeds' tensors and their momentum, trains, writes
 them back into each env's own modules and optimizers, and hands each env's last-batch gradient telemetry to its slots.
