@@ -19,12 +19,12 @@ import copy
 import pytest
 import torch
 
-from esper_ray.contracts.actions import Style
+from esper_ray.contracts.actions import AlphaCurve, Style
 from esper_ray.contracts.lifecycle import LifecycleConfig
 from esper_ray.contracts.stages import Stage
 from esper_ray.data.datasets import load_digits
 from esper_ray.data.sharding import DeviceShard, shard_indices
-from esper_ray.env.epoch import train_epoch
+from esper_ray.env.epoch import train_epoch, validate_fused
 from esper_ray.env.gradient_telemetry import GradientCapture
 from esper_ray.env.morphogenetic_env import HOST_MOMENTUM, HOST_WEIGHT_DECAY
 from esper_ray.env.stacked_step import (
@@ -36,8 +36,10 @@ from esper_ray.env.stacked_step import (
     store_momentum,
     train_stacked_epoch,
 )
+from esper_ray.env.stacked_validation import validate_stacked
 from esper_ray.env.train_step import Accumulators, Precision, TrainStep
 from esper_ray.morpho.blueprints import CNN_BUILDERS
+from esper_ray.morpho.counterfactual import build_plan
 from esper_ray.morpho.host import CNNHost, host_preset
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.stacked import StackedCNNHosts
@@ -401,3 +403,39 @@ def test_every_builtin_blueprint_stacks_as_it_trains_alone(data, style) -> None:
                 where = f"{blueprint} {style.name} model {j} {name}"
                 torch.testing.assert_close(group.params[name].grad[j], p.grad, **GRAD_TOLERANCE, msg=where)
                 torch.testing.assert_close(group.params[name][j], p, **TOLERANCE, msg=where)
+
+
+def test_stacked_validation_gives_each_model_its_own_fused_pass(data) -> None:  # type: ignore[no-untyped-def]
+    """The five seeded models (blended, held, TRAINING, gated and MULTIPLY seeds; K = 2, 5, 1, 2 and 1 configurations
+    from build_plan) validated in one stacked pass (env/stacked_validation.py) against each model's own validate_fused:
+    the same correct count and loss for every configuration. Model 2's set is shorter and the chunk smaller than the
+    sets, so chunks of unequal size stack apart; model 4 has a prepare of its own."""
+    models = []
+    for i, (model, optimizer) in enumerate(seeded_models()):
+        idx = shard_indices(len(data.train_y), i, 5)  # an epoch each, so that hosts and seeds tell classes apart
+        train_alone(
+            model, optimizer, DeviceShard(data.train_x[idx], data.train_y[idx], torch.device("cpu")), i, data.prepare
+        )
+        for slot in model.seed_slots():
+            if slot.is_active and slot.stage is not Stage.TRAINING:  # the schedule too, which build_plan reads
+                slot._set_alpha(slot.alpha_value.item(), 0, AlphaCurve.LINEAR)
+            with torch.no_grad():  # away from the identity at birth (the norm seed), so every configuration differs
+                for p in slot.seed_parameters():
+                    p.add_(0.1 * torch.randn_like(p))
+        models.append(model)
+    plans = [build_plan(m) for m in models]
+    assert [p.alphas.shape[0] for p in plans] == [2, 5, 1, 2, 1]
+    sets = [(data.val_x[:keep], data.val_y[:keep]) for keep in (None, None, 300, None, None)]
+    prepares = [data.prepare] * 4 + [lambda x: 0.9 * data.prepare(x)]
+    before = [copy.deepcopy(m.state_dict()) for m in models]
+    together = validate_stacked(
+        models, [x for x, _ in sets], [y for _, y in sets], [p.alphas for p in plans], chunk=128, prepares=prepares
+    )
+    for i, (model, plan, (x, y), prepare) in enumerate(zip(models, plans, sets, prepares, strict=True)):
+        alone = validate_fused(model, x, y, plan.alphas, chunk=128, prepare=prepare, precision=Precision())
+        assert together[i].samples == alone.samples and together[i].correct == alone.correct, i
+        assert together[i].loss_sum == pytest.approx(alone.loss_sum, rel=TOLERANCE["rtol"]), i
+        for name, value in before[i].items():  # eval mode: no running statistics updated, nothing trained
+            assert torch.equal(model.state_dict()[name], value), (i, name)
+    # Every configuration is its own, not the main one repeated (model 1's pair off and all off are one configuration).
+    assert [len(set(v.loss_sum)) for v in together] == [2, 4, 1, 2, 1], together

@@ -1,6 +1,6 @@
 """The vector env (esper_ray/env/vector_env.py) steps N envs as N separate envs step: the same observations, rewards,
 terminations, infos and env states, through a seed's germination, fossilization and a prune, episode ends and their
-autoresets, while the envs train their hosts and seeds stacked (issue 77's equal-episode test).
+autoresets, while the envs train and validate their hosts and seeds stacked (issue 77's equal-episode test).
 
 The reference is gymnasium's SyncVectorEnv over separate MorphogeneticEnvs: what RLlib's env runner steps with
 `num_envs_per_env_runner` > 1 and no vector env of ours, NEXT_STEP autoreset included.
@@ -54,6 +54,11 @@ STACKED_EPOCHS = [11, 11, 9]
 autoresets)."""
 STACKED_SEED_EPOCHS = [6, 1, 0]
 """Env 0's seed TRAINING (step 3, with env 1's), BLENDING (4-6), HOLDING (7), FOSSILIZED (8); env 1's TRAINING once."""
+STACKED_VALIDATIONS = STACKED_EPOCHS
+"""Every step's validation runs stacked where the epoch did (env/stacked_validation.py), seeds included."""
+STACKED_COUNTERFACTUALS = [2, 0, 0]
+"""Env 0's validations with its seed ablated (K = 2 configurations) after its alpha has left 0: BLENDING (step 6) and
+HOLDING (7); fossilized, it is part of the host (not ablated)."""
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 STATE_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 # The gradient of a convolution's weight that a batch norm follows is a near-cancelling sum, whose rounding is of the
@@ -140,7 +145,7 @@ def assert_same_state(ours: MorphogeneticEnv, theirs: MorphogeneticEnv, where: s
 def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
     separate = separate_envs()
     separate.reset(seed=0)
-    stacked, seeded = [0, 0, 0], [0, 0, 0]
+    stacked, seeded, validated, ablated = [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]
     for t in range(STEPS):
         ours = copies(separate)
         actions = script(separate.envs)
@@ -152,8 +157,12 @@ def test_the_vector_env_steps_as_separate_envs_from_the_same_state() -> None:
             assert_same_state(a, b, f"step {t} env {i}")  # type: ignore[arg-type]
         stacked = [n + m for n, m in zip(stacked, ours.stacked_epochs, strict=True)]
         seeded = [n + m for n, m in zip(seeded, ours.stacked_seed_epochs, strict=True)]
-    # Every env's epochs trained stacked, with their seeds, except where an env was the only one to train.
+        validated = [n + m for n, m in zip(validated, ours.stacked_validations, strict=True)]
+        ablated = [n + m for n, m in zip(ablated, ours.stacked_counterfactuals, strict=True)]
+    # Every env's epochs trained and validated stacked, with their seeds and their counterfactual configurations, except
+    # where an env was the only one to step.
     assert (stacked, seeded) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
+    assert (validated, ablated) == (STACKED_VALIDATIONS, STACKED_COUNTERFACTUALS)
 
 
 @pytest.fixture
@@ -203,6 +212,7 @@ def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle(one_tor
     assert {"TRAINING", "BLENDING", "HOLDING", "FOSSILIZED", "EMBARGOED"} <= seen, seen
     assert resets >= 3  # env 2 twice, envs 0 and 1 once
     assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
+    assert (ours.stacked_validations, ours.stacked_counterfactuals) == (STACKED_VALIDATIONS, STACKED_COUNTERFACTUALS)
 
 
 def test_an_env_with_seeds_stacks_unless_a_seed_cannot() -> None:

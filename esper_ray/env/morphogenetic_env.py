@@ -109,6 +109,17 @@ class StepStart:
     success: bool
 
 
+@dataclass(frozen=True)
+class Validated:
+    """A step's validation run elsewhere (a vector env's stacked pass, env/stacked_validation.py): the plan it ran
+    (`_validation_plan`), what the env's own `_validate` of that plan would return, and its share of the pass's
+    seconds (added to the step's `time/val`)."""
+
+    plan: CounterfactualPlan
+    val: ValStats
+    seconds: float
+
+
 class MorphogeneticEnv(gym.Env):
     metadata = {"render_modes": []}
 
@@ -265,7 +276,7 @@ class MorphogeneticEnv(gym.Env):
             self.counts.update({f"{outcome}/{b.key}": 0 for b in self.blueprints})
         self.flops = FlopTally()
         self.governor = Governor(self.random_guess_loss)
-        plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
+        plan = self._validation_plan()
         self._record_validation(plan, self._validate(plan))
         self.initial_accuracy = self.val.accuracy()
         self.governor.check(self.val.loss())
@@ -376,16 +387,23 @@ class MorphogeneticEnv(gym.Env):
         return StepStart(timings, decision, before, success)
 
     def _end_step(
-        self, start: StepStart, train: TrainStats
+        self, start: StepStart, train: TrainStats, validated: Validated | None = None
     ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        """After the epoch: validation, lifecycle tick, governor, reward, observation and info."""
+        """After the epoch: validation (or the one `validated` elsewhere), lifecycle tick, governor, reward,
+        observation and info."""
         assert self.model is not None
         timings, decision, success = start.timings, start.decision, start.success
         with timed(timings, "val"):
-            plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
-            val = self._validate(plan)
+            if validated is None:
+                plan = self._validation_plan()
+                val = self._validate(plan)
+            else:
+                plan, val = validated.plan, validated.val
+                self._count_validation(plan)
             prev_val = self.val
             self._record_validation(plan, val)
+        if validated is not None:
+            timings["val"] += validated.seconds
         with timed(timings, "lifecycle"):
             self.model.step_epoch()
             verdict = self.governor.check(val.loss()) if self.cfg.governor else None
@@ -450,11 +468,21 @@ class MorphogeneticEnv(gym.Env):
         self.flops.train += total
         self.flops.train_seeds += seeds
 
-    def _validate(self, plan: CounterfactualPlan) -> ValStats:
+    def _validation_plan(self) -> CounterfactualPlan:
+        """The configurations this epoch's validation pass evaluates."""
+        assert self.model is not None
+        return build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
+
+    def _count_validation(self, plan: CounterfactualPlan) -> None:
+        """The pass's FLOPs, wherever it runs (here, or stacked by a vector env)."""
         assert self.model is not None
         main, extra = self.flop_counter.validation(self.model.seed_slots(), plan.alphas, rows=len(self.val_y))
         self.flops.validation += main
         self.flops.counterfactual += extra
+
+    def _validate(self, plan: CounterfactualPlan) -> ValStats:
+        assert self.model is not None
+        self._count_validation(plan)
         return self.val_graphs.validate(
             self.model,
             self.val_x,
@@ -485,7 +513,7 @@ class MorphogeneticEnv(gym.Env):
         self.counts["rollbacks"] += 1
         self.loss_history.pop()
         self.accuracy_history.pop()
-        plan = build_plan(self.model, ablate_fossils=self.reward_config.ablates_fossils)
+        plan = self._validation_plan()
         self._record_validation(plan, self._validate(plan))
 
     def _reward(self, signal: StepSignal, rollback: bool) -> RewardBreakdown:

@@ -6,8 +6,11 @@ vector env trains the envs' epochs: the envs with a CNN host in fp32 on the CPU 
 prune's ramp-down and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the host's
 structure and training settings train as one stacked module in one call per batch, their seeds in one stacked module
 per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every
-other env trains its epoch itself, exactly as a lone env does. A step's other phases (validation, counterfactuals)
-stay per env in this cut.
+other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch
+runs stacked likewise (env/stacked_validation.py: envs of one host structure and validation chunk whose seeds stack, in
+fp32 on the CPU), each env handed the ValStats its own pass gives; every other env, and one alone in its group,
+validates itself. A step's other phases (lifecycle, governor, reward, observation: none runs a forward pass) and a
+reset's or a rollback's validation stay per env.
 
 The state stays in each env: a stacked epoch stacks the hosts' and seeds' tensors and their momentum, trains, writes
 them back into each env's own modules and optimizers, and hands each env's last-batch gradient telemetry to its slots.
@@ -37,7 +40,7 @@ from gymnasium.vector.utils import concatenate, iterate
 
 from esper_ray.env.epoch import TrainStats
 from esper_ray.env.gradient_telemetry import GradientCapture
-from esper_ray.env.morphogenetic_env import MorphogeneticEnv, StepStart
+from esper_ray.env.morphogenetic_env import MorphogeneticEnv, StepStart, Validated
 from esper_ray.env.stacked_step import (
     StackedSGD,
     StackedTelemetry,
@@ -47,6 +50,7 @@ from esper_ray.env.stacked_step import (
     store_momentum,
     train_stacked_epoch,
 )
+from esper_ray.env.stacked_validation import validate_envs, validation_key
 from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.stacked import StackedCNNHosts
 from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, unstackable
@@ -128,7 +132,9 @@ def seed_rows(group: StackedSeeds) -> list[tuple[torch.optim.Optimizer, list[tor
 class VectorMorphogeneticEnv(SyncVectorEnv):
     """A VectorEnv of MorphogeneticEnvs, one per config, stepped as SyncVectorEnv steps them (NEXT_STEP autoreset),
     their host epochs stacked where they can be (the module doc). `stacked_epochs[i]` counts env i's epochs that
-    trained stacked, `stacked_seed_epochs[i]` those of them in which a seed of env i ran in the forward pass."""
+    trained stacked, `stacked_seed_epochs[i]` those of them in which a seed of env i ran in the forward pass;
+    `stacked_validations[i]` counts env i's step validations that ran stacked, `stacked_counterfactuals[i]` those of
+    them with more than one configuration (a seed ablated)."""
 
     def __init__(self, env_fns: Sequence[Callable[[], MorphogeneticEnv]]) -> None:
         if not env_fns:
@@ -144,6 +150,8 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 env.stream = shared
         self.stacked_epochs = [0] * self.num_envs
         self.stacked_seed_epochs = [0] * self.num_envs
+        self.stacked_validations = [0] * self.num_envs
+        self.stacked_counterfactuals = [0] * self.num_envs
 
     @classmethod
     def of_configs(cls, configs: Sequence[Mapping[str, Any]]) -> VectorMorphogeneticEnv:
@@ -175,6 +183,7 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 with envs[i]._on_stream():
                     started[i] = envs[i]._begin_step(action)
         trained = self._train_epochs(started)
+        validated = self._validate_stacked(started)
         for i, start in started.items():
             with envs[i]._on_stream():
                 (
@@ -183,7 +192,7 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                     self._terminations[i],
                     self._truncations[i],
                     env_infos[i],
-                ) = envs[i]._end_step(start, trained[i])
+                ) = envs[i]._end_step(start, trained[i], validated.get(i))
         infos: dict[str, Any] = {}
         for i, info in enumerate(env_infos):
             infos = self._add_info(infos, info, i)
@@ -228,3 +237,26 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 trained[i] = envs[i]._train_epoch()
             started[i].timings["train"] = time.perf_counter() - began
         return trained
+
+    def _validate_stacked(self, started: dict[int, StepStart]) -> dict[int, Validated]:
+        """The validation pass of every env that steps and shares validation_key with another, stacked
+        (env/stacked_validation.py); the others are left to validate themselves in _end_step. A group's seconds are
+        shared out equally among its envs' `time/val`."""
+        envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i in started:
+            key = validation_key(envs[i])
+            if key is not None:
+                groups.setdefault(key, []).append(i)
+        validated: dict[int, Validated] = {}
+        for members in groups.values():
+            if len(members) == 1:
+                continue
+            began = time.perf_counter()
+            results = validate_envs([envs[i] for i in members])
+            share = (time.perf_counter() - began) / len(members)
+            for i, (plan, val) in zip(members, results, strict=True):
+                validated[i] = Validated(plan, val, share)
+                self.stacked_validations[i] += 1
+                self.stacked_counterfactuals[i] += len(val.correct) > 1
+        return validated

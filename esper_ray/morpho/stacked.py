@@ -185,6 +185,15 @@ class StackedCNNHosts:
 
 
 def _pool(h: torch.Tensor) -> torch.Tensor:
-    """2x2 max-pool of stacked features [M, C, B, H, W]: the M*C channels as the pool's batch, B as its channels."""
+    """2x2 max-pool of stacked features [M, C, B, H, W]: the M*C channels as the pool's batch, B as its channels.
+    Without autograd (the validation pass) as the maximum of the four strided quarters: the same values, and on the
+    CPU ~10x faster than max_pool2d on stacked features (16 hosts' [2, 359, 8, 8]: 0.37 against 4.2 ms). Not in
+    training: on a tie (common here, 1x1 convolutions of a digit's blank pixels) torch.maximum splits the gradient
+    where max_pool2d gives it to one input."""
     m, c, b, side = h.shape[:4]
+    if not torch.is_grad_enabled() and side % 2 == 0:
+        top, bottom = h[..., 0::2, :], h[..., 1::2, :]
+        return torch.maximum(
+            torch.maximum(top[..., 0::2], top[..., 1::2]), torch.maximum(bottom[..., 0::2], bottom[..., 1::2])
+        )
     return F.max_pool2d(h.reshape(m * c, b, side, side), 2).view(m, c, b, side // 2, side // 2)

@@ -105,11 +105,15 @@ class StackedSeeds:
             for (_, p), name in zip(_named(self.slots[row]), self.names, strict=True):
                 p.copy_(self.params[name][row])
 
-    def __call__(self, h: torch.Tensor, local: Rows = None) -> torch.Tensor:
+    def __call__(self, h: torch.Tensor, local: Rows = None, alphas: torch.Tensor | None = None) -> torch.Tensor:
         """The slot's output for stacked host features h [M, C, B, H, W], row k being the seed of group row local[k]
-        (all rows, in order, when local is None)."""
+        (all rows, in order, when local is None; a row may repeat). `alphas` [M]: every row blends at alphas[k]
+        whatever its stage, as SeedSlot.forward blends at an `alpha_override` (the validation pass's configurations,
+        env/stacked_validation.py); None: each row's live alpha, a TRAINING seed straight-through."""
         params = self.params if local is None else {k: v[local] for k, v in self.params.items()}
-        alphas = self.alphas if local is None else self.alphas[local]
+        override = alphas is not None
+        if alphas is None:
+            alphas = self.alphas if local is None else self.alphas[local]
         x = h.transpose(1, 2)  # [M, B, C, H, W]: each row as its seed reads it
         seed_in = x.detach()  # a CNN seed reads detached host features at every stage (SeedSlot.isolated)
 
@@ -118,7 +122,7 @@ class StackedSeeds:
         ) -> torch.Tensor:
             seed_p = {k[5:]: v for k, v in p.items() if k.startswith("seed.")}
             seed_out = torch.func.functional_call(self.seed_module, seed_p, (s_in,))  # type: ignore[arg-type]
-            if self.training:
+            if self.training and not override:
                 return host + (seed_out - seed_out.detach())  # the host's value, the seed's gradient
             gate = None
             if self.gate_module is not None:
