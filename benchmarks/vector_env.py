@@ -117,7 +117,8 @@ def measure(n: int, steps: int, rounds: int, heuristic: bool) -> dict[str, Any]:
     """Per-host seconds of an env step of each variant for N envs (the median over rounds), and the seeded steps."""
     max_epochs = (rounds + 1) * steps + 1  # no episode ends inside the run
     step_vector, vector = vector_variant(n, steps, max_epochs, heuristic)
-    seconds = timed_rounds({"separate": separate_variant(n, steps, max_epochs, heuristic), "vector": step_vector}, rounds)
+    step_separate = separate_variant(n, steps, max_epochs, heuristic)
+    seconds = timed_rounds({"separate": step_separate, "vector": step_vector}, rounds)
     vector.close()
     return {
         "per_host_step_ms": {k: round(1000 * statistics.median(v) / (n * steps), 3) for k, v in seconds.items()},
