@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
+from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, int_or_text, keys_help
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
+from esper_ray.contracts.envs_split import AUTO, auto_why, split_line
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
 from esper_ray.contracts.train_config import (
     MAX_COUNT,
@@ -176,6 +177,9 @@ def _resumed_train_config(
         run_folder_of,
     )
 
+    # The run's split is the one it recorded (train_config.json), whatever cores this machine has: `auto` asks for
+    # nothing else, and an integer must equal it, as any other setting must.
+    flags = {k: v for k, v in flags.items() if not (k == "envs_per_runner" and v == AUTO)}
     folder = Path(args.resume).expanduser()
     if left_without_checkpoint(folder):  # a run killed before its first checkpoint
         again = (
@@ -191,6 +195,8 @@ def _resumed_train_config(
     checkpoint = resolve_checkpoint(args.resume)
     stored = load_checkpoint_config(checkpoint)
     given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
+    if given_settings.get("envs_per_runner") == AUTO:
+        del given_settings["envs_per_runner"]
     if env:
         given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
     asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
@@ -232,13 +238,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
-    envs = counted(cfg.envs, "env")
-    if cfg.envs_per_runner > 1:  # one vector env per runner (env/vector_env.py)
-        envs = f"{counted(cfg.envs, 'env runner')} x {counted(cfg.envs_per_runner, 'env')}"
+    cfg, split = _split_envs(cfg, resumed=resume is not None)
     print(
-        f"esper-ray train: {what}, {envs} x {counted(cfg.episodes_per_env, 'episode')} of "
+        f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
         f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
-        f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
+        f"output {cfg.output}; {split + ', ' if split else ''}"
+        f"{threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
         flush=True,
     )
     warn("train", cfg.short_run_warning())
@@ -247,6 +252,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if outcome.terminated:
         return TERMINATED_EXIT_CODE
     return 130 if outcome.interrupted else 0
+
+
+def _split_envs(cfg: TrainConfig, resumed: bool) -> tuple[TrainConfig, str | None]:
+    """The run's envs split into env runners (TrainConfig.envs_per_runner), and how the head line says it where
+    a runner steps more than one env. `auto` is decided here for a local Ray, which gets os.cpu_count() CPUs
+    (train/process/resources.py); on a cluster (--address) once joined, by run_training."""
+    if cfg.envs_per_runner == AUTO:
+        if cfg.address is not None:
+            return cfg, "envs split into env runners by the cluster's CPUs once joined (auto)"
+        cores = os.cpu_count() or 1
+        cfg = cfg.resolved(cores)
+        why = auto_why(cores, cfg.gpus_per_env > 0)
+    else:
+        why = "as the run started" if resumed else None
+    per_runner = cfg.resolved_envs_per_runner
+    return cfg, split_line(cfg.envs, per_runner, why) if per_runner > 1 else None
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -343,6 +364,15 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
+    if args.envs_per_runner is not None:  # how a trial's envs are split into processes: the machine's, as above
+        from esper_ray.experiments.trial_split import check_override
+
+        if args.resume:
+            raise ValueError(
+                f"--envs-per-runner {args.envs_per_runner}: a resumed run keeps the split it started with "
+                "(experiment.json), which its checkpoints restore into; leave the flag out"
+            )
+        check_override(spec, args.envs_per_runner)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     _print_ab_plan(spec, output)
     for line in spec.short_run_warnings():
@@ -362,6 +392,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             source=experiment_source(Path(args.experiment)),
             save_networks=args.save,
             salvage=args.salvage,
+            envs_per_runner=args.envs_per_runner,
         )
     except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
         if (output / "experiment.json").is_file():
@@ -733,6 +764,16 @@ def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         metavar="N",
         help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
         "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed",
+    )
+    ab.add_argument(
+        "--envs-per-runner",
+        type=int_or_text,
+        metavar="N|auto",
+        help="envs each env runner of a PPO trial steps, for every arm, over the file's envs_per_runner (default: "
+        "the file's, else auto: one env a runner unless a trial's share of the CPUs (the cluster's CPUs over the "
+        "trials that fit at once) is fewer than its envs, then as few envs a runner as fill that share; one a "
+        "runner on GPUs). N divides every PPO arm's envs. It changes no episode, only the processes; a run keeps "
+        "the split it started with when resumed",
     )
     ab.add_argument(
         "--save",

@@ -46,12 +46,9 @@ def check_envs_per_runner(value: Any, envs: Any) -> None:
         )
 
 
-def parse_envs_per_runner(text: str) -> int | str:
-    """A flag's value: an integer when it reads as one, else the text (TrainConfig refuses anything but 'auto')."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
+def auto_why(cores: float, on_gpu: bool) -> str:
+    """Why auto split as it did, in a few words."""
+    return "auto: envs on GPUs" if on_gpu else f"auto: {cores:g} CPU core{'' if cores == 1 else 's'}"
 
 
 def split_line(envs: int, per_runner: int, why: str | None = None) -> str:

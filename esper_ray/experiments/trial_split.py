@@ -44,6 +44,15 @@ def recorded_split(record: Mapping[str, Any], spec: ExperimentSpec) -> dict[str,
     return {arm: 1 for arm in ppo_arms(spec) if spec.arm_setting(arm, "envs_per_runner") == AUTO}
 
 
+def check_override(spec: ExperimentSpec, value: int | str) -> None:
+    """ab --envs-per-runner: 'auto' or a positive integer that divides every PPO arm's envs."""
+    for arm in ppo_arms(spec):
+        try:
+            check_envs_per_runner(value, int(spec.arm_setting(arm, "envs")))
+        except ValueError as err:
+            raise ValueError(f"--envs-per-runner (arms.{arm}): {err}") from None
+
+
 def decide_split(
     spec: ExperimentSpec,
     have: Mapping[str, float],
@@ -54,15 +63,13 @@ def decide_split(
     what one trial of each PPO arm asks for with one env a runner; `override`: ab --envs-per-runner."""
     arms = ppo_arms(spec)
     cpus = have.get("CPU", 0.0)
+    if override is not None:
+        check_override(spec, override)
     out: dict[str, tuple[int, str | None]] = {}
     for arm in arms:
         value = override if override is not None else spec.arm_setting(arm, "envs_per_runner")
         envs = int(spec.arm_setting(arm, "envs"))
-        try:
-            check_envs_per_runner(value, envs)
-        except ValueError as err:
-            raise ValueError(f"{'--envs-per-runner' if override is not None else 'arms.' + arm}: {err}") from None
-        if value != AUTO:
+        if value != AUTO:  # the file's, checked when it was read
             out[arm] = (int(value), None)
             continue
         if float(spec.arm_setting(arm, "gpus_per_env")) > 0:
