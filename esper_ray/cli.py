@@ -22,6 +22,7 @@ from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_na
 from esper_ray.contracts.train_config import (
     MAX_COUNT,
     RUN_ENV_KEYS,
+    RUNNERS_KEY,
     TRAIN_OWNED_ENV_KEYS,
     TRAINING_ENV_DEFAULTS,
     TrainConfig,
@@ -78,6 +79,13 @@ SAVE_HELP = (
 )
 
 
+AB_ENVS_PER_RUNNER_HELP = (
+    "envs each env runner of a PPO trial steps, for every arm, over the file's envs_per_runner (default: the file's, "
+    "else auto: one env a runner unless a trial's share of the CPUs (the cluster's CPUs over the trials that fit at "
+    "once) is fewer than its envs, then as few envs a runner as fill that share; one a runner on GPUs). N divides "
+    "every PPO arm's envs. It changes no episode, only the processes; a run keeps the split it started with when "
+    "resumed"
+)
 EVAL_SEED_HELP = "env seed (default: the training seed)"
 EVAL_ENV_HELP = "override an env setting, e.g. --env device=cpu"
 GROW_SEED_HELP = "env seed: the host's initialisation and data order (default: the checkpoint's training seed)"
@@ -162,6 +170,12 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     return dataclasses.replace(cfg, output=str(output)), None
 
 
+def _without_auto_split(settings: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's split is the one it recorded (train_config.json), whatever cores this machine has: `auto` asks
+    for nothing else (an integer must equal it, as any other setting must)."""
+    return {k: v for k, v in settings.items() if not (k == "envs_per_runner" and v == AUTO)}
+
+
 def _resumed_train_config(
     args: argparse.Namespace, flags: dict[str, Any], env: dict[str, Any]
 ) -> tuple[TrainConfig, Path]:
@@ -177,9 +191,7 @@ def _resumed_train_config(
         run_folder_of,
     )
 
-    # The run's split is the one it recorded (train_config.json), whatever cores this machine has: `auto` asks for
-    # nothing else, and an integer must equal it, as any other setting must.
-    flags = {k: v for k, v in flags.items() if not (k == "envs_per_runner" and v == AUTO)}
+    flags = _without_auto_split(flags)
     folder = Path(args.resume).expanduser()
     if left_without_checkpoint(folder):  # a run killed before its first checkpoint
         again = (
@@ -194,12 +206,12 @@ def _resumed_train_config(
         )
     checkpoint = resolve_checkpoint(args.resume)
     stored = load_checkpoint_config(checkpoint)
-    given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
-    if given_settings.get("envs_per_runner") == AUTO:
-        del given_settings["envs_per_runner"]
+    given_settings = _without_auto_split({**(load_mapping(args.config, "config file") if args.config else {}), **flags})
     if env:
         given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
-    asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
+    # the stored settings with the split spelled out (its record leaves out one env a runner, and marks the others)
+    base = {k: v for k, v in stored.to_dict().items() if k != RUNNERS_KEY} | {"envs_per_runner": stored.envs_per_runner}
+    asked = TrainConfig.from_mapping({**base, **given_settings})  # compared as built: `env` whole
     changed = sorted(
         k
         for k in given_settings
@@ -221,7 +233,7 @@ def _resumed_train_config(
     output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
     if output != run_dir:
         output = fresh_run_folder(output, numbered=False)
-    return TrainConfig.from_mapping({**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}), checkpoint
+    return TrainConfig.from_mapping({**base, **flags, "rounds": rounds, "output": str(output)}), checkpoint
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -364,15 +376,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
-    if args.envs_per_runner is not None:  # how a trial's envs are split into processes: the machine's, as above
-        from esper_ray.experiments.trial_split import check_override
-
-        if args.resume:
-            raise ValueError(
-                f"--envs-per-runner {args.envs_per_runner}: a resumed run keeps the split it started with "
-                "(experiment.json), which its checkpoints restore into; leave the flag out"
-            )
-        check_override(spec, args.envs_per_runner)
+    _check_ab_envs_per_runner(args, spec)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     _print_ab_plan(spec, output)
     for line in spec.short_run_warnings():
@@ -418,6 +422,21 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _check_ab_envs_per_runner(args: argparse.Namespace, spec: ExperimentSpec) -> None:
+    """`ab --envs-per-runner`: how a trial's envs are split into processes, the machine's choice as the cap on trials
+    at once is; a resumed run keeps its own."""
+    from esper_ray.experiments.trial_split import check_override
+
+    if args.envs_per_runner is None:
+        return
+    if args.resume:
+        raise ValueError(
+            f"--envs-per-runner {args.envs_per_runner}: a resumed run keeps the split it started with "
+            "(experiment.json), which its checkpoints restore into; leave the flag out"
+        )
+    check_override(spec, args.envs_per_runner)
 
 
 def _print_ab_plan(spec: ExperimentSpec, output: Path) -> None:
@@ -769,11 +788,7 @@ def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         "--envs-per-runner",
         type=int_or_text,
         metavar="N|auto",
-        help="envs each env runner of a PPO trial steps, for every arm, over the file's envs_per_runner (default: "
-        "the file's, else auto: one env a runner unless a trial's share of the CPUs (the cluster's CPUs over the "
-        "trials that fit at once) is fewer than its envs, then as few envs a runner as fill that share; one a "
-        "runner on GPUs). N divides every PPO arm's envs. It changes no episode, only the processes; a run keeps "
-        "the split it started with when resumed",
+        help=AB_ENVS_PER_RUNNER_HELP,
     )
     ab.add_argument(
         "--save",

@@ -268,7 +268,11 @@ class TrainConfig:
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
         if own["policy"] == "flat":  # records of the default network stay as they were before `policy` (issue 75)
             del own["policy"]
-        if own["envs_per_runner"] != AUTO:  # the split the run took, so a resume takes it again (from_record)
+        # The split the run took, so that a resume takes it again (from_record); one env a runner is left out, as in
+        # every record before envs_per_runner, which from_record reads as 1 (issue 77)
+        if own["envs_per_runner"] == 1:
+            del own["envs_per_runner"]
+        elif own["envs_per_runner"] != AUTO:
             own[RUNNERS_KEY] = self.env_runners
         default = TrainConfig().env
         env = {
