@@ -278,7 +278,7 @@ def _split_envs(cfg: TrainConfig, resumed: bool) -> tuple[TrainConfig, str | Non
         why = auto_why(cores, cfg.gpus_per_env > 0)
     else:
         why = "as the run started" if resumed else None
-    per_runner = cfg.resolved_envs_per_runner
+    per_runner = cfg.runner_envs
     return cfg, split_line(cfg.envs, per_runner, why) if per_runner > 1 else None
 
 

@@ -335,14 +335,14 @@ class TrainConfig:
 
     @property
     def env_runners(self) -> int:
-        """Env-runner processes: envs / envs_per_runner (once resolved: see `resolved`)."""
-        return self.envs // self.resolved_envs_per_runner
+        """Env-runner processes: envs / runner_envs."""
+        return self.envs // self.runner_envs
 
     @property
-    def resolved_envs_per_runner(self) -> int:
-        if self.envs_per_runner == AUTO:
-            raise ValueError("envs_per_runner='auto': resolve it first (TrainConfig.resolved), knowing the cores")
-        return int(self.envs_per_runner)
+    def runner_envs(self) -> int:
+        """envs_per_runner as a number. `train` and `ab` decide `auto` before they build anything (`resolved`);
+        settings left at auto (a PPOConfig built directly: tests, benchmarks) run one env a runner, as before auto."""
+        return 1 if self.envs_per_runner == AUTO else int(self.envs_per_runner)
 
     def resolved(self, cores: float) -> TrainConfig:
         """These settings with envs_per_runner an integer: `auto` decided for `cores` CPU cores (envs_split.py);

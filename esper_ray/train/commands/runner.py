@@ -100,7 +100,7 @@ def run_training(
         if cfg.envs_per_runner == AUTO:  # the CLI decides before Ray starts where it can (local Ray: os.cpu_count)
             cores = ray.cluster_resources().get("CPU", 1.0)
             cfg = cfg.resolved(cores)
-            log(f"envs: {split_line(cfg.envs, cfg.resolved_envs_per_runner, auto_why(cores, cfg.gpus_per_env > 0))}")
+            log(f"envs: {split_line(cfg.envs, cfg.runner_envs, auto_why(cores, cfg.gpus_per_env > 0))}")
         check_fits(cfg, local=cfg.address is None, log=log)
         if mps_env is not None:
             nodes = stack.enter_context(mps_daemons(mps_env))

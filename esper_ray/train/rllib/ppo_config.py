@@ -49,7 +49,7 @@ def observation_filter(env: object, spaces: object, device: object) -> FeatureMe
 def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPOConfig:
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
-    per_runner = cfg.resolved_envs_per_runner
+    per_runner = cfg.runner_envs
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     slots = cfg.policy in SLOT_ARCHITECTURES
     module_class, presets = (SlotPolicyModule, SLOT_MODEL_PRESETS) if slots else (MorphoPolicyModule, MODEL_PRESETS)
