@@ -91,9 +91,7 @@ NETWORKS_DIR = "networks"
 
 
 def train_config_of(config: dict[str, Any]) -> TrainConfig:
-    """A trial's settings: its split decided by the run (trial_split.py); a trial of a run started before
-    envs_per_runner has none, and ran one env a runner."""
-    return TrainConfig.from_mapping({"envs_per_runner": 1, **config[TRIAL_KEY]["train"]})
+    return TrainConfig.from_mapping(config[TRIAL_KEY]["train"])
 
 
 def controller_of(config: dict[str, Any]) -> ControllerKind:
