@@ -610,8 +610,9 @@ def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         parents=[verbose_after],
         help="train the controller with PPO on Ray "
         "(defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
-        description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
-        "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
+        description="Train the growth controller with RLlib's PPO: --envs environments, each on its own data shard, "
+        "one per env-runner actor unless there are more than CPU cores (--envs-per-runner), and a central learner. "
+        "Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
         formatter_class=LinesHelpFormatter,
         epilog=keys_help(
