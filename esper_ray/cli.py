@@ -13,14 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, keys_help
+from esper_ray.cli_args import LinesHelpFormatter, add_dataclass_arguments, given, int_or_text, keys_help
 from esper_ray.contracts.actions import topology_blueprints
 from esper_ray.contracts.controllers import ControllerKind
 from esper_ray.contracts.env_config import DEFAULT_TASK, TASKS, EnvConfig
+from esper_ray.contracts.envs_split import AUTO, auto_why, split_line
 from esper_ray.contracts.fields import check_int, parse_env_overrides, shared_name
 from esper_ray.contracts.train_config import (
     MAX_COUNT,
     RUN_ENV_KEYS,
+    RUNNERS_KEY,
     TRAIN_OWNED_ENV_KEYS,
     TRAINING_ENV_DEFAULTS,
     TrainConfig,
@@ -77,6 +79,13 @@ SAVE_HELP = (
 )
 
 
+AB_ENVS_PER_RUNNER_HELP = (
+    "envs each env runner of a PPO trial steps, for every arm, over the file's envs_per_runner (default: the file's, "
+    "else auto: one env a runner unless a trial's share of the CPUs (the cluster's CPUs over the trials that fit at "
+    "once) is fewer than its envs, then as few envs a runner as fill that share; one a runner on GPUs). N divides "
+    "every PPO arm's envs. It changes no episode, only the processes; a run keeps the split it started with when "
+    "resumed"
+)
 EVAL_SEED_HELP = "env seed (default: the training seed)"
 EVAL_ENV_HELP = "override an env setting, e.g. --env device=cpu"
 GROW_SEED_HELP = "env seed: the host's initialisation and data order (default: the checkpoint's training seed)"
@@ -161,6 +170,12 @@ def train_config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, Path 
     return dataclasses.replace(cfg, output=str(output)), None
 
 
+def _without_auto_split(settings: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run's split is the one it recorded (train_config.json), whatever cores this machine has: `auto` asks
+    for nothing else (an integer must equal it, as any other setting must)."""
+    return {k: v for k, v in settings.items() if not (k == "envs_per_runner" and v == AUTO)}
+
+
 def _resumed_train_config(
     args: argparse.Namespace, flags: dict[str, Any], env: dict[str, Any]
 ) -> tuple[TrainConfig, Path]:
@@ -176,6 +191,7 @@ def _resumed_train_config(
         run_folder_of,
     )
 
+    flags = _without_auto_split(flags)
     folder = Path(args.resume).expanduser()
     if left_without_checkpoint(folder):  # a run killed before its first checkpoint
         again = (
@@ -190,10 +206,12 @@ def _resumed_train_config(
         )
     checkpoint = resolve_checkpoint(args.resume)
     stored = load_checkpoint_config(checkpoint)
-    given_settings = {**(load_mapping(args.config, "config file") if args.config else {}), **flags}
+    given_settings = _without_auto_split({**(load_mapping(args.config, "config file") if args.config else {}), **flags})
     if env:
         given_settings["env"] = {**dict(given_settings.get("env", {}) or {}), **env}
-    asked = TrainConfig.from_mapping({**stored.to_dict(), **given_settings})  # compared as built: `env` whole
+    # the stored settings with the split spelled out (its record leaves out one env a runner, and marks the others)
+    base = {k: v for k, v in stored.to_dict().items() if k != RUNNERS_KEY} | {"envs_per_runner": stored.envs_per_runner}
+    asked = TrainConfig.from_mapping({**base, **given_settings})  # compared as built: `env` whole
     changed = sorted(
         k
         for k in given_settings
@@ -215,7 +233,7 @@ def _resumed_train_config(
     output = Path(flags["output"]).expanduser().resolve() if "output" in flags else run_dir
     if output != run_dir:
         output = fresh_run_folder(output, numbered=False)
-    return TrainConfig.from_mapping({**stored.to_dict(), **flags, "rounds": rounds, "output": str(output)}), checkpoint
+    return TrainConfig.from_mapping({**base, **flags, "rounds": rounds, "output": str(output)}), checkpoint
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -232,13 +250,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from esper_ray.train.commands.runner import format_outcome, run_training
 
     what = f"family {cfg.family}" if cfg.family is not None else f"task {cfg.task}"
-    envs = counted(cfg.envs, "env")
-    if cfg.envs_per_runner > 1:  # one vector env per runner (env/vector_env.py)
-        envs = f"{counted(cfg.envs, 'env runner')} x {counted(cfg.envs_per_runner, 'env')}"
+    cfg, split = _split_envs(cfg, resumed=resume is not None)
     print(
-        f"esper-ray train: {what}, {envs} x {counted(cfg.episodes_per_env, 'episode')} of "
+        f"esper-ray train: {what}, {counted(cfg.envs, 'env')} x {counted(cfg.episodes_per_env, 'episode')} of "
         f"{counted(cfg.max_epochs, 'epoch')} per round, {counted(cfg.rounds, 'round')}, reward {cfg.reward_mode}, "
-        f"output {cfg.output}; {threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
+        f"output {cfg.output}; {split + ', ' if split else ''}"
+        f"{threads_line(threads_of_cpus(cfg.cpus_per_env))} per env runner (its CPUs)",
         flush=True,
     )
     warn("train", cfg.short_run_warning())
@@ -247,6 +264,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if outcome.terminated:
         return TERMINATED_EXIT_CODE
     return 130 if outcome.interrupted else 0
+
+
+def _split_envs(cfg: TrainConfig, resumed: bool) -> tuple[TrainConfig, str | None]:
+    """The run's envs split into env runners (TrainConfig.envs_per_runner), and how the head line says it where
+    a runner steps more than one env. `auto` is decided here for a local Ray, which gets os.cpu_count() CPUs
+    (train/process/resources.py); on a cluster (--address) once joined, by run_training."""
+    if cfg.envs_per_runner == AUTO:
+        if cfg.address is not None:
+            return cfg, "envs split into env runners by the cluster's CPUs once joined (auto)"
+        cores = os.cpu_count() or 1
+        cfg = cfg.resolved(cores)
+        why = auto_why(cores, cfg.gpus_per_env > 0)
+    else:
+        why = "as the run started" if resumed else None
+    per_runner = cfg.runner_envs
+    return cfg, split_line(cfg.envs, per_runner, why) if per_runner > 1 else None
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -343,6 +376,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if args.max_concurrent_trials is not None:  # the machine's share, not the experiment's: a flag overrides the file
         check_int("--max-concurrent-trials", args.max_concurrent_trials, 1)
         spec = dataclasses.replace(spec, max_concurrent_trials=args.max_concurrent_trials)
+    _check_ab_envs_per_runner(args, spec)
     output = Path(args.output) if args.output else Path("esper_runs") / spec.name
     _print_ab_plan(spec, output)
     for line in spec.short_run_warnings():
@@ -362,6 +396,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
             source=experiment_source(Path(args.experiment)),
             save_networks=args.save,
             salvage=args.salvage,
+            envs_per_runner=args.envs_per_runner,
         )
     except KeyboardInterrupt:  # before Tune ran (while Ray starts, say): main() exits with 130 or 143
         if (output / "experiment.json").is_file():
@@ -387,6 +422,21 @@ def _cmd_ab(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _check_ab_envs_per_runner(args: argparse.Namespace, spec: ExperimentSpec) -> None:
+    """`ab --envs-per-runner`: how a trial's envs are split into processes, the machine's choice as the cap on trials
+    at once is; a resumed run keeps its own."""
+    from esper_ray.experiments.trial_split import check_override
+
+    if args.envs_per_runner is None:
+        return
+    if args.resume:
+        raise ValueError(
+            f"--envs-per-runner {args.envs_per_runner}: a resumed run keeps the split it started with "
+            "(experiment.json), which its checkpoints restore into; leave the flag out"
+        )
+    check_override(spec, args.envs_per_runner)
 
 
 def _print_ab_plan(spec: ExperimentSpec, output: Path) -> None:
@@ -560,8 +610,9 @@ def _add_train(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         parents=[verbose_after],
         help="train the controller with PPO on Ray "
         "(defaults: digits-impaired, local CPU, 20 rounds: 3-9 minutes on 2 cores)",
-        description="Train the growth controller with RLlib's PPO: one environment per env-runner actor, each on its "
-        "own data shard, and a central learner. Prints a line per round and a summary; writes checkpoints, "
+        description="Train the growth controller with RLlib's PPO: --envs environments, each on its own data shard, "
+        "one per env-runner actor unless there are more than CPU cores (--envs-per-runner), and a central learner. "
+        "Prints a line per round and a summary; writes checkpoints, "
         "metrics.jsonl and TensorBoard logs under --output. Settings: defaults < --config FILE.yaml < flags.",
         formatter_class=LinesHelpFormatter,
         epilog=keys_help(
@@ -733,6 +784,12 @@ def _add_ab(sub: Any, verbose_after: argparse.ArgumentParser) -> None:
         metavar="N",
         help="cap the trials running at once (default: the experiment file's max_concurrent_trials, else "
         "as many as the cluster's CPUs and GPUs fit); a run keeps the cap it started with when resumed",
+    )
+    ab.add_argument(
+        "--envs-per-runner",
+        type=int_or_text,
+        metavar="N|auto",
+        help=AB_ENVS_PER_RUNNER_HELP,
     )
     ab.add_argument(
         "--save",

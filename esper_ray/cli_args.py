@@ -77,7 +77,9 @@ def add_dataclass_arguments(
         hint, _ = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         help_text = field_help(cls, f, defaults).replace("%", "%%")  # argparse formats help with %
-        if hint is bool:
+        if {int, str} <= set(typing.get_args(hints[f.name])):  # a count or a word (envs_per_runner: N or auto)
+            parser.add_argument(flag, type=int_or_text, default=None, metavar=f.name.upper(), help=help_text)
+        elif hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(hint) is tuple:
             parser.add_argument(flag, nargs="+", default=None, metavar=f.name.upper(), help=help_text)
@@ -85,6 +87,15 @@ def add_dataclass_arguments(
             parser.add_argument(flag, type=hint, default=None, metavar=f.name.upper(), help=help_text)
         names.append(f.name)
     return names
+
+
+def int_or_text(text: str) -> int | str:
+    """A flag that takes a count or a word: an integer when it reads as one, else the text, which the config checks
+    (its error names the field and what it allows)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:

@@ -97,23 +97,24 @@ def test_evaluation_episodes_depend_on_the_seed_and_settings_only():
     assert [e.reset_seed for e in evaluation_episodes(TrainConfig(envs=2, seed=4), 4)] != [e.reset_seed for e in plan]
 
 
-def test_an_arm_with_envs_per_runner_counts_every_env_of_its_runners_in_its_work_and_training_cost():
-    """envs_per_runner=2 (issue 77): a round of 3 env runners runs 3 x 2 envs' episodes, which the estimate of the
-    time left and the report's training cost count; the other arm's runners step one env each."""
+def test_an_arm_s_envs_per_runner_changes_neither_its_work_nor_its_training_cost():
+    """envs_per_runner=2 (issue 77): the arm's 6 envs run as 3 env runners x 2, and a round is still 6 envs'
+    episodes, which the estimate of the time left and the report's training cost count as for the arm left to
+    auto."""
     spec = ExperimentSpec.from_mapping(
         {
             **BASE,
             "arms": {"vec": {"envs_per_runner": 2}, "one": {}},
-            "training": {**BASE["training"], "envs": 3, "episodes_per_env": 2},
+            "training": {**BASE["training"], "envs": 6, "episodes_per_env": 2},
         }
     )
     trials = {t.arm: t for t in spec.trials() if t.seed == 0}
-    assert TrainConfig.from_mapping(trials["vec"].train).envs_per_runner == 2
-    assert TrialWork.of(trials["vec"], 1).per_round == 3 * 2 * 2 and TrialWork.of(trials["one"], 1).per_round == 3 * 2
+    assert TrainConfig.from_mapping(trials["vec"].train).env_runners == 3
+    assert TrialWork.of(trials["vec"], 1).per_round == TrialWork.of(trials["one"], 1).per_round == 6 * 2
     lines = training_cost_lines(ExperimentRecord(spec, 0, False, []))
-    assert "| vec | 24 host runs of 3 epochs per run seed (2 rounds x 3 env runners x 2 envs x 2 episodes) |" in lines
-    assert "| one | 12 host runs of 3 epochs per run seed (2 rounds x 3 envs x 2 episodes) |" in lines
-    assert spec.arm_envs("vec") == 6 and spec.arm_envs("one") == 3
+    for arm in ("vec", "one"):
+        assert f"| {arm} | 24 host runs of 3 epochs per run seed (2 rounds x 6 envs x 2 episodes) |" in lines
+    assert spec.arm_envs("vec") == spec.arm_envs("one") == 6
 
 
 @pytest.mark.parametrize(
@@ -802,8 +803,8 @@ def test_an_ab_run_with_a_fixed_arm_writes_size_and_compute_as_strict_json(ray_l
 
 @pytest.mark.expensive
 def test_an_ab_run_with_two_envs_per_runner_trains_every_env_and_records_the_setting(ray_local, tmp_path):
-    """envs_per_runner: 2 in the file's training settings (issue 77): each PPO trial's one env runner steps a vector
-    env of two envs, so each round finishes 1 x 2 x episodes_per_env episodes, and the run records the setting."""
+    """envs_per_runner: 2 in the file's training settings (issue 77): each PPO trial's two envs run as one env
+    runner's vector env, so each round finishes 2 x episodes_per_env episodes, and the run records the split."""
     experiment = tmp_path / "vector.yaml"
     experiment.write_text(
         json.dumps(
@@ -818,7 +819,7 @@ def test_an_ab_run_with_two_envs_per_runner_trains_every_env_and_records_the_set
                 "training": {
                     "task": "digits-impaired",
                     "max_epochs": 3,
-                    "envs": 1,
+                    "envs": 2,
                     "envs_per_runner": 2,
                     "episodes_per_env": 2,
                     "learners": 0,
@@ -833,13 +834,13 @@ def test_an_ab_run_with_two_envs_per_runner_trains_every_env_and_records_the_set
     out = tmp_path / "run"
     assert main(["ab", str(experiment), "--output", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["experiment"]["training"]["envs_per_runner"] == 2
+    assert results["experiment"]["training"]["envs_per_runner"] == 2 and results["envs_per_runner"] == {"ppo": 2}
     trials = {t["arm"]: t for t in results["trials"]}
     assert all(t["status"] == "finished" and t["config"]["envs_per_runner"] == 2 for t in trials.values())
-    assert [(r["round"], r["episodes"]) for r in trials["ppo"]["history"]] == [(1, 4), (2, 4)]  # 1 runner x 2 x 2
+    assert [(r["round"], r["episodes"]) for r in trials["ppo"]["history"]] == [(1, 4), (2, 4)]  # 2 envs x 2
     assert trials["ppo"]["evaluation"]["episodes"] == trials["none"]["evaluation"]["episodes"] == 1
     report = (out / "report.md").read_text()
-    assert "| ppo | 8 host runs of 3 epochs per run seed (2 rounds x 1 env runner x 2 envs x 2 episodes) |" in report
+    assert "| ppo | 8 host runs of 3 epochs per run seed (2 rounds x 2 envs x 2 episodes) |" in report
 
 
 @pytest.mark.expensive

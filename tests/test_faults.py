@@ -216,7 +216,9 @@ def _descendants(pid: int) -> list:
 # The same two envs as two env runners, or as one runner's vector env of two (issue 77: resume and exactly-once
 # rounds unchanged with envs_per_runner > 1).
 @pytest.mark.parametrize(
-    "runners", [[], ["--envs", "1", "--envs-per-runner", "2"]], ids=["one-env-per-runner", "two-envs-per-runner"]
+    "runners",
+    [["--envs-per-runner", "1"], ["--envs-per-runner", "2"]],
+    ids=["one-env-per-runner", "two-envs-per-runner"],
 )
 def test_kill_9_then_resume_replays_the_uninterrupted_rounds_each_once_and_leaves_no_ray_process(
     ray_with_faults, tmp_path, runners

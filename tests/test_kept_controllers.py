@@ -55,7 +55,8 @@ def test_each_seeds_last_checkpoint_is_kept_cut_down_with_its_trials_settings(tm
         ]
         assert (folder / MODULE / "state.pkl").read_text() == f"{MODULE} {seed} 10"  # the last checkpoint's
         assert resolve_checkpoint(folder) == folder and round_of(folder) == 4
-        expected = TrainConfig.from_mapping({**EXPERIMENT["training"], "policy": "slots", "seed": seed, "rounds": 4})
+        # as its trial ran: one env a runner, the split a run recorded before envs_per_runner took (from_record)
+        expected = TrainConfig.from_record({**EXPERIMENT["training"], "policy": "slots", "seed": seed, "rounds": 4})
         assert load_checkpoint_config(folder) == expected
 
 

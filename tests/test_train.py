@@ -520,9 +520,9 @@ def test_a_used_output_folder_is_never_written_into(ray_local, tmp_path, capsys,
 
 def test_a_run_that_does_not_fit_is_refused_with_what_fits(ray_local, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--envs", "1000", "--output", str(tmp_path / "big")])
+        main(["train", "--envs", "1000", "--envs-per-runner", "1", "--output", str(tmp_path / "big")])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "does not fit this machine" in err and "at most 2 envs fit" in err
+    assert exit_info.value.code == 2 and "does not fit this machine" in err and "at most 2 env runners fit" in err
     assert not (tmp_path / "big").exists()
 
 
@@ -540,18 +540,23 @@ def test_bad_training_settings_name_the_setting(settings, match):
         TrainConfig(**settings)
 
 
-def test_train_with_two_envs_per_runner_samples_every_env_of_the_vector_env(ray_local, tmp_path, capsys):
-    """envs_per_runner=2: the runner steps one vector env of two envs (env/vector_env.py), each on its own shard; a
-    round samples an episode of each, and the rounds' lines and metrics count both."""
+def test_train_with_more_envs_than_cores_splits_them_and_samples_every_env(ray_local, tmp_path, capsys, monkeypatch):
+    """envs_per_runner auto (issue 77): 4 envs on 2 cores run as 2 env runners, each stepping one vector env of two
+    (env/vector_env.py), each env on its own shard; a round samples an episode of each, the rounds' lines and
+    metrics count all four, and the run's record keeps the split for a resume."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # the cores auto counts (and a local Ray gets), on any machine
     out = tmp_path / "vector"
-    argv = ["train", "--rounds", "2", "--envs", "1", "--envs-per-runner", "2", "--cpus-per-env", "0.5"]
+    argv = ["train", "--rounds", "2", "--envs", "4", "--cpus-per-env", "0.5"]
     argv += ["--max-epochs", "3", "--episodes-per-env", "1", "--env", "batch_size=512", "--env", "device=cpu"]
     assert main([*argv, "--output", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "1 env runner x 2 envs x 1 episode of 3 epochs per round" in printed, printed
-    assert "round 2/2 | env steps 6" in printed, printed
+    assert "4 envs x 1 episode of 3 epochs per round" in printed, printed
+    assert "4 envs as 2 env runners x 2 (auto: 2 CPU cores)" in printed, printed
+    assert "round 2/2 | env steps 12" in printed, printed
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["round"], r["env_steps"], r["episodes"]) for r in rows] == [(1, 6, 2), (2, 6, 2)]
+    assert [(r["round"], r["env_steps"], r["episodes"]) for r in rows] == [(1, 12, 4), (2, 12, 4)]
+    record = json.loads((out / "checkpoints" / "round_00002" / "train_config.json").read_text())
+    assert (record["envs"], record["envs_per_runner"], record["env_runners"]) == (4, 2, 2)
 
 
 def test_train_config_file_is_strict(tmp_path, capsys):

@@ -42,7 +42,7 @@ def test_a_built_env_takes_the_top_level_settings_over_its_own():
 @pytest.mark.parametrize("record", RECORDS, ids=lambda p: str(p.parent.name))
 def test_records_written_before_load_and_are_written_again_unchanged(record):
     stored = json.loads(record.read_text())
-    assert TrainConfig.from_mapping(stored).to_dict() == stored
+    assert TrainConfig.from_record(stored).to_dict() == stored
 
 
 def test_records_are_found():

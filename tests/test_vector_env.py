@@ -233,32 +233,34 @@ def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> N
     from esper_ray.train.rllib.env_factory import RUNNER_KEY, ShardedVectorMorphogeneticEnv
     from esper_ray.train.rllib.ppo_config import build_ppo_config
 
-    cfg = TrainConfig(envs=3, envs_per_runner=2, episodes_per_env=1, max_epochs=3)
+    cfg = TrainConfig(envs=6, envs_per_runner=2, episodes_per_env=1, max_epochs=3)
     ppo = build_ppo_config(cfg)
     assert ppo.num_envs_per_env_runner == 2 and ppo.gym_env_vectorize_mode == "vector_entry_point"
+    assert ppo.num_env_runners == 3
     assert ppo.env is ShardedVectorMorphogeneticEnv
     assert ppo.train_batch_size_per_learner == 3 * 2 * 3  # every env's episode steps
     # runner 2 of 3 (worker index 2; 0 is the driver's): shards 2 and 3 of 6
     env = ShardedVectorMorphogeneticEnv({**cfg.env_config(), "device": "cpu", "num_envs": 2, RUNNER_KEY: (2, 3)})
     assert [(e.cfg.shard, e.cfg.num_shards) for e in env.envs] == [(2, 6), (3, 6)]  # type: ignore[attr-defined]
-    single = build_ppo_config(TrainConfig(envs=3, episodes_per_env=1, max_epochs=3))
+    single = build_ppo_config(TrainConfig(envs=6, envs_per_runner=1, episodes_per_env=1, max_epochs=3))
     assert single.num_envs_per_env_runner == 1 and single.gym_env_vectorize_mode == "sync"
-    assert TrainConfig.from_mapping(cfg.to_dict()).envs_per_runner == 2  # kept in the run's record
+    assert single.num_env_runners == 6 and single.train_batch_size_per_learner == ppo.train_batch_size_per_learner
+    assert TrainConfig.from_record(cfg.to_dict()).envs_per_runner == 2  # kept in the run's record
     with pytest.raises(ValueError, match="envs_per_runner"):
         TrainConfig(envs_per_runner=0)
 
 
 def test_every_env_of_every_runner_reads_its_own_data_shard():
-    """envs=2, envs_per_runner=2: the two runners' vector envs hold four envs on shards 0..3 of 4, as RLlib builds
+    """envs=4, envs_per_runner=2: the two runners' vector envs hold four envs on shards 0..3 of 4, as RLlib builds
     them (each runner's index comes in through its constructor, env_runner.py), so no two envs train on one shard."""
     from esper_ray.contracts.train_config import TrainConfig
     from esper_ray.train.rllib.env_runner import CpuPolicyEnvRunner
     from esper_ray.train.rllib.ppo_config import build_ppo_config
 
-    cfg = TrainConfig(envs=2, envs_per_runner=2, max_epochs=2, env={"device": "cpu"})
+    cfg = TrainConfig(envs=4, envs_per_runner=2, max_epochs=2, env={"device": "cpu"})
     shards = []
     for index in (1, 2):  # remote runners are numbered from 1
-        runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=index, num_workers=cfg.envs)
+        runner = CpuPolicyEnvRunner(config=build_ppo_config(cfg), worker_index=index, num_workers=cfg.env_runners)
         shards.append([(e.unwrapped.cfg.shard, e.unwrapped.cfg.num_shards) for e in runner.env.unwrapped.envs])
         runner.stop()
     assert shards == [[(0, 4), (1, 4)], [(2, 4), (3, 4)]]

@@ -11,6 +11,7 @@ from typing import Any
 
 from esper_ray.contracts.actions import Tempo
 from esper_ray.contracts.env_config import EnvConfig
+from esper_ray.contracts.envs_split import AUTO, auto_envs_per_runner, check_envs_per_runner
 from esper_ray.contracts.fields import check_int, check_keys, check_types
 
 MODEL_PRESET_NAMES = ("cpu", "gpu")
@@ -36,6 +37,9 @@ RUN_ENV_KEYS = ("task", "plugins", "family", "slots", "max_epochs", "reward_mode
 every env of the run, and what its records (train_config.json, experiment.json) have always held there."""
 TRAIN_OWNED_ENV_KEYS = frozenset({*RUN_ENV_KEYS, "shard", "num_shards"})
 """EnvConfig's settings that `env` may not give: the run's (RUN_ENV_KEYS) and each env runner's shard."""
+RUNNERS_KEY = "env_runners"
+"""A record's env runners (envs / envs_per_runner, written with the split the run took): read back, it must agree;
+a record without it and with envs_per_runner > 1 is one of issue 77's cuts 2-3, when `envs` counted runners."""
 
 
 @dataclass(frozen=True, init=False)
@@ -45,10 +49,14 @@ class TrainConfig:
     read there too (`cfg.task` is `cfg.env.task`)."""
 
     envs: int = 2
-    """Env-runner actors; runner k's env i trains on data shard k * envs_per_runner + i."""
-    envs_per_runner: int = 1
-    """Environments each env runner steps, as one vector env in its process (RLlib's num_envs_per_env_runner; with
-    more than one, the hosts of those without a seed train stacked: env/vector_env.py, issue 77)."""
+    """Environments of the run, env i on data shard i of envs; they run as envs / envs_per_runner env-runner
+    processes (runner k's env i is env k * envs_per_runner + i)."""
+    envs_per_runner: int | str = AUTO
+    """Environments each env runner steps, as one vector env in its process whose CPU hosts train stacked (RLlib's
+    num_envs_per_env_runner; env/vector_env.py, issue 77): a divisor of envs, or auto: 1 where the envs are no more
+    than the CPU cores (of the run's Ray cluster; of an ab trial's share) or on a GPU, else envs / R with R the
+    largest divisor of envs within the cores. It changes no episode, only how many processes step them; a resumed
+    run keeps the split it recorded."""
     episodes_per_env: int = 4
     """Episodes each env runner collects per round (per PPO update)."""
     rounds: int = 20
@@ -140,7 +148,8 @@ class TrainConfig:
     def __init__(self, env: EnvConfig | Mapping[str, Any] = MappingProxyType({}), **settings: Any) -> None:
         """`env`: a mapping of env settings (TRAINING_ENV_DEFAULTS under it, RUN_ENV_KEYS refused there) or a built
         EnvConfig; `settings`: TrainConfig's fields and RUN_ENV_KEYS, which go into the env (over a built one's)."""
-        check_keys(TrainConfig, settings, "training setting", also=RUN_ENV_KEYS)
+        check_keys(TrainConfig, settings, "training setting", also=(*RUN_ENV_KEYS, RUNNERS_KEY))
+        runners = settings.pop(RUNNERS_KEY, None)
         for f in dataclasses.fields(self):
             if f.name != "env":
                 object.__setattr__(self, f.name, settings.get(f.name, f.default))
@@ -166,12 +175,16 @@ class TrainConfig:
             raise ValueError(f"env={env!r}: must be a mapping of env settings")
         object.__setattr__(self, "env", env)
         self.__post_init__()
+        if runners is not None and (self.envs_per_runner == AUTO or runners != self.env_runners):
+            raise ValueError(
+                f"{RUNNERS_KEY}={runners!r}: a record of envs / envs_per_runner "
+                f"({self.envs} / {self.envs_per_runner}); leave it out"
+            )
 
     def __post_init__(self) -> None:
         check_types(self)
         for name, minimum, maximum in (
             ("envs", 1, MAX_COUNT),
-            ("envs_per_runner", 1, MAX_COUNT),
             ("episodes_per_env", 1, MAX_COUNT),
             ("rounds", 1, MAX_ROUNDS),
             ("learners", 0, MAX_COUNT),
@@ -179,6 +192,7 @@ class TrainConfig:
             ("checkpoint_every", 0, MAX_ROUNDS),
         ):
             check_int(name, getattr(self, name), minimum, maximum)
+        check_envs_per_runner(self.envs_per_runner, self.envs)
         for name in ("gpus_per_env", "learner_gpus", "learner_cpus", "entropy_coeff", "blueprint_entropy_coeff"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
@@ -217,6 +231,17 @@ class TrainConfig:
         record written so far: the run-level env settings at the top level, the others under `env`."""
         return cls(**dict(mapping))
 
+    @classmethod
+    def from_record(cls, mapping: Mapping[str, Any]) -> TrainConfig:
+        """A run's record (train_config.json, an A/B trial's settings): from_mapping, reading those written before
+        `auto` as they ran: without envs_per_runner, one env per runner; with N > 1 but no RUNNERS_KEY (issue 77's
+        cuts 2-3), `envs` counted the runners, so the run had envs x N envs."""
+        raw = dict(mapping)
+        per_runner = raw.setdefault("envs_per_runner", 1)
+        if RUNNERS_KEY not in raw and isinstance(per_runner, int) and per_runner > 1:
+            raw["envs"] = raw.get("envs", cls.default("envs")) * per_runner
+        return cls(**raw)
+
     @staticmethod
     def default(name: str) -> Any:
         """A training setting's default where none is given (a run-level env setting's: EnvConfig's), for readers of
@@ -243,8 +268,12 @@ class TrainConfig:
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "env"}
         if own["policy"] == "flat":  # records of the default network stay as they were before `policy` (issue 75)
             del own["policy"]
-        if own["envs_per_runner"] == 1:  # likewise before `envs_per_runner` (issue 77)
+        # The split the run took, so that a resume takes it again (from_record); one env a runner is left out, as in
+        # every record before envs_per_runner, which from_record reads as 1 (issue 77)
+        if own["envs_per_runner"] == 1:
             del own["envs_per_runner"]
+        elif own["envs_per_runner"] != AUTO:
+            own[RUNNERS_KEY] = self.env_runners
         default = TrainConfig().env
         env = {
             f.name: getattr(self.env, f.name)
@@ -301,5 +330,24 @@ class TrainConfig:
 
     @property
     def total_envs(self) -> int:
-        """Environments of the run, each on its own data shard: envs x envs_per_runner."""
-        return self.envs * self.envs_per_runner
+        """Environments of the run, each on its own data shard: `envs`, however they are split into runners."""
+        return self.envs
+
+    @property
+    def env_runners(self) -> int:
+        """Env-runner processes: envs / runner_envs."""
+        return self.envs // self.runner_envs
+
+    @property
+    def runner_envs(self) -> int:
+        """envs_per_runner as a number. `train` and `ab` decide `auto` before they build anything (`resolved`);
+        settings left at auto (a PPOConfig built directly: tests, benchmarks) run one env a runner, as before auto."""
+        return 1 if self.envs_per_runner == AUTO else int(self.envs_per_runner)
+
+    def resolved(self, cores: float) -> TrainConfig:
+        """These settings with envs_per_runner an integer: `auto` decided for `cores` CPU cores (envs_split.py);
+        an integer stays."""
+        if self.envs_per_runner != AUTO:
+            return self
+        per_runner = auto_envs_per_runner(self.envs, cores, on_gpu=self.gpus_per_env > 0)
+        return dataclasses.replace(self, envs_per_runner=per_runner)

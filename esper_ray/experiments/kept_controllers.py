@@ -18,6 +18,7 @@ from pathlib import Path
 
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.experiments.spec import ExperimentSpec
+from esper_ray.experiments.trial_split import recorded_split, with_split
 from esper_ray.train.commands.evaluate import ENV_TO_MODULE_PATH
 from esper_ray.train.folders.checkpoints import TRAIN_CONFIG_FILE, TRIAL_ROUND_FILE, resolve_checkpoint
 from esper_ray.train.folders.manifest import MANIFEST_FILE, write_manifest
@@ -40,6 +41,7 @@ def keep_controllers(output: Path, arm: str, dest: Path) -> list[Path]:
     (KEPT), with the trial's TrainConfig; returns the folders written. Refuses a dest/seedS that exists."""
     record = json.loads((output / "experiment.json").read_text())
     spec = ExperimentSpec.from_mapping(record["experiment"])
+    spec = with_split(spec, recorded_split(record, spec))  # each trial's envs as it ran them
     trials = [t for t in spec.trials() if t.arm == arm]
     if not trials:
         raise ValueError(f"arm={arm!r}: not an arm of {output}; arms: {list(spec.arms)}")

@@ -359,12 +359,10 @@ def training_cost_lines(record: ExperimentRecord) -> list[str]:
         kind = spec.controller(arm)
         if kind is ControllerKind.PPO:  # envs, episodes and epochs are the same for every seed
             envs, episodes, epochs = (spec.arm_setting(arm, k) for k in ("envs", "episodes_per_env", "max_epochs"))
-            per_runner = spec.arm_setting(arm, "envs_per_runner")
-            runs = spec.rounds * envs * per_runner * episodes
-            runners = f"{counted(envs, 'env runner')} x {counted(per_runner, 'env')}" if per_runner > 1 else ""
+            runs = spec.rounds * envs * episodes  # however the envs were split into runners (envs_per_runner)
             rows.append(
                 f"| {arm} | {runs:,} host runs of {epochs} epochs per run seed ({counted(spec.rounds, 'round')} x "
-                f"{runners or counted(envs, 'env')} x {counted(episodes, 'episode')}) |"
+                f"{counted(envs, 'env')} x {counted(episodes, 'episode')}) |"
             )
         elif kind is ControllerKind.FIXED:
             sweep = spec.arms[arm].get("sweep_host_runs")

@@ -20,6 +20,7 @@ from esper_ray.experiments.equal_cost import RUNS, runs_from_json
 from esper_ray.experiments.held_out import host_key
 from esper_ray.experiments.spec import ExperimentSpec, RecordedExperiment
 from esper_ray.experiments.trial_keys import EVAL_PREFIX, SUMMARY_PREFIX, TRIAL_KEY, per_kparam
+from esper_ray.experiments.trial_split import SPLIT_KEY, recorded_split, with_split
 from esper_ray.experiments.tune_folder import TuneTrial, number, read_results, read_trials
 
 TUNE_DIR = "tune"
@@ -144,6 +145,8 @@ class ExperimentRecord:
     """The experiment file the run was started from."""
     on_cpus: bool = False
     """The file asked for GPUs and every trial ran on the CPUs (ON_CPUS_KEY)."""
+    split: dict[str, int] = field(default_factory=dict)
+    """Each PPO arm's envs_per_runner as its trials ran (trial_split.py)."""
 
     @property
     def excluded(self) -> list[TrialResult]:
@@ -254,6 +257,7 @@ def collect_trials(output: Path) -> ExperimentRecord:
         trials,
         record.get("source"),
         on_cpus=bool(record.get(ON_CPUS_KEY, False)),
+        split=recorded_split(record, spec),
     )
 
 
@@ -305,13 +309,14 @@ def metric_by_arm(record: ExperimentRecord) -> dict[str, dict[int, float]]:
 
 
 def as_json(record: ExperimentRecord) -> dict[str, Any]:
-    ran = record.spec.on_cpus() if record.on_cpus else record.spec  # each trial's config as it ran
+    ran = with_split(record.spec.on_cpus() if record.on_cpus else record.spec, record.split)  # each trial's config
     configs = {(t.arm, t.seed): t.train for t in ran.trials()}
     fixed = {arm: record.spec.fixed_plan(arm) for arm in record.spec.arms}
     return {
         "experiment": record.spec.to_dict(),
         "source": record.source,
         ON_CPUS_KEY: record.on_cpus,
+        SPLIT_KEY: record.split,
         "order_seed": record.order_seed,
         "order_seed_drawn": record.order_seed_drawn,
         "trials": [

@@ -61,6 +61,14 @@ from esper_ray.experiments.trial_keys import (
     TORCH_THREADS,
     TRIAL_KEY,
 )
+from esper_ray.experiments.trial_split import (
+    SPLIT_KEY,
+    decide_split,
+    ppo_arms,
+    recorded_split,
+    split_lines,
+    with_split,
+)
 from esper_ray.experiments.tune_folder import read_trials, state_file
 from esper_ray.formatting import clock_stamp, counted, time_left
 from esper_ray.train.folders.manifest import damage_of, write_atomically, write_manifest
@@ -311,6 +319,15 @@ def check_checkpoint(arm: str, path: str) -> None:
         )
 
 
+def split_on_this_cluster(spec: ExperimentSpec, override: int | str | None) -> dict[str, int]:
+    """Each PPO arm's envs_per_runner on this cluster (trial_split.py); a line for each arm whose envs it splits."""
+    unsplit = with_split(spec, dict.fromkeys(ppo_arms(spec), 1))
+    decided = decide_split(spec, ray.cluster_resources(), arm_resources(unsplit), override)
+    for line in split_lines(spec, decided):
+        print(f"{spec.name}: {line}", flush=True)
+    return {arm: n for arm, (n, _) in decided.items()}
+
+
 def needs_cpu_fallback(spec: ExperimentSpec, have: dict[str, float], local: bool) -> bool:
     """Whether a new run's trials go on the CPUs: the experiment asks for GPUs and a local cluster (`have`: its
     resources) has none. A cluster joined with --address may still add GPU nodes: there Tune waits for them."""
@@ -325,14 +342,22 @@ def concurrency_line(spec: ExperimentSpec, needs: dict[str, dict[str, float]]) -
 
 
 def plan(
-    spec: ExperimentSpec, output: Path, source: str | None, save_networks: bool = False, on_cpus: bool = False
+    spec: ExperimentSpec,
+    output: Path,
+    source: str | None,
+    save_networks: bool = False,
+    on_cpus: bool = False,
+    split: dict[str, int] | None = None,
 ) -> list[TrialSpec]:
     """Fix and record the start order (before anything runs, so an interrupted run keeps it). `on_cpus`: the
-    trials run spec.on_cpus(); the record keeps the experiment as given, and the flag."""
+    trials run spec.on_cpus(); `split`: each PPO arm's envs_per_runner (trial_split.py); the record keeps the
+    experiment as given, and both."""
     order_seed = spec.order_seed if spec.order_seed is not None else draw_order_seed()
-    ordered = start_order((spec.on_cpus() if on_cpus else spec).trials(), order_seed)
+    split = split or {}
+    ordered = start_order(with_split(spec.on_cpus() if on_cpus else spec, split).trials(), order_seed)
     record = {
         "experiment": spec.to_dict(),
+        SPLIT_KEY: split,
         "source": source,
         "order_seed": order_seed,
         "order_seed_drawn": spec.order_seed is None,
@@ -450,8 +475,10 @@ def run_experiment(
     source: str | None = None,
     save_networks: bool = False,
     salvage: bool = False,
+    envs_per_runner: int | str | None = None,
 ) -> ExperimentOutcome:
-    """Run (or with `resume` continue) the experiment in `output`, then write its report.
+    """Run (or with `resume` continue) the experiment in `output`, then write its report. `envs_per_runner`: every
+    PPO arm's, over the file's (a resume keeps the split the run recorded).
 
     Ctrl-C or SIGTERM stop it cleanly: Tune saves its state, the manifest of tune/ is written and the report of
     what finished; the outcome says it was interrupted. Interrupted at any point, `--resume` continues it. Killed
@@ -467,7 +494,7 @@ def run_experiment(
     if resume and not output.is_dir():
         read_experiment_file(output)  # raises, naming the folder: there is no run to continue (the lock creates it)
     with run_folder_lock(output):  # one writer, from before Ray starts to the report (train/folders/run_lock.py)
-        return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage)
+        return _run_in_locked_folder(spec, output, resume, address, source, save_networks, salvage, envs_per_runner)
 
 
 def _run_in_locked_folder(
@@ -478,6 +505,7 @@ def _run_in_locked_folder(
     source: str | None,
     save_networks: bool,
     salvage: bool,
+    envs_per_runner: int | str | None = None,
 ) -> ExperimentOutcome:
     tune_path = output / TUNE_DIR
     wants_mps = any(TrainConfig.from_mapping(t.train).mps for t in spec.trials())
@@ -513,6 +541,13 @@ def _run_in_locked_folder(
             f"{spec.name}: {why}; every trial runs on the CPUs (no GPU share, no MPS), slower than on a GPU", flush=True
         )
     run_spec = spec.on_cpus() if on_cpus else spec
+    if resume:  # the split the trials started with, on whatever machine resumes them (checkpoints restore into it)
+        split = recorded_split(recorded, spec)
+        for line in split_lines(spec, {arm: (n, "as the run started") for arm, n in split.items()}):
+            print(f"{spec.name}: {line}", flush=True)
+    else:
+        split = split_on_this_cluster(run_spec, envs_per_runner)
+    run_spec = with_split(run_spec, split)
     tuner: tune.Tuner | None = None  # stays None when a salvage left nothing to run
     try:
         with sigterm_acts_as_ctrl_c():  # SIGTERM stops Tune as Ctrl-C does: cleanly, its state saved
@@ -532,7 +567,7 @@ def _run_in_locked_folder(
                     continues = salvaged_continuations(output, {(t.arm, t.seed) for t in ordered})
                 else:
                     output.mkdir(parents=True, exist_ok=True)
-                    ordered, continues = plan(spec, output, source, save_networks, on_cpus), {}
+                    ordered, continues = plan(spec, output, source, save_networks, on_cpus, split), {}
                 work = {
                     (t.arm, t.seed): TrialWork.of(t, spec.eval_episodes, continued_round(continues, (t.arm, t.seed)))
                     for t in ordered

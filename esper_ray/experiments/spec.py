@@ -399,8 +399,8 @@ class ExperimentSpec:
         return self._arm_settings(arm).get(name, TrainConfig.default(name))
 
     def arm_envs(self, arm: str) -> int:
-        """The envs each round of `arm`'s training steps, each an episode source: env runners x envs_per_runner."""
-        return int(self.arm_setting(arm, "envs")) * int(self.arm_setting(arm, "envs_per_runner"))
+        """The envs each round of `arm`'s training steps, each an episode source, however split into runners."""
+        return int(self.arm_setting(arm, "envs"))
 
     def check_checkpoints(self) -> None:
         """Every `checkpoint` arm's folder, for every seed, is a checkpoint folder: one ValueError naming the arm, the

@@ -223,16 +223,16 @@ def evaluate_on_env_runners(
 ) -> list[EpisodeSummary]:
     """Evaluate the algorithm's current greedy policy on its own env runners (their devices, in parallel).
 
-    Env runner k runs the episodes of its own shard with its own copy of the weights (synced after every
-    update, including the last round's when the learner overlaps with sampling) and its own observation filter
-    (merged across runners every round). With `keep_networks` (the controller's description), every episode's
-    grown network comes back as files into `networks`, by episode index.
+    Env runner k of R runs episodes k, k + R, ... (on the shards any run with these `envs` gives them) with its
+    own copy of the weights (synced after every update, including the last round's when the learner overlaps with
+    sampling) and its own observation filter (merged across runners every round). With `keep_networks` (the
+    controller's description), every episode's grown network comes back as files into `networks`, by episode index.
     """
     learn_pending(algo)
     plan = evaluation_episodes(cfg, episodes)
 
     def evaluate(runner: Any) -> list[tuple[EpisodeSummary, NetworkFiles | None]]:
-        mine = [e for e in plan if e.index % cfg.envs == runner.worker_index - 1]
+        mine = [e for e in plan if e.index % cfg.env_runners == runner.worker_index - 1]
         feature_filter = feature_filter_of(runner._env_to_module, f"env runner {runner.worker_index}")
         runner.module.eval()
         kept: dict[int, NetworkFiles] = {}

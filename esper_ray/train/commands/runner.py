@@ -23,6 +23,7 @@ from pathlib import Path
 import ray
 from tensorboardX import SummaryWriter
 
+from esper_ray.contracts.envs_split import AUTO, auto_why, split_line
 from esper_ray.contracts.train_config import TrainConfig
 from esper_ray.formatting import counted, time_left
 from esper_ray.train.folders.checkpoints import (
@@ -96,6 +97,10 @@ def run_training(
             )
         connect_ray(cfg.address, log, env_vars=mps_env)
         stack.enter_context(sigterm_raises_terminated())  # after ray.init: it replaces the core worker's handler
+        if cfg.envs_per_runner == AUTO:  # the CLI decides before Ray starts where it can (local Ray: os.cpu_count)
+            cores = ray.cluster_resources().get("CPU", 1.0)
+            cfg = cfg.resolved(cores)
+            log(f"envs: {split_line(cfg.envs, cfg.runner_envs, auto_why(cores, cfg.gpus_per_env > 0))}")
         check_fits(cfg, local=cfg.address is None, log=log)
         if mps_env is not None:
             nodes = stack.enter_context(mps_daemons(mps_env))

@@ -207,7 +207,7 @@ def load_checkpoint_config(checkpoint: Path) -> TrainConfig:
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping of training settings, found {str(raw)[:100]}")
     try:
-        return TrainConfig.from_mapping(raw)
+        return TrainConfig.from_record(raw)  # its envs split as the run took it (envs_per_runner)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: {err}") from None
 

@@ -45,10 +45,11 @@ class Demand:
 
 def demand_of(cfg: TrainConfig) -> Demand:
     """What the run's actors ask Ray for (learners=0 runs the learner in this process)."""
-    actors = cfg.envs + cfg.learners
+    runners = cfg.env_runners  # cpus_per_env and gpus_per_env are each runner's, whatever envs it steps
+    actors = runners + cfg.learners
     return Demand(
-        cpus=cfg.envs * cfg.cpus_per_env + cfg.learners * cfg.effective_learner_cpus,
-        gpus=cfg.envs * cfg.gpus_per_env + cfg.learners * cfg.learner_gpus,
+        cpus=runners * cfg.cpus_per_env + cfg.learners * cfg.effective_learner_cpus,
+        gpus=runners * cfg.gpus_per_env + cfg.learners * cfg.learner_gpus,
         memory_gb=actors * ACTOR_MEMORY_GB,
         actors=actors,
     )
@@ -233,21 +234,23 @@ def check_fits(cfg: TrainConfig, local: bool, log: Callable[[str], None] = print
         per_env = cfg.cpus_per_env
         fits = max(0, math.floor((have_cpus - cfg.learners * cfg.effective_learner_cpus) / per_env + 1e-9))
         problems.append(
-            f"{cfg.envs} envs x cpus_per_env={per_env:g} + "
+            f"{cfg.env_runners} env runners x cpus_per_env={per_env:g} + "
             f"{cfg.learners} learner(s) x {cfg.effective_learner_cpus:g} CPU "
-            f"ask for {want.cpus:g} CPUs and {have_cpus:g} are there: at most {fits} envs fit, or lower --cpus-per-env "
-            f"to {max(have_cpus - cfg.learners * cfg.effective_learner_cpus, 0) / max(cfg.envs, 1):.2g}"
+            f"ask for {want.cpus:g} CPUs and {have_cpus:g} are there: at most {fits} env runners fit, or lower "
+            "--cpus-per-env "
+            f"to {max(have_cpus - cfg.learners * cfg.effective_learner_cpus, 0) / max(cfg.env_runners, 1):.2g}"
         )
     if want.gpus > have_gpus + 1e-9:
         problems.append(
-            f"gpus_per_env={cfg.gpus_per_env:g} with {cfg.envs} envs and learner_gpus={cfg.learner_gpus:g} with "
+            f"gpus_per_env={cfg.gpus_per_env:g} with {cfg.env_runners} env runners and "
+            f"learner_gpus={cfg.learner_gpus:g} with "
             f"{cfg.learners} learner(s) ask for {want.gpus:g} GPUs and {have_gpus:g} are there: lower --gpus-per-env "
             f"(0.25 puts four envs on a GPU), use fewer --envs, or join a cluster with GPUs (--address)"
         )
     if have_memory_gb and want.memory_gb > have_memory_gb:
         fits = max(0, math.floor(have_memory_gb / ACTOR_MEMORY_GB) - cfg.learners)
         problems.append(
-            f"{want.actors} actors ({cfg.envs} env runners, {cfg.learners} learner(s)) "
+            f"{want.actors} actors ({cfg.env_runners} env runners, {cfg.learners} learner(s)) "
             f"need about {want.memory_gb:.1f} GB "
             f"({ACTOR_MEMORY_GB} GB each) and Ray has {have_memory_gb:.1f} GB for them: at most {fits} envs fit"
         )

@@ -1,9 +1,9 @@
 """Build RLlib's PPOConfig (new API stack) from a TrainConfig.
 
 Choices and where they differ from the original's PPO defaults (DOMAIN.md section 10), and why:
-- `envs_per_runner` envs per env runner (1 by default; more as one vector env whose seedless hosts train stacked:
-  env/vector_env.py); each env collects `episodes_per_env` complete episodes per round, so a round's batch is whole
-  episodes and every round reports finished episodes.
+- `envs` envs as `env_runners` runners of `envs_per_runner` each (resolved before: TrainConfig.resolved; more than
+  one as one vector env whose CPU hosts train stacked: env/vector_env.py); each env collects `episodes_per_env`
+  complete episodes per round, so a round's batch is whole episodes and every round reports finished episodes.
 - LSTM sequences are whole episodes: `max_seq_len = max_epochs + 1`, because RLlib's learner appends one
   bootstrap timestep (for V(s_T)) to every episode; one chunk per episode, no truncated BPTT.
 - `ppo_epochs` (default 16) full-batch passes (see train/rllib/learner.py). The original did 1 pass; with
@@ -49,6 +49,7 @@ def observation_filter(env: object, spaces: object, device: object) -> FeatureMe
 def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPOConfig:
     """`progress_actor`: name of a StepCounter the env runners report their steps to (train/output/progress.py)."""
     steps_per_runner = cfg.episode_steps_per_env
+    per_runner = cfg.runner_envs
     batch_per_learner = math.ceil(cfg.episode_steps_per_round / max(cfg.learners, 1))
     slots = cfg.policy in SLOT_ARCHITECTURES
     module_class, presets = (SlotPolicyModule, SLOT_MODEL_PRESETS) if slots else (MorphoPolicyModule, MODEL_PRESETS)
@@ -62,14 +63,14 @@ def build_ppo_config(cfg: TrainConfig, progress_actor: str | None = None) -> PPO
     return (
         PPOConfig(algo_class=OverlappedPPO if cfg.overlap else PPO)
         .environment(
-            ShardedMorphogeneticEnv if cfg.envs_per_runner == 1 else ShardedVectorMorphogeneticEnv,
+            ShardedMorphogeneticEnv if per_runner == 1 else ShardedVectorMorphogeneticEnv,
             env_config=cfg.env_config(),
         )
         .env_runners(
-            num_env_runners=cfg.envs,
-            num_envs_per_env_runner=cfg.envs_per_runner,
+            num_env_runners=cfg.env_runners,
+            num_envs_per_env_runner=per_runner,
             # more than one: RLlib calls ShardedVectorMorphogeneticEnv for the runner's whole vector env
-            gym_env_vectorize_mode="sync" if cfg.envs_per_runner == 1 else "vector_entry_point",
+            gym_env_vectorize_mode="sync" if per_runner == 1 else "vector_entry_point",
             num_cpus_per_env_runner=cfg.cpus_per_env,
             num_gpus_per_env_runner=cfg.gpus_per_env,
             rollout_fragment_length=steps_per_runner,
