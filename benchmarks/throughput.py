@@ -357,7 +357,7 @@ def train(setup: Setup, mps: bool) -> dict[str, float]:
         task=setup.task,
         slots=setup.slots,
         max_epochs=setup.max_epochs,
-        envs=setup.processes,
+        envs=setup.envs,
         envs_per_runner=setup.envs_per_runner,
         episodes_per_env=setup.episodes_per_env,
         rounds=setup.rounds,
