@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from esper_ray.data.sharding import DeviceShard
 from esper_ray.env.epoch import TrainStats
@@ -103,6 +102,20 @@ def clip_per_host(grads: list[torch.Tensor], max_norm: float) -> None:
     torch._foreach_mul_(grads, [factor.view(-1, *[1] * (g.dim() - 1)) for g in grads])
 
 
+def sample_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy [M, B] of stacked logits [M, B, classes] (the head's [M, classes, B], transposed) against y [M,
+    B]. Over the classes in the head's own layout: a CPU log_softmax over the last dim of [M * B, classes] took 150 us
+    at 16 x 64 rows on one thread, this 8."""
+    log_p = torch.log_softmax(logits.transpose(1, 2), dim=1)  # [M, classes, B]
+    return -log_p.gather(1, y.unsqueeze(1)).squeeze(1)
+
+
+def hits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Correct predictions [M] per row of stacked logits [M, B, classes]; made contiguous first, the CPU argmax over
+    the classes is 8x faster than over the transposed head output."""
+    return (logits.contiguous().argmax(dim=-1) == y).sum(dim=1)
+
+
 class StackedTelemetry:
     """The gradient telemetry of each host's last batch (GradientCapture's, per row): `host_norms[i]` the norm of host
     i's per-tensor gradient norms, `seed_norms[i][slot]` the per-tensor norms of the seed there, for the seeds in
@@ -160,9 +173,8 @@ class StackedTrainStep:
         hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry)."""
         with self.precision.autocast(x.device):  # bf16 on a GPU: as each env's own step (train_step.py)
             logits = self.model(x, rows=rows).float()  # [M, B, classes]
-        m, b = y.shape
-        losses = nn.functional.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none").view(m, b)
-        losses = losses.mean(dim=1)  # each host's mean over its batch, as prediction_loss
+        losses = sample_losses(logits, y).mean(dim=1)  # each host's mean over its batch, as prediction_loss
+        b = y.shape[1]
         self.optimizer.zero_grad()
         for _, sgd in self.seeds:
             sgd.zero_grad()
@@ -180,7 +192,7 @@ class StackedTrainStep:
                 continue
             clip_per_host(seed_grads, self.max_grad_norm)  # each seed by its own norm, as TrainStep clips it
             sgd.step(None if len(local) == len(group.hosts) else torch.tensor(local, device=x.device))
-        correct = (logits.argmax(dim=-1) == y).sum(dim=1)
+        correct = hits(logits.detach(), y)
         if rows is None:
             self.loss_sum += losses.detach() * b
             self.correct += correct

@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from esper_ray.env.epoch import ValStats, read_val_stats
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
+from esper_ray.env.stacked_step import hits, sample_losses
 from esper_ray.morpho.counterfactual import CounterfactualPlan
 from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.model import MorphogeneticModel
@@ -81,11 +81,9 @@ def validate_stacked(
                     repeats = torch.tensor(counts)
                     x, y = x.repeat_interleave(repeats, dim=0), y.repeat_interleave(repeats, dim=0)
                 logits = _forward(hosts, groups, models, alphas, members, x)  # [M, B, classes]
-                m, b = y.shape
-                hits = (logits.argmax(dim=2) == y).sum(dim=1)
-                losses = nn.functional.cross_entropy(logits.reshape(m * b, -1), y.reshape(-1), reduction="none")
-                losses = losses.view(m, b).sum(dim=1)
-                for i, hit, loss in zip(members, hits.split(counts), losses.split(counts), strict=True):
+                right = hits(logits, y)
+                losses = sample_losses(logits.float(), y).sum(dim=1)
+                for i, hit, loss in zip(members, right.split(counts), losses.split(counts), strict=True):
                     correct[i] += hit
                     loss_sum[i] += loss
     return [read_val_stats(correct[i], loss_sum[i], y_vals[i].numel()) for i in range(n)]
