@@ -47,7 +47,12 @@ class MorphogeneticModel(nn.Module):
 
     @property
     def host_params(self) -> int:
-        return count_params(self.host)
+        """The host's parameter count, counted once per host module (its structure never changes; every step's
+        reward and info read it, and counting walks the module: 0.45 ms an env step on a CPU)."""
+        counted = self.host.__dict__.get("_param_count")
+        if counted is None:
+            counted = self.host.__dict__["_param_count"] = count_params(self.host)
+        return counted
 
     @property
     def seed_params(self) -> int:
