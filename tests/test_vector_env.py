@@ -228,6 +228,21 @@ def test_an_env_with_seeds_stacks_unless_a_seed_cannot() -> None:
     assert stack_key(env) is None
 
 
+def test_an_env_with_its_own_grad_scaler_trains_alone() -> None:
+    """fp16 keeps one GradScaler per env, whose scale a stacked step would share: such an env trains alone (bf16 and
+    fp32 envs stack, each precision with its own kind)."""
+    from esper_ray.env.train_step import Precision
+
+    env = MorphogeneticEnv(CONFIGS[0])
+    env.reset(seed=0)
+    fp32 = stack_key(env)
+    env.precision = Precision(dtype=torch.bfloat16)
+    bf16 = stack_key(env)
+    assert fp32 is not None and bf16 is not None and fp32 != bf16
+    env.precision = Precision(dtype=torch.float16, scaler=torch.amp.GradScaler("cpu"))
+    assert stack_key(env) is None
+
+
 def test_envs_per_runner_gives_each_runner_a_vector_env_on_its_own_shards() -> None:
     from esper_ray.contracts.train_config import TrainConfig
     from esper_ray.train.rllib.env_factory import RUNNER_KEY, ShardedVectorMorphogeneticEnv

@@ -2,9 +2,10 @@
 
 Each env keeps everything it has alone (its shard, generators, episode seeds, lifecycle, governor, rewards and
 observations) and runs its own step in two halves (MorphogeneticEnv._begin_step and _end_step). Between them the
-vector env trains the envs' epochs: the envs with a CNN host in fp32 on the CPU whose seeds can stack (every seed but a
-prune's ramp-down and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the host's
-structure and training settings train as one stacked module in one call per batch, their seeds in one stacked module
+vector env trains the envs' epochs: the envs with a CNN host whose seeds can stack (every seed but a prune's ramp-down
+and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the device, precision (fp32, or
+bf16 on a GPU; fp16's GradScaler is per env), the host's structure and training settings train as one stacked module
+in one call per batch (on a GPU eagerly, all envs on one CUDA stream), their seeds in one stacked module
 per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every
 other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch
 runs stacked likewise (env/stacked_validation.py: envs of one host structure and validation chunk whose seeds stack, in
