@@ -21,8 +21,8 @@ AUTO = "auto"
 def auto_envs_per_runner(total_envs: int, cores: float, on_gpu: bool) -> int:
     """N, the envs of each env runner, for `total_envs` envs on `cores` CPU cores (at least one counted)."""
     if on_gpu:
-        # On CUDA the vector env steps every env alone (stack_key is CPU-only), so folding only saves processes;
-        # one env per runner until measured on the device (docs/design.md, "Many hosts per process").
+        # On CUDA the vector env's stacked epochs run eager, against one env a process replaying its captured
+        # graphs: one env per runner until the device measures the two (docs/design.md, "Many hosts per process").
         return 1
     usable = max(1, int(cores + 1e-9))
     runners = max(r for r in range(1, min(total_envs, usable) + 1) if total_envs % r == 0)
