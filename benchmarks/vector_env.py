@@ -168,6 +168,7 @@ def main() -> None:
                     "controller": "heuristic" if args.heuristic else "wait",
                     "steps": args.steps,
                     "rounds": args.rounds,
+                    "card": where["card"],
                     "cpu": where["cpu"],
                     "cores": where["cores"],
                     "torch": where["torch"],
@@ -205,7 +206,7 @@ def against(args: argparse.Namespace, n: int, where: dict[str, Any]) -> dict[str
         "against": str(args.against),
         "controller": "heuristic" if args.heuristic else "wait",
         "pairs": args.pairs,
-        **{k: where[k] for k in ("cpu", "cores", "torch", "commit")},
+        **{k: where[k] for k in ("card", "cpu", "cores", "torch", "commit")},
     }
 
 

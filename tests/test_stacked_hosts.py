@@ -439,3 +439,34 @@ def test_stacked_validation_gives_each_model_its_own_fused_pass(data) -> None:  
             assert torch.equal(model.state_dict()[name], value), (i, name)
     # Every configuration is its own, not the main one repeated (model 1's pair off and all off are one configuration).
     assert [len(set(v.loss_sum)) for v in together] == [2, 4, 1, 2, 1], together
+
+
+def test_fp16_rows_scale_skip_and_back_off_by_their_own_scaler(data) -> None:  # type: ignore[no-untyped-def]
+    """fp16, each host with its own GradScaler: host 0's scale (2^100) overflows its gradients, so its step is skipped
+    (parameters and momentum untouched) and its scale halves, as its lone TrainStep's GradScaler does; hosts 1 and 2
+    (2^8 and 2^10) step as their own TrainSteps in fp16 do, their scales unchanged."""
+    host_list = hosts()
+    scales = (2.0**100, 2.0**8, 2.0**10)
+    module = StackedCNNHosts(host_list)
+    sgd = StackedSGD(module.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=s) for s in scales]
+    step = StackedTrainStep(module, sgd, MAX_GRAD_NORM, precision=Precision(torch.float16), scalers=scalers)
+    before = [p.detach().clone() for p in module.parameters()]
+    x = data.prepare(data.train_x[: 3 * BATCH]).view(3, BATCH, 1, 8, 8)
+    y = data.train_y[: 3 * BATCH].view(3, BATCH)
+    step(x, y)
+    for i, host in enumerate(host_list):
+        model, optimizer = separate(host)
+        alone = torch.amp.GradScaler("cpu", init_scale=scales[i])
+        TrainStep(model, optimizer, Precision(torch.float16, alone), MAX_GRAD_NORM, Accumulators(torch.device("cpu")))(
+            x[i], y[i]
+        )
+        assert scalers[i].get_scale() == alone.get_scale(), f"host {i}"
+        for (name, p), stacked_p, old in zip(model.host.named_parameters(), module.parameters(), before, strict=True):
+            torch.testing.assert_close(stacked_p[i], p, rtol=1e-3, atol=1e-4, msg=f"host {i} {name}")
+            if i == 0:
+                assert torch.equal(stacked_p[i], old[i]), f"host 0 {name} stepped"
+                assert torch.equal(sgd.momentum_buffers[0][0], torch.zeros_like(sgd.momentum_buffers[0][0]))
+            else:
+                assert not torch.equal(stacked_p[i], old[i]), f"host {i} {name} did not step"
+    assert [s.get_scale() for s in scalers] == [2.0**99, 2.0**8, 2.0**10]

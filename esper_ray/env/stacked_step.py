@@ -18,6 +18,7 @@ import torch
 from esper_ray.data.sharding import DeviceShard
 from esper_ray.env.epoch import TrainStats
 from esper_ray.env.gradient_telemetry import MEASURED_STAGES
+from esper_ray.env.stacked_scalers import RowScalers
 from esper_ray.env.train_step import Precision
 from esper_ray.morpho.stacked import Rows, StackedCNNHosts
 from esper_ray.morpho.stacked_seeds import StackedModel, StackedSeeds
@@ -151,12 +152,17 @@ class StackedTrainStep:
         max_grad_norm: float,
         seeds: Sequence[tuple[StackedSeeds, StackedSGD]] = (),
         precision: Precision | None = None,
+        scalers: Sequence[torch.amp.GradScaler] | None = None,
     ) -> None:
         self.hosts, self.optimizer, self.max_grad_norm = hosts, optimizer, max_grad_norm
         self.seeds = list(seeds)
         self.precision = precision or Precision()
-        if self.precision.scaler is not None:
-            raise ValueError("stacked hosts: fp16 with a GradScaler is not stacked (one scaler per env); use bf16")
+        fp16 = self.precision.dtype is torch.float16
+        if fp16 != (scalers is not None) or (scalers is not None and len(scalers) != hosts.n):
+            raise ValueError(
+                "stacked hosts: fp16 takes each host's own GradScaler (scalers, one a host), bf16 and fp32 none"
+            )
+        self.scalers = RowScalers(scalers) if scalers is not None else None
         self.model = StackedModel(hosts, [group for group, _ in self.seeds])
         device = optimizer.params[0].device
         self.loss_sum = torch.zeros(hosts.n, device=device)
@@ -178,20 +184,35 @@ class StackedTrainStep:
         self.optimizer.zero_grad()
         for _, sgd in self.seeds:
             sgd.zero_grad()
-        losses.sum().backward()
         running = list(range(self.hosts.n)) if rows is None else rows.tolist()
+        (losses.sum() if self.scalers is None else self.scalers.scale(losses, running).sum()).backward()
+        grads = [p.grad for p in self.optimizer.params]
+        seed_grads = [[p.grad for p in sgd.params if p.grad is not None] for _, sgd in self.seeds]
+        stepping = running  # the hosts whose host tensors step (fp16: those with finite gradients)
+        seed_rows = [[j for j, host in enumerate(group.hosts) if host in running] for group, _ in self.seeds]
+        if self.scalers is not None:  # each row unscaled by its own env's scale; non-finite rows skip their step
+            finite = self.scalers.unscale(grads, range(self.hosts.n), running)
+            stepping = [host for host in running if finite[host]]
+            found_inf = {host: not finite[host] for host in running}
+            for g, (group, _) in enumerate(self.seeds):
+                finite = self.scalers.unscale(seed_grads[g], group.hosts, running)
+                seed_rows[g] = [j for j in seed_rows[g] if finite[j]]
+                for j, host in enumerate(group.hosts):
+                    if host in found_inf:
+                        found_inf[host] = found_inf[host] or not finite[j]
         if on_grads is not None:
             on_grads(self, running)
-        grads = [p.grad for p in self.optimizer.params]
         clip_per_host(grads, self.max_grad_norm)  # type: ignore[arg-type]
-        self.optimizer.step(rows)
-        for group, sgd in self.seeds:
-            local = [j for j, host in enumerate(group.hosts) if host in running]
-            seed_grads = [p.grad for p in sgd.params if p.grad is not None]
-            if not local or not seed_grads:
+        if stepping:
+            whole = len(stepping) == self.hosts.n
+            self.optimizer.step(None if whole else torch.tensor(stepping, device=x.device))
+        for (group, sgd), grads_of, local in zip(self.seeds, seed_grads, seed_rows, strict=True):
+            if not local or not grads_of:
                 continue
-            clip_per_host(seed_grads, self.max_grad_norm)  # each seed by its own norm, as TrainStep clips it
+            clip_per_host(grads_of, self.max_grad_norm)  # each seed by its own norm, as TrainStep clips it
             sgd.step(None if len(local) == len(group.hosts) else torch.tensor(local, device=x.device))
+        if self.scalers is not None:
+            self.scalers.update(found_inf)
         correct = hits(logits.detach(), y)
         if rows is None:
             self.loss_sum += losses.detach() * b

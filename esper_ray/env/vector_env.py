@@ -3,8 +3,8 @@
 Each env keeps everything it has alone (its shard, generators, episode seeds, lifecycle, governor, rewards and
 observations) and runs its own step in two halves (MorphogeneticEnv._begin_step and _end_step). Between them the
 vector env trains the envs' epochs: the envs with a CNN host whose seeds can stack (every seed but a prune's ramp-down
-and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the device, precision (fp32, or
-bf16 on a GPU; fp16's GradScaler is per env), the host's structure and training settings train as one stacked module
+and a plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the device, precision (fp32, bf16,
+or fp16 with each env's own GradScaler: env/stacked_scalers.py), the host's structure and training settings train as one stacked module
 in one call per batch (on a GPU eagerly, all envs on one CUDA stream), their seeds in one stacked module
 per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every
 other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch
@@ -64,7 +64,7 @@ def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
     ramping down, a plug-in's seed module) trains alone."""
     model = env.model
     assert model is not None
-    if env.precision.scaler is not None or type(model.host) is not CNNHost:  # fp16: a GradScaler per env
+    if type(model.host) is not CNNHost:
         return None
     if any(unstackable(s) is not None for s in model.seed_slots()):
         return None
@@ -103,7 +103,14 @@ def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
         seeds.append((seed_group, seed_sgd))
     telemetry = StackedTelemetry(len(envs))
     stats = train_stacked_epoch(
-        StackedTrainStep(stack, sgd, first.cfg.max_grad_norm, seeds, first.precision),
+        StackedTrainStep(
+            stack,
+            sgd,
+            first.cfg.max_grad_norm,
+            seeds,
+            first.precision,
+            None if first.precision.scaler is None else [env.precision.scaler for env in envs],  # fp16: each its own
+        ),
         [env.shard for env in envs],
         [env.data_generator for env in envs],
         [env._prepare_train for env in envs],
