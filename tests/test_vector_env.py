@@ -265,11 +265,11 @@ def test_fp16_envs_train_stacked_each_with_its_own_grad_scaler() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device)")
-@pytest.mark.parametrize("amp", ["off", "bf16"])
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_on_a_gpu_the_vector_env_trains_stacked_and_follows_the_separate_run(amp: str) -> None:
-    """On a GPU the envs train stacked too (fp32 and bf16; eager, their own CUDA graphs unused while stacked) and make
-    the separate envs' decisions and stages; the losses agree at rtol 1e-3 in fp32 and 5e-2 in bf16, whose rounding
-    the two paths do in different kernels."""
+    """On a GPU the envs train stacked too (fp32, bf16, fp16 with each env's GradScaler; eager, their own CUDA graphs
+    unused while stacked) and make the separate envs' decisions and stages; the losses agree at rtol 1e-3 in fp32 and
+    5e-2 in bf16 and fp16, whose rounding the two paths do in different kernels."""
     configs = [{**c, "device": "cuda", "amp": amp} for c in CONFIGS]
     separate = SyncVectorEnv([lambda c=c: MorphogeneticEnv(c) for c in configs], autoreset_mode=AutoresetMode.NEXT_STEP)
     ours = VectorMorphogeneticEnv.of_configs(configs)
