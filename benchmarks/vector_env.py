@@ -23,7 +23,8 @@ Against other code (issue 77's goal: 4x the per-host env step of 0b62e59):
 
 runs, in each of `--pairs` pairs, three processes in a rotated order: that tree's separate envs (its esper_ray first on
 PYTHONPATH), this tree's separate envs and this tree's vector env, each timing `--rounds` rounds after a warm-up; prints
-one JSON line per process and per N one with the medians over pairs and `old_over_vector`, `old_over_separate`.
+one JSON line per process and per N one with the medians over pairs, and `old_over_vector`, `old_over_separate`: the
+medians over pairs of the ratios within each pair.
 """
 
 from __future__ import annotations
@@ -197,12 +198,16 @@ def against(args: argparse.Namespace, n: int, where: dict[str, Any]) -> dict[str
             figures[name].append(json.loads(out.strip().splitlines()[-1])["per_host_step_ms"])
             print(json.dumps({"envs": n, "pair": pair, "run": name, "per_host_step_ms": figures[name][-1]}), flush=True)
     median = {name: statistics.median(v) for name, v in figures.items()}
+
+    def ratio(a: str, b: str) -> float:  # the median over pairs of the ratio within each pair: a noisy pair cancels
+        return round(statistics.median(x / y for x, y in zip(figures[a], figures[b], strict=True)), 2)
+
     return {
         "envs": n,
         "per_host_step_ms": median,
-        "old_over_vector": round(median["old_separate"] / median["vector"], 2),
-        "old_over_separate": round(median["old_separate"] / median["separate"], 2),
-        "separate_over_vector": round(median["separate"] / median["vector"], 2),
+        "old_over_vector": ratio("old_separate", "vector"),
+        "old_over_separate": ratio("old_separate", "separate"),
+        "separate_over_vector": ratio("separate", "vector"),
         "against": str(args.against),
         "controller": "heuristic" if args.heuristic else "wait",
         "pairs": args.pairs,
