@@ -104,6 +104,45 @@ def test_vector_env_benchmark_runs_and_prints_the_machine_then_one_json_line_per
     assert {"cpu", "cores", "torch", "commit"} <= set(lines[1])
 
 
+def test_vector_env_benchmark_against_a_tree_runs_the_three_processes_and_their_ratios():
+    """`--against TREE` (this checkout as the other tree here): per pair a process of the tree's separate envs, this
+    tree's separate envs and its vector env, each its own line, then the medians and the within-pair ratios."""
+    run = subprocess.run(
+        [sys.executable, "benchmarks/vector_env.py", "--sizes", "2", "--steps", "1", "--rounds", "1"]
+        + ["--against", str(REPO), "--pairs", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert sorted(line["run"] for line in lines[1:4]) == ["old_separate", "separate", "vector"]
+    summary = lines[4]
+    assert summary["envs"] == 2 and summary["against"] == str(REPO) and summary["card"] == "no GPU"
+    assert all(summary[k] > 0 for k in ("old_over_vector", "old_over_separate", "separate_over_vector"))
+
+
+def test_throughput_bare_half_steps_vector_envs_of_envs_per_runner():
+    """`--envs-per-runner 2 --only bare`: one process steps the 2 envs as one vector env, its epochs stacked."""
+    run = subprocess.run(
+        [sys.executable, "benchmarks/throughput.py", "--only", "bare", "--envs-per-runner", "2"]
+        + ["--bare-seconds", "2", "--max-epochs", "3", "--bare-threads", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["setup"]["envs"] == 2 and report["setup"]["envs_per_runner"] == 2
+    figures = report["without_mps"]
+    assert figures["bare_env_steps_per_s"] > 0 and figures["bare_stacked_epoch_share"] == 1.0
+    assert "bare: 1 env process of 2 envs" in run.stderr
+
+
 @pytest.mark.parametrize("sampling_over_bare, share", [(17.60049, -0.00049), (17.6, -0.002), (0.41, 0.3)])
 def test_the_split_adds_up_whatever_the_rounding_and_a_jitter_below_zero(sampling_over_bare, share):
     """Figures as the benchmark rounds them, at the worst of the rounding: a ratio of 17.6 came out 0.009 off."""
