@@ -19,30 +19,31 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_benchmark(script: str, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/SCRIPT ARGS` from the checkout with `env` added to this process's environment; it must
+    exit 0 (its stderr's tail in the failure)."""
+    run = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 @pytest.mark.expensive
 def test_throughput_benchmark_runs_on_cpu_and_prints_one_json_line():
     # No timing is asserted, so the limit only catches a hang: beside two CPU hogs on a busy 2-core machine the
     # run took over 10 minutes (4.5 without them)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/throughput.py",
-            "--rounds",
-            "2",
-            "--bare-seconds",
-            "2",
-            "--max-epochs",
-            "5",
-            "--bare-threads",
-            "2",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    run = run_benchmark(
+        "throughput.py",
+        *("--rounds", "2", "--bare-seconds", "2", "--max-epochs", "5", "--bare-threads", "2"),
         timeout=1800,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        RAY_AUTH_MODE="disabled",
     )
-    assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["machine"]["card"] == "no GPU" and report["setup"]["envs"] == 2 and report["setup"]["max_epochs"] == 5
     figures = report["without_mps"]
@@ -85,19 +86,16 @@ def assert_the_split_adds_up(figures: dict) -> None:
     )
 
 
+def vector_env_benchmark(*args: str) -> list[dict]:
+    """The JSON lines of benchmarks/vector_env.py at its smallest (2 envs, one step, one round), one torch thread."""
+    run = run_benchmark("vector_env.py", "--sizes", "2", "--steps", "1", "--rounds", "1", *args, OMP_NUM_THREADS="1")
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
 def test_vector_env_benchmark_runs_and_prints_the_machine_then_one_json_line_per_size():
     """benchmarks/vector_env.py at its smallest, once: it runs, names the machine, and the vector env of two waiting
     envs trained every epoch stacked (no timing is asserted)."""
-    run = subprocess.run(
-        [sys.executable, "benchmarks/vector_env.py", "--sizes", "2", "--steps", "1", "--rounds", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    lines = vector_env_benchmark()
     assert lines[0]["machine"]["torch_threads"] == 1 and lines[0]["machine"]["cpu"]
     assert [line["envs"] for line in lines[1:]] == [2] and lines[1]["stacked_epoch_share"] == 1.0
     assert set(lines[1]["per_host_step_ms"]) == {"separate", "vector"} and lines[1]["separate_over_vector"] > 0
@@ -107,17 +105,7 @@ def test_vector_env_benchmark_runs_and_prints_the_machine_then_one_json_line_per
 def test_vector_env_benchmark_against_a_tree_runs_the_three_processes_and_their_ratios():
     """`--against TREE` (this checkout as the other tree here): per pair a process of the tree's separate envs, this
     tree's separate envs and its vector env, each its own line, then the medians and the within-pair ratios."""
-    run = subprocess.run(
-        [sys.executable, "benchmarks/vector_env.py", "--sizes", "2", "--steps", "1", "--rounds", "1"]
-        + ["--against", str(REPO), "--pairs", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    lines = vector_env_benchmark("--against", str(REPO), "--pairs", "1")
     assert sorted(line["run"] for line in lines[1:4]) == ["old_separate", "separate", "vector"]
     summary = lines[4]
     assert summary["envs"] == 2 and summary["against"] == str(REPO) and summary["card"] == "no GPU"
@@ -126,16 +114,12 @@ def test_vector_env_benchmark_against_a_tree_runs_the_three_processes_and_their_
 
 def test_throughput_bare_half_steps_vector_envs_of_envs_per_runner():
     """`--envs-per-runner 2 --only bare`: one process steps the 2 envs as one vector env, its epochs stacked."""
-    run = subprocess.run(
-        [sys.executable, "benchmarks/throughput.py", "--only", "bare", "--envs-per-runner", "2"]
-        + ["--bare-seconds", "2", "--max-epochs", "3", "--bare-threads", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    run = run_benchmark(
+        "throughput.py",
+        *("--only", "bare", "--envs-per-runner", "2"),
+        *("--bare-seconds", "2", "--max-epochs", "3", "--bare-threads", "1"),
+        RAY_AUTH_MODE="disabled",
     )
-    assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["setup"]["envs"] == 2 and report["setup"]["envs_per_runner"] == 2
     figures = report["without_mps"]
@@ -158,15 +142,9 @@ def test_the_split_adds_up_whatever_the_rounding_and_a_jitter_below_zero(samplin
 def test_throughput_with_lead_counts_each_round_from_when_its_runners_began_it():
     """--lead: every steady round was sampled ahead by every runner, so its samples/s count from when the first
     round's episodes reached the driver (the runners began the second then), before that round's train() ended."""
-    run = subprocess.run(
-        [sys.executable, "benchmarks/throughput.py", "--rounds", "3", "--max-epochs", "5", "--lead", "--only", "train"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    run = run_benchmark(
+        "throughput.py", "--rounds", "3", "--max-epochs", "5", "--lead", "--only", "train", RAY_AUTH_MODE="disabled"
     )
-    assert run.returncode == 0, run.stderr[-3000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])["without_mps"]
     assert figures["train_round_led_share"] == 1
     assert 0 < figures["train_samples_per_s"] < figures["train_wall_samples_per_s"]
@@ -183,15 +161,7 @@ H200_BANDWIDTH = 4.8e12
 
 
 def roofline(*flags: str) -> dict:
-    run = subprocess.run(
-        [sys.executable, "benchmarks/roofline.py", "--json", *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_benchmark("roofline.py", "--json", *flags, timeout=300, CUDA_VISIBLE_DEVICES="")
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
