@@ -28,19 +28,16 @@ from esper_ray.env.epoch import ValStats, read_val_stats
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
 from esper_ray.env.stacked_step import hits, sample_losses
 from esper_ray.morpho.counterfactual import CounterfactualPlan
-from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.stacked import StackedCNNHosts
-from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, unstackable
+from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, stackable
 
 
 def validation_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
     """What envs must share for their validation passes to run stacked (None: this env validates alone)."""
     model = env.model
     assert model is not None
-    if env.device.type != "cpu" or env.precision.dtype is not None or type(model.host) is not CNNHost:
-        return None
-    if any(unstackable(s) is not None for s in model.seed_slots()):
+    if env.device.type != "cpu" or env.precision.dtype is not None or not stackable(model.host, model.seed_slots()):
         return None
     return (model.host.cfg, env.cfg.effective_val_batch_size)
 

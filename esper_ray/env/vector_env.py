@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from copy import deepcopy
 from typing import Any
 
@@ -52,9 +52,8 @@ from esper_ray.env.stacked_step import (
     train_stacked_epoch,
 )
 from esper_ray.env.stacked_validation import validate_envs, validation_key
-from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.stacked import StackedCNNHosts
-from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, unstackable
+from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, stackable
 
 
 def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
@@ -64,9 +63,7 @@ def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
     ramping down, a plug-in's seed module) trains alone."""
     model = env.model
     assert model is not None
-    if type(model.host) is not CNNHost:
-        return None
-    if any(unstackable(s) is not None for s in model.seed_slots()):
+    if not stackable(model.host, model.seed_slots()):
         return None
     group = env.host_optimizer.param_groups[0]
     return (
@@ -79,6 +76,21 @@ def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
         group["momentum"],
         group["weight_decay"],
     )
+
+
+def stack_groups(
+    indices: Iterable[int], key_of: Callable[[int], tuple[Any, ...] | None]
+) -> tuple[list[list[int]], list[int]]:
+    """`indices` by `key_of`: the groups of two or more that share a key (each runs stacked), and the rest (a None
+    key, or alone with its key), in order."""
+    by_key: dict[tuple[Any, ...], list[int]] = {}
+    alone: list[int] = []
+    for i in indices:
+        key = key_of(i)
+        (alone if key is None else by_key.setdefault(key, [])).append(i)
+    groups = [members for members in by_key.values() if len(members) > 1]
+    alone += [i for members in by_key.values() if len(members) == 1 for i in members]
+    return groups, sorted(alone)
 
 
 def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
@@ -218,16 +230,9 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         """The host epoch of every env that steps: stacked by stack_key where two or more share one, alone otherwise.
         A stacked group's seconds are shared out equally among its envs' `time/train`."""
         envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        alone: list[int] = []
-        for i in started:
-            key = stack_key(envs[i])
-            (alone if key is None else groups.setdefault(key, [])).append(i)
+        groups, alone = stack_groups(started, lambda i: stack_key(envs[i]))
         trained: dict[int, TrainStats] = {}
-        for members in groups.values():
-            if len(members) == 1:
-                alone.extend(members)
-                continue
+        for members in groups:
             began = time.perf_counter()
             seeded = [bool(envs[i].model.active_slot_ids()) for i in members]  # type: ignore[union-attr]
             with envs[members[0]]._on_stream():
@@ -239,7 +244,7 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
             share = (time.perf_counter() - began) / len(members)
             for i in members:
                 started[i].timings["train"] = share
-        for i in sorted(alone):
+        for i in alone:
             began = time.perf_counter()
             with envs[i]._on_stream():
                 trained[i] = envs[i]._train_epoch()
@@ -251,15 +256,9 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         (env/stacked_validation.py); the others are left to validate themselves in _end_step. A group's seconds are
         shared out equally among its envs' `time/val`."""
         envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i in started:
-            key = validation_key(envs[i])
-            if key is not None:
-                groups.setdefault(key, []).append(i)
+        groups, _ = stack_groups(started, lambda i: validation_key(envs[i]))
         validated: dict[int, Validated] = {}
-        for members in groups.values():
-            if len(members) == 1:
-                continue
+        for members in groups:
             began = time.perf_counter()
             results = validate_envs([envs[i] for i in members])
             share = (time.perf_counter() - began) / len(members)

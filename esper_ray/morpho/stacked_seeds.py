@@ -31,6 +31,7 @@ from torch import nn
 from esper_ray.contracts.stages import Stage
 from esper_ray.morpho.blend import blend
 from esper_ray.morpho.blueprints import AttentionSeed, BottleneckSeed, ConvSeed, DepthwiseSeed, NormSeed
+from esper_ray.morpho.host import CNNHost
 from esper_ray.morpho.slot import SeedSlot
 from esper_ray.morpho.stacked import Rows, StackedCNNHosts
 
@@ -53,6 +54,11 @@ def unstackable(slot: SeedSlot) -> str | None:
     if any(True for m in modules for _ in m.buffers()):
         return f"slot {slot.slot_id}: its seed holds buffers"
     return None
+
+
+def stackable(host: nn.Module, slots: Sequence[SeedSlot]) -> bool:
+    """Whether a model (its host and slots) can run in a stack: a CNNHost whose active seeds all stack."""
+    return type(host) is CNNHost and all(unstackable(s) is None for s in slots)
 
 
 def _named(slot: SeedSlot) -> list[tuple[str, nn.Parameter]]:
