@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import multiprocessing as mp
@@ -239,8 +240,8 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
 
 def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, results: Any) -> None:
     """_bare_worker's figures for one process of `setup.envs_per_runner` envs (shards runner * N ...) stepped as one
-    VectorMorphogeneticEnv, each env with its own controller; a reset is the next step of an env whose episode ended
-    (NEXT_STEP autoreset), timed within the step."""
+    VectorMorphogeneticEnv, each env with its own controller. A reset is the next step of an env whose episode ended
+    (NEXT_STEP autoreset), inside that step: each env's reset is timed where the vector env calls it."""
     from gymnasium.vector.utils import iterate
 
     from esper_ray.env.vector_env import VectorMorphogeneticEnv
@@ -257,6 +258,16 @@ def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, r
         for env, k in zip(vector.envs, shards, strict=True)
     ]
     obs, _ = vector.reset(seed=shards[0])
+    resets = {"count": 0, "seconds": 0.0}
+
+    def timed_reset(reset: Callable[..., Any], **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = reset(**kwargs)
+        resets["count"], resets["seconds"] = resets["count"] + 1, resets["seconds"] + time.perf_counter() - t0
+        return out
+
+    for env in vector.envs:
+        env.reset = functools.partial(timed_reset, env.reset)  # type: ignore[method-assign]
 
     def step() -> tuple[Any, dict[str, Any]]:
         actions = [c.act(o) for c, o in zip(controllers, iterate(vector.single_observation_space, obs), strict=True)]
@@ -268,10 +279,16 @@ def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, r
         obs, info = step()
         done |= info.get("epoch", np.ones(n)) == 0
     stacked_before = sum(vector.stacked_epochs)
+    resets.update(count=0, seconds=0.0)
     barrier.wait()
     start, cpu_start, steps, samples, seed_epochs, in_env_s = time.perf_counter(), time.process_time(), 0, 0, 0, 0.0
+    capture_s, captures = 0.0, 0
     while time.perf_counter() - start < setup.bare_seconds:
+        before, t0 = sum(graph_captures(env) for env in vector.envs), time.perf_counter()
         obs, info = step()
+        new_graphs = sum(graph_captures(env) for env in vector.envs) - before
+        if new_graphs:
+            capture_s, captures = capture_s + time.perf_counter() - t0, captures + new_graphs
         stepped = info.get("_train_total")  # absent where every env reset this step
         if stepped is None:
             continue
@@ -287,10 +304,10 @@ def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, r
             wall,
             (time.process_time() - cpu_start) / wall,
             {
-                "reset_share": 0.0,
-                "capturing_steps_share": 0.0,
-                "captures_per_episode": 0.0,
-                "ms_per_reset": 0.0,
+                "reset_share": resets["seconds"] / wall,
+                "capturing_steps_share": capture_s / wall,
+                "captures_per_episode": captures / max(resets["count"], 1),
+                "ms_per_reset": 1e3 * resets["seconds"] / max(resets["count"], 1),
                 "seed_epochs_per_episode": seed_epochs * setup.max_epochs / max(steps, 1),
                 "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1),
                 "threads_per_env": torch.get_num_threads(),
