@@ -240,7 +240,7 @@ def seeded_models() -> list[tuple[MorphogeneticModel, torch.optim.SGD]]:
 
 
 def stacked_seeded(models: list[tuple[MorphogeneticModel, torch.optim.SGD]]):  # type: ignore[no-untyped-def]
-    """The stacked hosts and seeds of the models, their optimizers' momentum loaded as vector_env.train_stacked does."""
+    """The stacked hosts and seeds of the models, their optimizers' momentum loaded as env/held_stack.HeldStack does."""
     module = StackedCNNHosts([m.host for m, _ in models])
     sgd = StackedSGD(module.parameters(), lr=LR, momentum=HOST_MOMENTUM, weight_decay=HOST_WEIGHT_DECAY)
     load_momentum(sgd, [(opt, list(m.host.parameters())) for m, opt in models])
@@ -327,8 +327,7 @@ def test_stacked_epochs_with_seeds_train_as_separate_models(data) -> None:  # ty
                 torch.testing.assert_close(telemetry.seed_norms[i][slot_id], norms, **GRAD_TOLERANCE)
     assert sorted(k for norms in telemetry.seed_norms for k in norms) == ["r0c1", "r0c1", "r0c1", "r1c1"]
     for group, seed_sgd in seeds:
-        for j in range(len(group.hosts)):
-            group.write_to(j)
+        group.write_back()
         store_momentum(seed_sgd, [(s.optimizer, s.seed_parameters()) for s in group.slots])  # type: ignore[misc]
     for i, ((model, optimizer), (theirs, _)) in enumerate(zip(models, stacked_models, strict=True)):
         module.write_to(i, theirs.host)

@@ -54,6 +54,11 @@ STACKED_EPOCHS = [11, 11, 9]
 autoresets)."""
 STACKED_SEED_EPOCHS = [6, 1, 0]
 """Env 0's seed TRAINING (step 3, with env 1's), BLENDING (4-6), HOLDING (7), FOSSILIZED (8); env 1's TRAINING once."""
+STACK_BUILDS = 7
+"""HeldStacks built (env/held_stack.py): at step 0; 3 (the seeds planted); 4 (env 0's seed blends, another stage
+kind; env 1's pruned); 5 (env 2 resets: envs 0 and 1 alone stack); 6 (all three again); 10 (envs 0 and 1 in new
+episodes, new host optimizers); 11 (env 2 resets). Held at steps 1, 2 (the seeds plant after the epoch), 7 and 8
+(BLENDING -> HOLDING -> FOSSILIZED keep the seed's group; its alpha is copied in each epoch)."""
 STACKED_VALIDATIONS = STACKED_EPOCHS
 """Every step's validation runs stacked where the epoch did (env/stacked_validation.py), seeds included."""
 STACKED_COUNTERFACTUALS = [2, 0, 0]
@@ -213,6 +218,7 @@ def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle(one_tor
     assert resets >= 3  # env 2 twice, envs 0 and 1 once
     assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
     assert (ours.stacked_validations, ours.stacked_counterfactuals) == (STACKED_VALIDATIONS, STACKED_COUNTERFACTUALS)
+    assert (ours.stack_builds, ours.stacked_captures) == (STACK_BUILDS, 0)  # held across epochs; no graph on a CPU
 
 
 def test_an_env_with_seeds_stacks_unless_a_seed_cannot() -> None:
@@ -267,9 +273,9 @@ def test_fp16_envs_train_stacked_each_with_its_own_grad_scaler() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device)")
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_on_a_gpu_the_vector_env_trains_stacked_and_follows_the_separate_run(amp: str) -> None:
-    """On a GPU the envs train stacked too (fp32, bf16, fp16 with each env's GradScaler; eager, their own CUDA graphs
-    unused while stacked) and make the separate envs' decisions and stages; the losses agree at rtol 1e-3 in fp32 and
-    5e-2 in bf16 and fp16, whose rounding the two paths do in different kernels."""
+    """On a GPU the envs train stacked too (fp32 and bf16 full batches from the held stacks' CUDA graphs, fp16 eager
+    with each env's GradScaler) and make the separate envs' decisions and stages; the losses agree at rtol 1e-3 in
+    fp32 and 5e-2 in bf16 and fp16, whose rounding the two paths do in different kernels."""
     configs = [{**c, "device": "cuda", "amp": amp} for c in CONFIGS]
     separate = SyncVectorEnv([lambda c=c: MorphogeneticEnv(c) for c in configs], autoreset_mode=AutoresetMode.NEXT_STEP)
     ours = VectorMorphogeneticEnv.of_configs(configs)
@@ -287,3 +293,6 @@ def test_on_a_gpu_the_vector_env_trains_stacked_and_follows_the_separate_run(amp
                 mask = theirs_info["_" + key]
                 np.testing.assert_allclose(ours_info[key][mask], theirs_info[key][mask], rtol=rtol, err_msg=f"{t}")
     assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
+    assert ours.stack_builds == STACK_BUILDS
+    # A graph for each held stack's full batch (fp16's steps stay eager: its scalers read found_inf on the host).
+    assert (ours.stacked_captures == STACK_BUILDS) if amp != "fp16" else ours.stacked_captures == 0

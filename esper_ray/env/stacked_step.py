@@ -72,27 +72,41 @@ class StackedSGD:
 
 
 def load_momentum(sgd: StackedSGD, rows: Sequence[tuple[torch.optim.Optimizer, Sequence[torch.Tensor]]]) -> None:
-    """Row i of sgd's momentum from rows[i] = (an optimizer, its tensors in sgd.params' order); a tensor without a
-    buffer yet (SGD's first step) keeps the zero row, which gives the same step."""
+    """Row i of sgd's momentum from rows[i] = (an optimizer, its tensors in sgd.params' order), in place; a tensor
+    without a buffer yet (SGD's first step) gets a zero row, which gives the same step. Starts sgd's count of what it
+    stepped anew (store_momentum reads it)."""
+    into, source, zero = [], [], []
+    for i, (optimizer, params) in enumerate(rows):
+        for buffer, p in zip(sgd.momentum_buffers, params, strict=True):
+            momentum = optimizer.state[p].get("momentum_buffer")
+            if momentum is None:
+                zero.append(buffer[i])
+            else:
+                into.append(buffer[i])
+                source.append(momentum)
     with torch.no_grad():
-        for i, (optimizer, params) in enumerate(rows):
-            for buffer, p in zip(sgd.momentum_buffers, params, strict=True):
-                momentum = optimizer.state[p].get("momentum_buffer")
-                if momentum is not None:
-                    buffer[i].copy_(momentum)
+        if into:
+            torch._foreach_copy_(into, source)
+        if zero:
+            torch._foreach_zero_(zero)
+    sgd.stepped = [False] * len(sgd.params)
 
 
 def store_momentum(sgd: StackedSGD, rows: Sequence[tuple[torch.optim.Optimizer, Sequence[torch.Tensor]]]) -> None:
     """Write row i of sgd's momentum back into rows[i]'s optimizer: into its buffer, or as a new one where the stack
-    stepped a tensor that had none (as torch's SGD creates it); a tensor never stepped gets none."""
+    stepped a tensor that had none (as torch's SGD creates it); a tensor not stepped since load_momentum gets none."""
+    into, source = [], []
     with torch.no_grad():
         for i, (optimizer, params) in enumerate(rows):
             for buffer, p, stepped in zip(sgd.momentum_buffers, params, sgd.stepped, strict=True):
                 state = optimizer.state[p]
                 if state.get("momentum_buffer") is not None:
-                    state["momentum_buffer"].copy_(buffer[i])
+                    into.append(state["momentum_buffer"])
+                    source.append(buffer[i])
                 elif stepped:
                     state["momentum_buffer"] = buffer[i].clone()
+        if into:
+            torch._foreach_copy_(into, source)
 
 
 def clip_per_host(grads: list[torch.Tensor], max_norm: float) -> None:
@@ -174,10 +188,12 @@ class StackedTrainStep:
         y: torch.Tensor,
         rows: Rows = None,
         on_grads: Callable[[StackedTrainStep, list[int]], None] | None = None,
+        capturing: bool = False,
     ) -> torch.Tensor:
         """x [M, B, C, H, W], y [M, B]: row k is host rows[k]'s batch (all hosts when rows is None). Returns the
-        hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry)."""
-        with self.precision.autocast(x.device):  # bf16 on a GPU: as each env's own step (train_step.py)
+        hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry). `capturing`: into a
+        CUDA graph (env/held_stack.py; fp32 or bf16, all rows, no telemetry)."""
+        with self.precision.autocast(x.device, capturing):  # bf16 on a GPU: as each env's own step (train_step.py)
             logits = self.model(x, rows=rows).float()  # [M, B, classes]
         losses = sample_losses(logits, y).mean(dim=1)  # each host's mean over its batch, as prediction_loss
         b = y.shape[1]
@@ -239,10 +255,12 @@ def train_stacked_epoch(
     *,
     batch_size: int,
     telemetry: StackedTelemetry | None = None,
+    run_whole: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
 ) -> list[TrainStats]:
     """One pass of host i over shard i, in the order its own generator draws (DeviceShard.epoch, as train_epoch does),
     batch j of every host in one step. Where the shards' lengths differ, batch j's hosts are stacked by batch size.
-    `telemetry` reads each host's gradients on its last batch."""
+    `telemetry` reads each host's gradients on its last batch. `run_whole(x, y)` runs a step of every host without
+    telemetry in the step's place (a held stack's captured graphs)."""
     step.model.train()
     step.loss_sum.zero_()
     step.correct.zero_()
@@ -261,6 +279,9 @@ def train_stacked_epoch(
             on_grads = None
             if telemetry is not None and last:
                 on_grads = lambda s, running, last=last: telemetry(s, running, last)  # noqa: E731
+            if run_whole is not None and on_grads is None and len(members) == len(shards):
+                run_whole(x, y)
+                continue
             rows = None if len(members) == len(shards) else torch.tensor(members, device=x.device)
             step(x, y, rows=rows, on_grads=on_grads)
     loss_sums, corrects = step.loss_sum.tolist(), step.correct.tolist()

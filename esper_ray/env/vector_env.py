@@ -40,20 +40,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import concatenate, iterate
 
 from esper_ray.env.epoch import TrainStats
-from esper_ray.env.gradient_telemetry import GradientCapture
+from esper_ray.env.graph_memory import GraphMemory
+from esper_ray.env.held_stack import HeldStack, held_key
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv, StepStart, Validated
-from esper_ray.env.stacked_step import (
-    StackedSGD,
-    StackedTelemetry,
-    StackedTrainStep,
-    load_momentum,
-    seed_optimizer,
-    store_momentum,
-    train_stacked_epoch,
-)
 from esper_ray.env.stacked_validation import validate_envs, validation_key
-from esper_ray.morpho.stacked import StackedCNNHosts
-from esper_ray.morpho.stacked_seeds import StackedSeeds, stack_seeds, stackable
+from esper_ray.morpho.stacked_seeds import stackable
 
 
 def stack_key(env: MorphogeneticEnv) -> tuple[Any, ...] | None:
@@ -93,62 +84,6 @@ def stack_groups(
     return groups, sorted(alone)
 
 
-def train_stacked(envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
-    """One epoch of each env's host and seeds (stack_key equal for all), stacked; each env's host, seeds and their
-    momentum are written back into the env's own modules and optimizers, and its gradient telemetry handed to its
-    slots as its own epoch would (GradientCapture.publish)."""
-    for env in envs:
-        env._before_epoch()  # a test's injected NaN lands in the host before it is stacked
-        env.model.train()  # type: ignore[union-attr]
-    first = envs[0]
-    group = first.host_optimizer.param_groups[0]
-    models = [env.model for env in envs]
-    hosts = [model.host for model in models]  # type: ignore[union-attr]
-    stack = StackedCNNHosts(hosts)  # type: ignore[arg-type]
-    sgd = StackedSGD(stack.parameters(), lr=group["lr"], momentum=group["momentum"], weight_decay=group["weight_decay"])
-    host_rows = [(env.host_optimizer, list(host.parameters())) for env, host in zip(envs, hosts, strict=True)]
-    load_momentum(sgd, host_rows)
-    seeds = []
-    for seed_group in stack_seeds([model.seed_slots() for model in models]):  # type: ignore[union-attr]
-        seed_sgd = seed_optimizer(seed_group)
-        load_momentum(seed_sgd, seed_rows(seed_group))
-        seeds.append((seed_group, seed_sgd))
-    telemetry = StackedTelemetry(len(envs))
-    stats = train_stacked_epoch(
-        StackedTrainStep(
-            stack,
-            sgd,
-            first.cfg.max_grad_norm,
-            seeds,
-            first.precision,
-            None if first.precision.scaler is None else [env.precision.scaler for env in envs],  # fp16: each its own
-        ),
-        [env.shard for env in envs],
-        [env.data_generator for env in envs],
-        [env._prepare_train for env in envs],
-        batch_size=first.cfg.effective_batch_size,
-        telemetry=telemetry,
-    )
-    for i, host in enumerate(hosts):
-        stack.write_to(i, host)
-    store_momentum(sgd, host_rows)
-    for seed_group, seed_sgd in seeds:
-        for j in range(len(seed_group.hosts)):
-            seed_group.write_to(j)
-        store_momentum(seed_sgd, seed_rows(seed_group))
-    for i, env in enumerate(envs):
-        capture = GradientCapture(env.model)  # type: ignore[arg-type]
-        capture.host_norm, capture.seed_norms = telemetry.host_norms[i], telemetry.seed_norms[i]
-        capture.publish()
-        env.epoch += 1
-    return stats
-
-
-def seed_rows(group: StackedSeeds) -> list[tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]]:
-    """Each row's seed optimizer and tensors, in the group's order."""
-    return [(slot.optimizer, slot.seed_parameters()) for slot in group.slots]  # type: ignore[misc]
-
-
 class VectorMorphogeneticEnv(SyncVectorEnv):
     """A VectorEnv of MorphogeneticEnvs, one per config, stepped as SyncVectorEnv steps them (NEXT_STEP autoreset),
     their host epochs stacked where they can be (the module doc). `stacked_epochs[i]` counts env i's epochs that
@@ -172,6 +107,13 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         self.stacked_seed_epochs = [0] * self.num_envs
         self.stacked_validations = [0] * self.num_envs
         self.stacked_counterfactuals = [0] * self.num_envs
+        self.held: dict[tuple[int, ...], tuple[tuple[Any, ...], HeldStack]] = {}
+        """Each stacked group's HeldStack (env/held_stack.py) by its envs, with the key it was built for."""
+        self.stack_builds = 0
+        """HeldStacks built: a group's first epoch, or its first after its key changed."""
+        self.stacked_captures = 0
+        """CUDA graphs the held stacks captured."""
+        self._graph_memory: GraphMemory | None = None
 
     @classmethod
     def of_configs(cls, configs: Sequence[Mapping[str, Any]]) -> VectorMorphogeneticEnv:
@@ -232,11 +174,17 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         envs: list[MorphogeneticEnv] = self.envs  # type: ignore[assignment]
         groups, alone = stack_groups(started, lambda i: stack_key(envs[i]))
         trained: dict[int, TrainStats] = {}
+        held, self.held = self.held, {}  # a group that does not step this epoch lets its stack go
         for members in groups:
             began = time.perf_counter()
             seeded = [bool(envs[i].model.active_slot_ids()) for i in members]  # type: ignore[union-attr]
+            stack = self._held_stack(members, held)
+            captures = stack.captures
             with envs[members[0]]._on_stream():
-                stats_of = train_stacked([envs[i] for i in members])
+                stats_of = stack.train_epoch([envs[i] for i in members])
+            self.stacked_captures += stack.captures - captures
+            for i in members:
+                envs[i].epoch += 1
             for i, stats, with_seed in zip(members, stats_of, seeded, strict=True):
                 trained[i] = stats
                 self.stacked_epochs[i] += 1
@@ -250,6 +198,34 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
                 trained[i] = envs[i]._train_epoch()
             started[i].timings["train"] = time.perf_counter() - began
         return trained
+
+    def _held_stack(
+        self, members: list[int], held: dict[tuple[int, ...], tuple[tuple[Any, ...], HeldStack]]
+    ) -> HeldStack:
+        """The group's HeldStack: last epoch's where its key is unchanged, else a new one. Each env's test hook
+        (_before_epoch: an injected NaN lands in the host before it is copied in) runs first."""
+        envs: list[MorphogeneticEnv] = [self.envs[i] for i in members]  # type: ignore[misc]
+        for env in envs:
+            env._before_epoch()
+            env.model.train()  # type: ignore[union-attr]
+        key = (stack_key(envs[0]), held_key(envs))
+        kept = held.get(tuple(members))
+        if kept is not None and kept[0] == key:
+            stack = kept[1]
+        else:
+            stack = HeldStack(envs, self._memory(envs[0]))
+            self.stack_builds += 1
+        self.held[tuple(members)] = (key, stack)
+        return stack
+
+    def _memory(self, env: MorphogeneticEnv) -> GraphMemory | None:
+        """The pool and capture stream of every held stack's CUDA graphs (graph_memory.py), made at the first stacked
+        epoch on a GPU; None on a CPU."""
+        if env.device.type != "cuda":
+            return None
+        if self._graph_memory is None:
+            self._graph_memory = GraphMemory(env.device)
+        return self._graph_memory
 
     def _validate_stacked(self, started: dict[int, StepStart]) -> dict[int, Validated]:
         """The validation pass of every env that steps and shares validation_key with another, stacked

@@ -82,7 +82,7 @@ class StackedCNNHosts:
         self.cfg = check_one_structure(hosts)
         self.n = len(hosts)
         # As torch.func.stack_module_state stacks them (leaves that take gradients; the buffers plain), in a third of
-        # its time here: the stack is built every epoch.
+        # its time here: a stack is built whenever its group's structure changes.
         per_host = [(list(h.parameters()), list(h.buffers())) for h in hosts]
         names = [n for n, _ in hosts[0].named_parameters()], [n for n, _ in hosts[0].named_buffers()]
         with torch.no_grad():
@@ -112,6 +112,15 @@ class StackedCNNHosts:
     def state_dict(self, host: int) -> dict[str, torch.Tensor]:
         """Host `host`'s tensors under CNNHost's names (views into the stack)."""
         return {k: v[host] for k, v in (self.params | self.buffers).items()}
+
+    def load_from(self, hosts: Sequence[CNNHost]) -> None:
+        """Copy each host's current tensors into its row, in place (a held stack's captured steps read these tensors),
+        in one call; the hosts are those it was built from, or of their structure."""
+        with torch.no_grad():
+            torch._foreach_copy_(
+                [v[i] for i in range(self.n) for v in (*self.params.values(), *self.buffers.values())],
+                [t for h in hosts for t in (*h.parameters(), *h.buffers())],
+            )
 
     def write_to(self, host: int, module: CNNHost) -> None:
         """Copy host `host`'s current tensors into a CNNHost of the same structure (in place, as load_state_dict

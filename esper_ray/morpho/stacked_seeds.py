@@ -106,11 +106,24 @@ class StackedSeeds:
     def parameters(self) -> list[torch.Tensor]:
         return list(self.params.values())
 
-    def write_to(self, row: int) -> None:
-        """Copy row `row`'s parameters into its slot's seed and gate (in place: its optimizer holds the tensors)."""
+    def load(self) -> None:
+        """Copy each row's seed and gate parameters and live alpha into the stack, in place (a held stack's captured
+        steps read these tensors), in one call."""
         with torch.no_grad():
-            for (_, p), name in zip(_named(self.slots[row]), self.names, strict=True):
-                p.copy_(self.params[name][row])
+            torch._foreach_copy_(
+                [self.params[name][j] for j in range(len(self.slots)) for name in self.names],
+                [p for slot in self.slots for _, p in _named(slot)],
+            )
+            self.alphas.copy_(torch.stack([s.alpha_value.detach() for s in self.slots]))
+
+    def write_back(self) -> None:
+        """Copy each row's parameters into its slot's seed and gate (in place: its optimizer holds the tensors), in
+        one call."""
+        with torch.no_grad():
+            torch._foreach_copy_(
+                [p for slot in self.slots for _, p in _named(slot)],
+                [self.params[name][j] for j in range(len(self.slots)) for name in self.names],
+            )
 
     def __call__(self, h: torch.Tensor, local: Rows = None, alphas: torch.Tensor | None = None) -> torch.Tensor:
         """The slot's output for stacked host features h [M, C, B, H, W], row k being the seed of group row local[k]
@@ -199,6 +212,9 @@ class StackedModel:
         for group in self.seeds:
             self.by_slot.setdefault(group.slot_id, []).append(group)
         self.n = hosts.n
+        # Each set of running rows' seed plan (_plan), built once: its index tensors are built on the host, which a
+        # CUDA-graph capture of the step forbids, and a held stack runs the same rows every batch.
+        self._plans: dict[tuple[int, ...] | None, dict[int, tuple[torch.Tensor, Rows]]] = {}
 
     def train(self, mode: bool = True) -> StackedModel:
         self.hosts.train(mode)
@@ -206,18 +222,10 @@ class StackedModel:
 
     def __call__(self, x: torch.Tensor, rows: Rows = None) -> torch.Tensor:
         """Logits [M, B, classes] of images [M, B, C, H, W], row k run by model rows[k] (every model when None)."""
-        running = list(range(self.n)) if rows is None else rows.tolist()
-        position = {host: k for k, host in enumerate(running)}
-        plan: dict[int, tuple[torch.Tensor, Rows]] = {}  # group -> (its rows among x's, its members running)
-        for g, group in enumerate(self.seeds):
-            pairs = [(position[h], j) for j, h in enumerate(group.hosts) if h in position]
-            if pairs:
-                local = [j for _, j in pairs]
-                whole = local == list(range(len(group.hosts)))
-                plan[g] = (
-                    torch.tensor([k for k, _ in pairs], device=x.device),
-                    None if whole else torch.tensor(local, device=x.device),
-                )
+        running = None if rows is None else tuple(rows.tolist())
+        plan = self._plans.get(running)
+        if plan is None:
+            plan = self._plans[running] = self._plan(range(self.n) if running is None else running, x.device)
         groups = {id(group): g for g, group in enumerate(self.seeds)}
 
         def at_slot(slot: str, h: torch.Tensor) -> torch.Tensor:
@@ -229,6 +237,22 @@ class StackedModel:
             return h
 
         return self.hosts(x, at_slot, frozenset(self.by_slot), rows)
+
+    def _plan(self, running: Sequence[int], device: torch.device) -> dict[int, tuple[torch.Tensor, Rows]]:
+        """Seed group g -> (its rows among the running rows, its members that run: None for all) for the groups with
+        a member running."""
+        position = {host: k for k, host in enumerate(running)}
+        plan: dict[int, tuple[torch.Tensor, Rows]] = {}
+        for g, group in enumerate(self.seeds):
+            pairs = [(position[h], j) for j, h in enumerate(group.hosts) if h in position]
+            if pairs:
+                local = [j for _, j in pairs]
+                whole = local == list(range(len(group.hosts)))
+                plan[g] = (
+                    torch.tensor([k for k, _ in pairs], device=device),
+                    None if whole else torch.tensor(local, device=device),
+                )
+        return plan
 
 
 def stack_seeds(slots_of: Sequence[Sequence[SeedSlot]]) -> list[StackedSeeds]:
