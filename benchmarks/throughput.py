@@ -238,6 +238,11 @@ def _bare_worker(setup: Setup, shard: int, threads: int, barrier: Any, results: 
     )
 
 
+def vector_captures(vector: Any) -> int:
+    """Graphs a VectorMorphogeneticEnv captured: its envs' own and its held stacks' (env/held_stack.py)."""
+    return sum(graph_captures(env) for env in vector.envs) + vector.stacked_captures
+
+
 def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, results: Any) -> None:
     """_bare_worker's figures for one process of `setup.envs_per_runner` envs (shards runner * N ...) stepped as one
     VectorMorphogeneticEnv, each env with its own controller. A reset is the next step of an env whose episode ended
@@ -278,15 +283,16 @@ def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, r
     while not done.all():  # a whole episode of every env: warm-up (CUDA context, cuDNN, captures, compiles)
         obs, info = step()
         done |= info.get("epoch", np.ones(n)) == 0
-    stacked_before = sum(vector.stacked_epochs)
+    stacked_before, builds_before, vector_steps = sum(vector.stacked_epochs), vector.stack_builds, 0
     resets.update(count=0, seconds=0.0)
     barrier.wait()
     start, cpu_start, steps, samples, seed_epochs, in_env_s = time.perf_counter(), time.process_time(), 0, 0, 0, 0.0
     capture_s, captures = 0.0, 0
     while time.perf_counter() - start < setup.bare_seconds:
-        before, t0 = sum(graph_captures(env) for env in vector.envs), time.perf_counter()
+        before, t0 = vector_captures(vector), time.perf_counter()
         obs, info = step()
-        new_graphs = sum(graph_captures(env) for env in vector.envs) - before
+        vector_steps += 1
+        new_graphs = vector_captures(vector) - before
         if new_graphs:
             capture_s, captures = capture_s + time.perf_counter() - t0, captures + new_graphs
         stepped = info.get("_train_total")  # absent where every env reset this step
@@ -312,6 +318,7 @@ def _bare_vector_worker(setup: Setup, runner: int, threads: int, barrier: Any, r
                 "ms_per_step_in_env": 1e3 * in_env_s / max(steps, 1),
                 "threads_per_env": torch.get_num_threads(),
                 "stacked_epoch_share": (sum(vector.stacked_epochs) - stacked_before) / max(steps, 1),
+                "stack_builds_per_step": (vector.stack_builds - builds_before) / max(vector_steps, 1),
             },
         )
     )
@@ -656,6 +663,7 @@ def measure(setup: Setup, mps: bool, halves: tuple[str, ...] = HALVES, profiles:
         )
         if "stacked_epoch_share" in bare_rate:  # vector envs: the share of their epochs that trained stacked
             figures["bare_stacked_epoch_share"] = round(bare_rate["stacked_epoch_share"], 3)
+            figures["bare_stack_builds_per_step"] = round(bare_rate["stack_builds_per_step"], 3)
         if "samples_per_s_by_gpu" in bare_rate:
             figures["bare_samples_per_s_by_gpu"] = [round(x) for x in bare_rate["samples_per_s_by_gpu"]]
     if "train" in halves:

@@ -124,6 +124,7 @@ def test_throughput_bare_half_steps_vector_envs_of_envs_per_runner():
     assert report["setup"]["envs"] == 2 and report["setup"]["envs_per_runner"] == 2
     figures = report["without_mps"]
     assert figures["bare_env_steps_per_s"] > 0 and figures["bare_stacked_epoch_share"] == 1.0
+    assert 0 < figures["bare_stack_builds_per_step"] <= 1  # a random controller's seeds change the held stack's key
     # episodes of 3 epochs reset inside the vector env's steps, and those resets are timed, not reported as none
     assert 0 < figures["bare_reset_share"] < 1 and figures["bare_ms_per_reset"] > 0
     assert "bare: 1 env process of 2 envs" in run.stderr

@@ -5,20 +5,21 @@ observations) and runs its own step in two halves (MorphogeneticEnv._begin_step 
 env trains the envs' epochs: the envs with a CNN host whose seeds can stack (every seed but a prune's ramp-down and a
 plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the device, precision (fp32, bf16, or
 fp16 with each env's own GradScaler: env/stacked_scalers.py), the host's structure and training settings train as one
-stacked module in one call per batch (on a GPU eagerly, all envs on one CUDA stream), their seeds in one stacked module
-per slot, blueprint, blend and stage kind (morpho/stacked.py, morpho/stacked_seeds.py, env/stacked_step.py); every other
-env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch runs
+stacked module in one call per batch (on a GPU all envs on one CUDA stream, full batches from a CUDA graph:
+env/held_stack.py), their seeds in one stacked module per slot, blueprint, blend and stage kind (morpho/stacked.py,
+morpho/stacked_seeds.py, env/stacked_step.py); every other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch runs
 stacked likewise (env/stacked_validation.py: envs of one host structure and validation chunk whose seeds stack, in fp32
 on the CPU), each env handed the ValStats its own pass gives; every other env, and one alone in its group, validates
 itself. A step's other phases (lifecycle, governor, reward, observation: none runs a forward pass) and a reset's or a
 rollback's validation stay per env.
 
-The state stays in each env: a stacked epoch stacks the hosts' and seeds' tensors and their momentum, trains, writes
-them back into each env's own modules and optimizers, and hands each env's last-batch gradient telemetry to its slots.
-So validation, the governor's snapshots and rollbacks, the lifecycle's gates, the next episode's kept host and the
-env's own epoch all read what they read in a lone env, and an env leaves or joins the stack from one epoch to the next
-with nothing to hand over. The copies cost a few dozen small tensors an epoch against the epoch's ~5,000 calls;
-holding the stack across epochs would save them (docs/design.md, "Many hosts per process").
+The state stays in each env: a stacked epoch copies the hosts' and seeds' tensors and their momentum into the stack,
+trains, writes them back into each env's own modules and optimizers, and hands each env's last-batch gradient
+telemetry to its slots. So validation, the governor's snapshots and rollbacks, the lifecycle's gates, the next
+episode's kept host and the env's own epoch all read what they read in a lone env, and an env leaves or joins the
+stack from one epoch to the next with nothing to hand over. The stack itself is held from one epoch to the next while
+its group and their structure stay (env/held_stack.py), so the copies go into the same tensors (a foreach call each
+way), and on a GPU the CUDA graphs captured over them replay in later epochs.
 
 Autoreset is gymnasium's NEXT_STEP, which RLlib's SingleAgentEnvRunner expects of its vector envs: the step after an
 env's episode ends resets that env (its action ignored) and returns the new episode's first observation, reward 0 and
