@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from esper_ray.contracts.actions import Blueprint, Op, Style, Tempo
 from esper_ray.contracts.stages import Stage
-from esper_ray.env import MorphogeneticEnv
+from esper_ray.env import MorphogeneticEnv, held_stack
 from esper_ray.env.masks import allows
 from esper_ray.env.vector_env import VectorMorphogeneticEnv, stack_key
 from esper_ray.policy.baselines import lifecycle_action, wait_action
@@ -219,6 +219,49 @@ def test_a_vector_run_follows_the_separate_run_through_a_seeds_lifecycle(one_tor
     assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
     assert (ours.stacked_validations, ours.stacked_counterfactuals) == (STACKED_VALIDATIONS, STACKED_COUNTERFACTUALS)
     assert (ours.stack_builds, ours.stacked_captures) == (STACK_BUILDS, 0)  # held across epochs; no graph on a CPU
+
+
+class EagerCapture(held_stack.CapturedStackedStep):
+    """A captured stacked step whose capture records nothing and whose replay runs the step eagerly on its static
+    inputs: everything else (its key, warm-up, static buffers, telemetry handed over as copies) is the real one's."""
+
+    def record(self, memory: object) -> None:
+        pass
+
+    def play(self) -> None:
+        self.run(False)
+
+
+def test_held_stacks_replay_their_captured_steps_as_the_eager_steps_would(one_torch_thread, monkeypatch) -> None:
+    """The held stacks' graph path (env/held_stack.py), a replay standing in for a CUDA graph's, gives exactly what
+    the eager stacked path gives: the same steps on the same data, the full batches' and the last batch's with its
+    gradient telemetry. Env 2 on shard 1 too, so that every batch, the last included, is every host's (shards 0 and 1
+    are 360 samples, shard 2 359). Captures: each held stack's full batch once (STACK_BUILDS), and the last batch
+    where a stack's key comes back in a later epoch: steps 1 (the host alone) and 8 (env 0's seed HOLDING, then
+    FOSSILIZED: unmeasured both)."""
+    configs = [*CONFIGS[:2], {**CONFIGS[2], "shard": 1}]
+
+    def run(graphs: bool) -> tuple[list[Any], VectorMorphogeneticEnv]:
+        with monkeypatch.context() as patch:
+            if graphs:
+                patch.setattr(held_stack, "CapturedStackedStep", EagerCapture)
+                patch.setattr(VectorMorphogeneticEnv, "_memory", lambda self, env: object())
+            envs = VectorMorphogeneticEnv.of_configs(configs)
+            outputs = [envs.reset(seed=0)]
+            for _ in range(STEPS):
+                outputs.append(envs.step(script(envs.envs)))
+        return outputs, envs
+
+    (plain, eager), (replayed, held) = run(graphs=False), run(graphs=True)
+    for t, (a, b) in enumerate(zip(replayed, plain, strict=True)):
+        for k, (mine, theirs) in enumerate(zip(a, b, strict=True)):
+            if isinstance(theirs, dict):
+                mine, theirs = (
+                    {key: v for key, v in d.items() if not key.lstrip("_").startswith("time/")} for d in (mine, theirs)
+                )
+            np.testing.assert_equal(mine, theirs, err_msg=f"step {t} output {k}")
+    assert eager.stacked_captures == 0
+    assert held.stack_builds == STACK_BUILDS and held.stacked_captures == STACK_BUILDS + 2
 
 
 def test_an_env_with_seeds_stacks_unless_a_seed_cannot() -> None:

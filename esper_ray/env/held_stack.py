@@ -4,9 +4,10 @@ envs and their structure stay (issue 77; docs/design.md, "Many hosts per process
 The envs stay the owners of their state (env/vector_env.py's module doc): each epoch copies their hosts, seeds,
 alphas and momentum into the stack and writes them back after. Held, the copies go into the same stacked tensors every
 epoch, so a CUDA graph captured over them replays in the next epochs as a lone env's captured steps do
-(env/train_step.py): on a GPU a group's full batches (every host's, no gradient telemetry) run as one graph launch each,
-after one eager step and the capture of a structure the group has not had; the last batch (its telemetry, and a short
-shard's smaller batch) and an fp16 group's steps (each env's GradScaler reads found_inf on the host) run eager.
+(env/train_step.py): on a GPU a group's batches run as one graph launch each, after one eager step and the capture
+of a step the group has not had (its full batch; its last, with the gradient telemetry, in a graph of its own); a
+batch of only some hosts (shards of unequal length end apart) and an fp16 group's steps (each env's GradScaler reads
+found_inf on the host) run eager.
 
 `held_key` says when a held stack no longer fits its envs: a new host module, optimizer or scaler, a seed planted,
 pruned or moved on to another stage kind, a training setting changed. Everything a captured step reads besides tensor
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from esper_ray.env.epoch import TrainStats
-from esper_ray.env.gradient_telemetry import GradientCapture
+from esper_ray.env.gradient_telemetry import MEASURED_STAGES, GradientCapture
 from esper_ray.env.graph_memory import GraphMemory, capturing
 from esper_ray.env.kept_graphs import KeptGraphs
 from esper_ray.env.morphogenetic_env import MorphogeneticEnv
@@ -38,8 +39,9 @@ from esper_ray.env.train_step import WARMUP_STEPS
 from esper_ray.morpho.stacked import StackedCNNHosts
 from esper_ray.morpho.stacked_seeds import StackedSeeds, group_key, stack_seeds
 
-# Batch shapes a held stack keeps a graph for: its full batch (a last batch runs eager).
-KEPT_SHAPES = 2
+# Steps a held stack keeps a graph for: its full batch, and its last with the telemetry (a seed moving on from
+# BLENDING to HOLDING makes another).
+KEPT_STEPS = 3
 
 
 def held_key(envs: Sequence[MorphogeneticEnv]) -> tuple[Any, ...]:
@@ -61,20 +63,38 @@ def held_key(envs: Sequence[MorphogeneticEnv]) -> tuple[Any, ...]:
 
 
 class CapturedStackedStep:
-    """A StackedTrainStep of every host, without telemetry, captured as one CUDA graph over static input buffers of
-    one batch shape, into the vector env's graph memory (graph_memory.py: what it reads across replays, the stack's
-    tensors and accumulators, is allocated outside the capture)."""
+    """A StackedTrainStep of every host captured as one CUDA graph over static input buffers of one batch shape, into
+    the vector env's graph memory (graph_memory.py: what it reads across replays, the stack's tensors and
+    accumulators, is allocated outside the capture). With `measured` hosts (the epoch's last batch) it records their
+    gradient telemetry into a StackedTelemetry of its own, which each replay rewrites and hands over as copies."""
 
-    def __init__(self, step: StackedTrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory) -> None:
+    def __init__(
+        self, step: StackedTrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory, measured: list[int]
+    ) -> None:
         self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
+        self.telemetry = StackedTelemetry(step.hosts.n) if measured else None
+        on_grads = None
+        if self.telemetry is not None:
+            on_grads = lambda s, running: self.telemetry(s, running, measured)  # type: ignore[misc]  # noqa: E731
+        self.run = lambda capture: step(self.static_x, self.static_y, on_grads=on_grads, capturing=capture)  # noqa: E731
+        self.record(memory)
+
+    def record(self, memory: GraphMemory) -> None:
+        """Capture the step (which runs nothing)."""
         self.graph = torch.cuda.CUDAGraph()
         with capturing(self.graph, memory):
-            step(self.static_x, self.static_y, capturing=True)
+            self.run(True)
 
-    def replay(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def play(self) -> None:
+        """What the step computes, on the static inputs."""
+        self.graph.replay()
+
+    def replay(self, x: torch.Tensor, y: torch.Tensor, telemetry: StackedTelemetry | None) -> None:
         self.static_x.copy_(x)
         self.static_y.copy_(y)
-        self.graph.replay()
+        self.play()
+        if telemetry is not None and self.telemetry is not None:
+            telemetry.take(self.telemetry)
 
 
 class HeldStack:
@@ -100,8 +120,9 @@ class HeldStack:
             [env.precision.scaler for env in envs] if fp16 else None,  # type: ignore[misc]
         )
         self.memory = memory if memory is not None and first.cfg.cuda_graphs and not fp16 else None
-        self.graphs = KeptGraphs(limit=KEPT_SHAPES, warmup=WARMUP_STEPS)
+        self.graphs = KeptGraphs(limit=KEPT_STEPS, warmup=WARMUP_STEPS)
         self._fresh = True  # built from the envs' tensors as they stand: the first epoch need not copy them in
+        self._telemetry = StackedTelemetry(self.hosts.n)  # the epoch's (train_epoch makes each)
 
     def train_epoch(self, envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
         """One epoch of each env's host and seeds, stacked: their tensors, alphas and momentum copied in, trained, and
@@ -118,7 +139,7 @@ class HeldStack:
         load_momentum(self.sgd, host_rows)
         for seed_group, seed_sgd in self.seeds:
             load_momentum(seed_sgd, seed_rows(seed_group))
-        telemetry = StackedTelemetry(len(envs))
+        telemetry = self._telemetry = StackedTelemetry(len(envs))
         first = envs[0]
         stats = train_stacked_epoch(
             self.step,
@@ -146,15 +167,26 @@ class HeldStack:
         """Graphs this stack has captured."""
         return self.graphs.captures
 
-    def _run_captured(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """A full step of every host: replayed, captured then replayed, or (warming up) eager."""
+    def _run_captured(self, x: torch.Tensor, y: torch.Tensor, measured: list[int]) -> None:
+        """A step of every host, with the telemetry of hosts `measured` (the epoch's last batch): replayed, captured
+        then replayed, or (warming up) eager. Its key: the batch's shape, the hosts measured and the seed rows whose
+        telemetry is read (MEASURED_STAGES: a seed that moves on to HOLDING keeps its group, not its telemetry)."""
         memory = self.memory
         assert memory is not None
-        captured = self.graphs.graph_for(tuple(x.shape), lambda: CapturedStackedStep(self.step, x, y, memory))
-        if captured is None:
-            self.step(x, y)
+        seeds_measured = tuple(
+            (g, j)
+            for g, (group, _) in enumerate(self.seeds)
+            for j, host in enumerate(group.hosts)
+            if host in measured and group.slots[j].stage in MEASURED_STAGES
+        )
+        key = (tuple(x.shape), tuple(measured), seeds_measured)
+        captured = self.graphs.graph_for(key, lambda: CapturedStackedStep(self.step, x, y, memory, measured))
+        if captured is not None:
+            captured.replay(x, y, self._telemetry if measured else None)
+        elif measured:
+            self.step(x, y, on_grads=lambda s, running: self._telemetry(s, running, measured))
         else:
-            captured.replay(x, y)
+            self.step(x, y)
 
 
 def seed_rows(group: StackedSeeds) -> list[tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]]:

@@ -154,6 +154,14 @@ class StackedTelemetry:
                     if grads:
                         self.seed_norms[host][group.slot_id] = torch.stack([torch.linalg.vector_norm(g) for g in grads])
 
+    def take(self, captured: StackedTelemetry) -> None:
+        """Copies of the norms a captured step's telemetry holds (its graph rewrites them at each replay)."""
+        for i, norm in enumerate(captured.host_norms):
+            if norm is not None:
+                self.host_norms[i] = norm.clone()
+            for slot_id, norms in captured.seed_norms[i].items():
+                self.seed_norms[i][slot_id] = norms.clone()
+
 
 class StackedTrainStep:
     """One optimisation step of the stacked hosts and their seeds, each host on its own batch; loss sums and correct
@@ -192,7 +200,7 @@ class StackedTrainStep:
     ) -> torch.Tensor:
         """x [M, B, C, H, W], y [M, B]: row k is host rows[k]'s batch (all hosts when rows is None). Returns the
         hosts' losses [M]. `on_grads(step, running)` reads the unclipped gradients (the telemetry). `capturing`: into a
-        CUDA graph (env/held_stack.py; fp32 or bf16, all rows, no telemetry)."""
+        CUDA graph (env/held_stack.py; fp32 or bf16, all rows)."""
         with self.precision.autocast(x.device, capturing):  # bf16 on a GPU: as each env's own step (train_step.py)
             logits = self.model(x, rows=rows).float()  # [M, B, classes]
         losses = sample_losses(logits, y).mean(dim=1)  # each host's mean over its batch, as prediction_loss
@@ -255,12 +263,12 @@ def train_stacked_epoch(
     *,
     batch_size: int,
     telemetry: StackedTelemetry | None = None,
-    run_whole: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+    run_whole: Callable[[torch.Tensor, torch.Tensor, list[int]], object] | None = None,
 ) -> list[TrainStats]:
     """One pass of host i over shard i, in the order its own generator draws (DeviceShard.epoch, as train_epoch does),
     batch j of every host in one step. Where the shards' lengths differ, batch j's hosts are stacked by batch size.
-    `telemetry` reads each host's gradients on its last batch. `run_whole(x, y)` runs a step of every host without
-    telemetry in the step's place (a held stack's captured graphs)."""
+    `telemetry` reads each host's gradients on its last batch. `run_whole(x, y, last)` runs a step of every host in
+    the step's place (a held stack's captured graphs), with `telemetry` of the hosts `last` whose last batch it is."""
     step.model.train()
     step.loss_sum.zero_()
     step.correct.zero_()
@@ -275,13 +283,13 @@ def train_stacked_epoch(
         for size, members in by_size.items():
             x = torch.stack([epochs[i][0][start : start + size] for i in members])
             y = torch.stack([epochs[i][1][start : start + size] for i in members])
-            last = [i for i in members if n_batches[i] == j + 1]
-            on_grads = None
-            if telemetry is not None and last:
-                on_grads = lambda s, running, last=last: telemetry(s, running, last)  # noqa: E731
-            if run_whole is not None and on_grads is None and len(members) == len(shards):
-                run_whole(x, y)
+            last = [i for i in members if n_batches[i] == j + 1] if telemetry is not None else []
+            if run_whole is not None and len(members) == len(shards):
+                run_whole(x, y, last)
                 continue
+            on_grads = None
+            if last:
+                on_grads = lambda s, running, last=last: telemetry(s, running, last)  # noqa: E731
             rows = None if len(members) == len(shards) else torch.tensor(members, device=x.device)
             step(x, y, rows=rows, on_grads=on_grads)
     loss_sums, corrects = step.loss_sum.tolist(), step.correct.tolist()

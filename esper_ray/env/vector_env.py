@@ -5,13 +5,13 @@ observations) and runs its own step in two halves (MorphogeneticEnv._begin_step 
 env trains the envs' epochs: the envs with a CNN host whose seeds can stack (every seed but a prune's ramp-down and a
 plug-in's seed module: morpho/stacked_seeds.py, `unstackable`) and which share the device, precision (fp32, bf16, or
 fp16 with each env's own GradScaler: env/stacked_scalers.py), the host's structure and training settings train as one
-stacked module in one call per batch (on a GPU all envs on one CUDA stream, full batches from a CUDA graph:
+stacked module in one call per batch (on a GPU all envs on one CUDA stream, the batches from CUDA graphs:
 env/held_stack.py), their seeds in one stacked module per slot, blueprint, blend and stage kind (morpho/stacked.py,
-morpho/stacked_seeds.py, env/stacked_step.py); every other env trains its epoch itself, exactly as a lone env does. The validation and counterfactual pass after the epoch runs
-stacked likewise (env/stacked_validation.py: envs of one host structure and validation chunk whose seeds stack, in fp32
-on the CPU), each env handed the ValStats its own pass gives; every other env, and one alone in its group, validates
-itself. A step's other phases (lifecycle, governor, reward, observation: none runs a forward pass) and a reset's or a
-rollback's validation stay per env.
+morpho/stacked_seeds.py, env/stacked_step.py); every other env trains its epoch itself, exactly as a lone env does.
+The validation and counterfactual pass after the epoch runs stacked likewise (env/stacked_validation.py: envs of one
+host structure and validation chunk whose seeds stack, in fp32 on the CPU), each env handed the ValStats its own pass
+gives; every other env, and one alone in its group, validates itself. A step's other phases (lifecycle, governor,
+reward, observation: none runs a forward pass) and a reset's or a rollback's validation stay per env.
 
 The state stays in each env: a stacked epoch copies the hosts' and seeds' tensors and their momentum into the stack,
 trains, writes them back into each env's own modules and optimizers, and hands each env's last-batch gradient
