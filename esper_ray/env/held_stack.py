@@ -71,13 +71,15 @@ class CapturedStackedStep:
     def __init__(
         self, step: StackedTrainStep, x: torch.Tensor, y: torch.Tensor, memory: GraphMemory, measured: list[int]
     ) -> None:
-        self.static_x, self.static_y = torch.empty_like(x), torch.empty_like(y)
-        self.telemetry = StackedTelemetry(step.hosts.n) if measured else None
-        on_grads = None
-        if self.telemetry is not None:
-            on_grads = lambda s, running: self.telemetry(s, running, measured)  # type: ignore[misc]  # noqa: E731
-        self.run = lambda capture: step(self.static_x, self.static_y, on_grads=on_grads, capturing=capture)  # noqa: E731
+        self.step, self.static_x, self.static_y = step, torch.empty_like(x), torch.empty_like(y)
+        telemetry = self.telemetry = StackedTelemetry(step.hosts.n) if measured else None
+        self.on_grads = None  # no reference back to self: a graph in a reference cycle is freed whenever gc runs
+        if telemetry is not None:
+            self.on_grads = lambda s, running: telemetry(s, running, measured)  # noqa: E731
         self.record(memory)
+
+    def run(self, capturing: bool) -> None:
+        self.step(self.static_x, self.static_y, on_grads=self.on_grads, capturing=capturing)
 
     def record(self, memory: GraphMemory) -> None:
         """Capture the step (which runs nothing)."""
@@ -99,7 +101,7 @@ class CapturedStackedStep:
 
 class HeldStack:
     """The stacked hosts, seeds and their optimizers of one group of envs (stack_key and held_key fixed), and on a GPU
-    their captured full steps. `train_epoch` trains one epoch of the envs it was built for."""
+    their captured steps. `train_epoch` trains one epoch of the envs it was built for."""
 
     def __init__(self, envs: Sequence[MorphogeneticEnv], memory: GraphMemory | None) -> None:
         first = envs[0]
