@@ -179,9 +179,9 @@ class VectorMorphogeneticEnv(SyncVectorEnv):
         for members in groups:
             began = time.perf_counter()
             seeded = [bool(envs[i].model.active_slot_ids()) for i in members]  # type: ignore[union-attr]
-            stack = self._held_stack(members, held)
-            captures = stack.captures
-            with envs[members[0]]._on_stream():
+            with envs[members[0]]._on_stream():  # the stack's copies too: ordered after the envs' own work
+                stack = self._held_stack(members, held)
+                captures = stack.captures
                 stats_of = stack.train_epoch([envs[i] for i in members])
             self.stacked_captures += stack.captures - captures
             for i in members:
