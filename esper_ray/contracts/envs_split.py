@@ -21,8 +21,9 @@ AUTO = "auto"
 def auto_envs_per_runner(total_envs: int, cores: float, on_gpu: bool) -> int:
     """N, the envs of each env runner, for `total_envs` envs on `cores` CPU cores (at least one counted)."""
     if on_gpu:
-        # On CUDA the vector env's stacked epochs run eager, against one env a process replaying its captured
-        # graphs: one env per runner until the device measures the two (docs/design.md, "Many hosts per process").
+        # On CUDA a vector env's stacked epochs replay CUDA graphs of their held stacks, recaptured whenever any
+        # member's structure changes, against one env a process replaying its own: one env per runner until the
+        # device measures the two (docs/design.md, "Many hosts per process", cut 8).
         return 1
     usable = max(1, int(cores + 1e-9))
     runners = max(r for r in range(1, min(total_envs, usable) + 1) if total_envs % r == 0)
