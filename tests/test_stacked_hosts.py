@@ -26,6 +26,7 @@ from esper_ray.data.datasets import load_digits
 from esper_ray.data.sharding import DeviceShard, shard_indices
 from esper_ray.env.epoch import train_epoch, validate_fused
 from esper_ray.env.gradient_telemetry import GradientCapture
+from esper_ray.env.held_stack import seed_rows
 from esper_ray.env.morphogenetic_env import HOST_MOMENTUM, HOST_WEIGHT_DECAY
 from esper_ray.env.stacked_step import (
     StackedSGD,
@@ -248,7 +249,7 @@ def stacked_seeded(models: list[tuple[MorphogeneticModel, torch.optim.SGD]]):  #
     seeds = []
     for group in groups:
         seed_sgd = seed_optimizer(group)
-        load_momentum(seed_sgd, [(s.optimizer, s.seed_parameters()) for s in group.slots])  # type: ignore[misc]
+        load_momentum(seed_sgd, seed_rows(group))
         seeds.append((group, seed_sgd))
     return module, sgd, seeds, StackedTrainStep(module, sgd, MAX_GRAD_NORM, seeds)
 
@@ -328,7 +329,7 @@ def test_stacked_epochs_with_seeds_train_as_separate_models(data) -> None:  # ty
     assert sorted(k for norms in telemetry.seed_norms for k in norms) == ["r0c1", "r0c1", "r0c1", "r1c1"]
     for group, seed_sgd in seeds:
         group.write_back()
-        store_momentum(seed_sgd, [(s.optimizer, s.seed_parameters()) for s in group.slots])  # type: ignore[misc]
+        store_momentum(seed_sgd, seed_rows(group))
     for i, ((model, optimizer), (theirs, _)) in enumerate(zip(models, stacked_models, strict=True)):
         module.write_to(i, theirs.host)
         for name, value in model.state_dict().items():

@@ -16,6 +16,7 @@ values is in it (objects by identity, kept referenced so that none is reused), a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,7 +125,6 @@ class HeldStack:
         self.memory = memory if memory is not None and first.cfg.cuda_graphs and not fp16 else None
         self.graphs = KeptGraphs(limit=KEPT_STEPS, warmup=WARMUP_STEPS)
         self._fresh = True  # built from the envs' tensors as they stand: the first epoch need not copy them in
-        self._telemetry = StackedTelemetry(self.hosts.n)  # the epoch's (train_epoch makes each)
 
     def train_epoch(self, envs: Sequence[MorphogeneticEnv]) -> list[TrainStats]:
         """One epoch of each env's host and seeds, stacked: their tensors, alphas and momentum copied in, trained, and
@@ -141,7 +141,7 @@ class HeldStack:
         load_momentum(self.sgd, host_rows)
         for seed_group, seed_sgd in self.seeds:
             load_momentum(seed_sgd, seed_rows(seed_group))
-        telemetry = self._telemetry = StackedTelemetry(len(envs))
+        telemetry = StackedTelemetry(len(envs))
         first = envs[0]
         stats = train_stacked_epoch(
             self.step,
@@ -150,7 +150,7 @@ class HeldStack:
             [env._prepare_train for env in envs],
             batch_size=first.cfg.effective_batch_size,
             telemetry=telemetry,
-            run_whole=self._run_captured if self.memory is not None else None,
+            run_whole=functools.partial(self._run_captured, telemetry) if self.memory is not None else None,
         )
         for i, host in enumerate(hosts):
             self.hosts.write_to(i, host)  # type: ignore[arg-type]
@@ -169,8 +169,8 @@ class HeldStack:
         """Graphs this stack has captured."""
         return self.graphs.captures
 
-    def _run_captured(self, x: torch.Tensor, y: torch.Tensor, measured: list[int]) -> None:
-        """A step of every host, with the telemetry of hosts `measured` (the epoch's last batch): replayed, captured
+    def _run_captured(self, telemetry: StackedTelemetry, x: torch.Tensor, y: torch.Tensor, measured: list[int]) -> None:
+        """A step of every host, with the epoch's `telemetry` of hosts `measured` (their last batch): replayed, captured
         then replayed, or (warming up) eager. Its key: the batch's shape, the hosts measured and the seed rows whose
         telemetry is read (MEASURED_STAGES: a seed that moves on to HOLDING keeps its group, not its telemetry)."""
         memory = self.memory
@@ -184,9 +184,9 @@ class HeldStack:
         key = (tuple(x.shape), tuple(measured), seeds_measured)
         captured = self.graphs.graph_for(key, lambda: CapturedStackedStep(self.step, x, y, memory, measured))
         if captured is not None:
-            captured.replay(x, y, self._telemetry if measured else None)
+            captured.replay(x, y, telemetry if measured else None)
         elif measured:
-            self.step(x, y, on_grads=lambda s, running: self._telemetry(s, running, measured))
+            self.step(x, y, on_grads=lambda s, running: telemetry(s, running, measured))
         else:
             self.step(x, y)
 

@@ -109,21 +109,22 @@ class StackedSeeds:
     def load(self) -> None:
         """Copy each row's seed and gate parameters and live alpha into the stack, in place (a held stack's captured
         steps read these tensors), in one call."""
+        rows, modules = self._row_tensors()
         with torch.no_grad():
-            torch._foreach_copy_(
-                [self.params[name][j] for j in range(len(self.slots)) for name in self.names],
-                [p for slot in self.slots for _, p in _named(slot)],
-            )
+            torch._foreach_copy_(rows, modules)
             self.alphas.copy_(torch.stack([s.alpha_value.detach() for s in self.slots]))
 
     def write_back(self) -> None:
         """Copy each row's parameters into its slot's seed and gate (in place: its optimizer holds the tensors), in
         one call."""
+        rows, modules = self._row_tensors()
         with torch.no_grad():
-            torch._foreach_copy_(
-                [p for slot in self.slots for _, p in _named(slot)],
-                [self.params[name][j] for j in range(len(self.slots)) for name in self.names],
-            )
+            torch._foreach_copy_(modules, rows)
+
+    def _row_tensors(self) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
+        """Each row's stacked tensors (views) and its slot's seed and gate parameters, in the same order."""
+        rows = [self.params[name][j] for j in range(len(self.slots)) for name in self.names]
+        return rows, [p for slot in self.slots for _, p in _named(slot)]
 
     def __call__(self, h: torch.Tensor, local: Rows = None, alphas: torch.Tensor | None = None) -> torch.Tensor:
         """The slot's output for stacked host features h [M, C, B, H, W], row k being the seed of group row local[k]
