@@ -18,6 +18,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from esper_ray.contracts.actions import AlphaCurve, Style
 from esper_ray.contracts.lifecycle import LifecycleConfig
@@ -44,7 +45,7 @@ from esper_ray.morpho.counterfactual import build_plan
 from esper_ray.morpho.host import CNNHost, host_preset
 from esper_ray.morpho.model import MorphogeneticModel
 from esper_ray.morpho.stacked import StackedCNNHosts
-from esper_ray.morpho.stacked_seeds import stack_seeds, unstackable
+from esper_ray.morpho.stacked_seeds import GROUPED_MAX_CHANNELS, conv_rows, stack_seeds, unstackable
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 # Gradients and momentum: the gradient of a convolution's weight that a batch norm follows is a near-cancelling sum (the
@@ -363,6 +364,26 @@ def test_seeds_that_cannot_stack_are_refused_by_name() -> None:
     slot.pruning = False
     slot.seed = torch.nn.Identity()
     assert unstackable(slot) == "slot r0c1: seed module Identity is not a built-in blueprint's"
+
+
+@pytest.mark.parametrize("channels", [2, GROUPED_MAX_CHANNELS, 2 * GROUPED_MAX_CHANNELS])
+def test_conv_rows_convolve_each_row_as_its_own_convolution(channels: int) -> None:
+    """conv_rows (one grouped channels-last convolution up to GROUPED_MAX_CHANNELS, one convolution a row above) gives
+    each row what F.conv2d of its own batch and weight gives: the output, and the gradients of both."""
+    gen = torch.Generator().manual_seed(channels)
+    rows, batch = 3, 5
+    h = torch.randn(rows, batch, channels, 8, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(rows, channels, channels, 3, 3, generator=gen, requires_grad=True)
+    upstream = torch.randn(rows, batch, channels, 8, 8, generator=gen)
+    out = conv_rows(h, weight)
+    out.backward(upstream)
+    for r in range(rows):
+        h_r, weight_r = h.detach()[r].requires_grad_(), weight.detach()[r].requires_grad_()
+        alone = F.conv2d(h_r, weight_r, padding=1)
+        alone.backward(upstream[r])
+        torch.testing.assert_close(out[r], alone)
+        torch.testing.assert_close(h.grad[r], h_r.grad)  # type: ignore[index]
+        torch.testing.assert_close(weight.grad[r], weight_r.grad)  # type: ignore[index]
 
 
 @pytest.mark.parametrize("style", [Style.LINEAR_ADD, Style.LINEAR_MULTIPLY, Style.GATED_GATE])

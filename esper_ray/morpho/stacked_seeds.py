@@ -173,17 +173,28 @@ class StackedSeeds:
         return torch.func.vmap(one)(params, x, seed_in, alphas).transpose(1, 2)
 
 
+# Seeds of at most this many channels convolve as one grouped convolution in channels-last on a CPU in training
+# (conv_rows); wider ones, and every seed without autograd or off the CPU, one convolution a row.
+GROUPED_MAX_CHANNELS = 4
+
+
 def conv_rows(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Row m's kxk convolution (stride 1, same padding, no bias) of its own batch: h [M, B, C, H, W], weight [M, Cout,
-    C, k, k] -> [M, B, Cout, H, W]. A 1x1 is one batched product; a kxk one convolution a row, which on the CPU beats
-    the grouped convolution vmap makes of them (mkldnn's is ~5x slower at 16 rows of 2-8 channels) and unfolding the
-    patches (their copy costs more than the convolutions)."""
+    C, k, k] -> [M, B, Cout, H, W]. A 1x1 is one batched product. A kxk on the CPU: mkldnn's grouped convolution (what
+    vmap makes of them) is ~5x slower than one convolution a row at 16 rows of 2-8 channels in its default layout, but
+    in channels-last ~2x faster forward and backward at 2-4 channels (8x8 maps, 3-16 rows of a 64-sample batch;
+    slower from 8 channels on, and in the validation pass's 359-sample batches without autograd). Unfolding the
+    patches into a batched product loses to both (the copy costs more than the convolutions)."""
     m, b, c, side_h, side_w = h.shape
     c_out, k = weight.shape[1], weight.shape[-1]
     if k == 1:
         return torch.matmul(weight.view(m, 1, c_out, c), h.reshape(m, b, c, side_h * side_w)).view(
             m, b, c_out, side_h, side_w
         )
+    if h.device.type == "cpu" and torch.is_grad_enabled() and max(c, c_out) <= GROUPED_MAX_CHANNELS:
+        rows = h.transpose(0, 1).reshape(b, m * c, side_h, side_w).contiguous(memory_format=torch.channels_last)
+        y = F.conv2d(rows, weight.reshape(m * c_out, c, k, k), padding=k // 2, groups=m)
+        return y.view(b, m, c_out, side_h, side_w).transpose(0, 1)
     return torch.stack([F.conv2d(h[r], weight[r], padding=k // 2) for r in range(m)])
 
 
