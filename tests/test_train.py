@@ -30,6 +30,7 @@ from esper_ray.train.folders.checkpoints import (
     resolve_checkpoint,
 )
 from esper_ray.train.output.round_summary import summarize_round
+from esper_ray.train.rllib import algorithm_host
 from esper_ray.train.rllib.algorithm_host import AlgorithmDriver
 from esper_ray.train.rllib.env_factory import ShardedMorphogeneticEnv
 from esper_ray.train.rllib.overlap import UPDATE_HIDDEN_TIMER
@@ -249,6 +250,25 @@ def test_leading_runners_sample_each_round_with_the_state_sent_two_rounds_before
 def test_lead_needs_overlap():
     with pytest.raises(ValueError, match="lead=True needs overlap=True"):
         TrainConfig(lead=True)
+
+
+def test_a_learner_in_the_algorithms_process_gets_the_threads_of_its_cpus_and_a_remote_one_leaves_them(monkeypatch):
+    """learners 0: before the algorithm is built its process sets torch to floor(driver + learner CPUs) threads, at
+    least one (torch's default, a thread a core, slowed the PPO update 5-9x beside another run's env runners); with a
+    remote learner the process's threads stay as they are."""
+    threads: list[int] = []
+    monkeypatch.setattr(algorithm_host, "use_threads", threads.append)
+
+    class Config:
+        def build_algo(self) -> object:
+            return object()
+
+    monkeypatch.setattr(algorithm_host, "build_ppo_config", lambda cfg, progress_actor: Config())
+    AlgorithmDriver(TrainConfig(learners=0, driver_cpus=1.0, learner_cpus=2.5), None)
+    AlgorithmDriver(TrainConfig(learners=0, driver_cpus=0.5, learner_cpus=0.5), None)
+    AlgorithmDriver(TrainConfig(learners=0, driver_cpus=0.25), None)
+    AlgorithmDriver(TrainConfig(learners=1, learner_cpus=2.0), None)
+    assert threads == [3, 1, 1]
 
 
 class KnownAnswerEnv(ShardedMorphogeneticEnv):

@@ -18,16 +18,30 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from esper_ray.contracts.train_config import TrainConfig
+from esper_ray.train.process.threads import threads_of_cpus, use_threads
 from esper_ray.train.rllib.ppo_config import build_ppo_config
 from esper_ray.train.rllib.rounds import restore, train_round
 
 NODE_PIN = 0.001  # a sliver of this node's "node:<ip>" resource pins a bundle to it
 
 
+def learner_threads(cfg: TrainConfig) -> int | None:
+    """The torch threads of the algorithm's process where its learner trains there (learners 0): its CPUs' (the
+    driver's and the learner's), as an env runner's are its own; None for a remote learner (Ray gives its actor its
+    CPUs' threads). torch's default, a thread per core, made the PPO update 5-9x slower beside another run's env
+    runners on 2 cores (docs/performance.md)."""
+    if cfg.learners != 0:
+        return None
+    return threads_of_cpus(cfg.driver_cpus + cfg.effective_learner_cpus)
+
+
 class AlgorithmDriver:
     """Builds the algorithm (restoring a checkpoint's state into it) and runs it; used directly or as a Ray actor."""
 
     def __init__(self, cfg: TrainConfig, resume: str | None, progress_actor: str | None = None) -> None:
+        threads = learner_threads(cfg)
+        if threads is not None:
+            use_threads(threads)
         self.algo = build_ppo_config(cfg, progress_actor).build_algo()
         if cfg.lead:
             self.algo.plan_leads(cfg.rounds, cfg.checkpoint_every)
