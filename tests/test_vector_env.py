@@ -334,7 +334,9 @@ def test_on_a_gpu_the_vector_env_trains_stacked_and_follows_the_separate_run(amp
         for key in ("val_loss", "train_loss"):
             if key in theirs_info:
                 mask = theirs_info["_" + key]
-                np.testing.assert_allclose(ours_info[key][mask], theirs_info[key][mask], rtol=rtol, err_msg=f"{t}")
+                np.testing.assert_allclose(
+                    ours_info[key][mask], theirs_info[key][mask], rtol=rtol, err_msg=f"step {t} {key}"
+                )
     assert (ours.stacked_epochs, ours.stacked_seed_epochs) == (STACKED_EPOCHS, STACKED_SEED_EPOCHS)
     assert ours.stack_builds == STACK_BUILDS
     # A graph for each held stack's full batch (fp16's steps stay eager: its scalers read found_inf on the host).

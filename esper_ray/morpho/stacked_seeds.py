@@ -245,7 +245,12 @@ class StackedModel:
                 g = groups[id(group)]
                 if g in plan:
                     at, local = plan[g]
-                    h = h.index_copy(0, at, group(h[at], local))
+                    out = group(h[at], local)
+                    # Under autocast a seed's rows come out in fp32 (its blend or straight-through adds the host's
+                    # features to fp32 ones), as a lone slot's do, and the model goes on in fp32 from there as the
+                    # lone host does: the other rows are promoted with them (exactly: bf16 and fp16 widen to fp32).
+                    wide = torch.promote_types(h.dtype, out.dtype)
+                    h = h.to(wide).index_copy(0, at, out.to(wide))
             return h
 
         return self.hosts(x, at_slot, frozenset(self.by_slot), rows)
