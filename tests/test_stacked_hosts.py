@@ -295,6 +295,21 @@ def test_stacked_step_with_seeds_gives_each_model_its_own_gradients(data) -> Non
     assert checked >= 10
 
 
+def test_stacked_seeds_under_autocast_give_each_model_its_own_logits(data) -> None:  # type: ignore[no-untyped-def]
+    """Under bf16 autocast (the GPU's AMP, here on the CPU) the stack gives each model's own logits, its seeds' fp32
+    rows and bf16 host features mixed as a lone model mixes them. On CUDA index_copy refused that mix until the stack
+    widened the features; CPU autocast promotes it, so the GPU test of tests/test_vector_env.py guards that."""
+    models = seeded_models()
+    _, _, _, step = stacked_seeded(copy.deepcopy(models))
+    n = len(models)
+    x = data.prepare(data.train_x[: n * BATCH]).view(n, BATCH, 1, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stacked = step.model(x).float()
+        alone = [model(x[i]).float() for i, (model, _) in enumerate(models)]
+    for i in range(n):
+        torch.testing.assert_close(stacked[i], alone[i], rtol=2e-2, atol=2e-2, msg=f"model {i}")
+
+
 def test_stacked_epochs_with_seeds_train_as_separate_models(data) -> None:  # type: ignore[no-untyped-def]
     """Two epochs on shards of unequal length (last batches stacked by size, groups partly present): losses, correct
     counts, the gradient telemetry of each model's last batch, then every host's and seed's parameters and momentum."""
