@@ -18,6 +18,7 @@ apart). So the two are compared twice:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -109,8 +110,8 @@ def assert_same(ours: Any, theirs: Any, where: str) -> None:
         assert ours.tolist() == theirs.tolist(), where
 
 
-def separate_envs() -> SyncVectorEnv:
-    return SyncVectorEnv([lambda c=c: MorphogeneticEnv(c) for c in CONFIGS], autoreset_mode=AutoresetMode.NEXT_STEP)
+def separate_envs(configs: Sequence[dict[str, Any]] = CONFIGS) -> SyncVectorEnv:
+    return SyncVectorEnv([lambda c=c: MorphogeneticEnv(c) for c in configs], autoreset_mode=AutoresetMode.NEXT_STEP)
 
 
 def script(envs: Any) -> np.ndarray:
@@ -326,9 +327,7 @@ def test_on_a_gpu_the_vector_env_trains_stacked_and_follows_the_separate_run(amp
     within 3e-5, validation losses 5e-5 up to step 7 and 6.6e-3 at step 8; with TF32 on up to 0.23, in bf16 0.29)."""
     configs = [{**c, "device": "cuda", "amp": amp} for c in CONFIGS]
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=amp != "off"):
-        separate = SyncVectorEnv(
-            [lambda c=c: MorphogeneticEnv(c) for c in configs], autoreset_mode=AutoresetMode.NEXT_STEP
-        )
+        separate = separate_envs(configs)
         ours = VectorMorphogeneticEnv.of_configs(configs)
         separate.reset(seed=0), ours.reset(seed=0)
         rtol = {"train_loss": 1e-3, "val_loss": 2e-2} if amp == "off" else {"train_loss": 5e-2}

@@ -21,12 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from test_vector_env import CONFIGS, STEPS, script  # noqa: E402
+from test_vector_env import CONFIGS, STEPS, script, separate_envs  # noqa: E402
 
-from esper_ray.env.morphogenetic_env import MorphogeneticEnv  # noqa: E402
 from esper_ray.env.vector_env import VectorMorphogeneticEnv  # noqa: E402
 
 SETTINGS = {
@@ -41,9 +39,7 @@ def run(name: str, tf32: bool, graphs: bool) -> None:
     began = time.time()
     configs = [{**c, "device": "cuda", "amp": "off", "cuda_graphs": graphs} for c in CONFIGS]
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-        separate = SyncVectorEnv(
-            [lambda c=c: MorphogeneticEnv(c) for c in configs], autoreset_mode=AutoresetMode.NEXT_STEP
-        )
+        separate = separate_envs(configs)
         ours = VectorMorphogeneticEnv.of_configs(configs)
         separate.reset(seed=0), ours.reset(seed=0)
         rows = []
