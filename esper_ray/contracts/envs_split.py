@@ -9,6 +9,7 @@ On a CPU one process stepping N envs stacked beats N processes stepping one each
 one thread, digits-impaired: 1.5-1.9x at N = 4, 1.9-2.4x at 8, 2.1-2.7x at 16), but separate processes run in
 parallel on separate cores. So with E envs on C cores: E <= C keeps one env per process (N = 1); otherwise R is the
 largest divisor of E that is at most C, so the processes still fill the cores and each steps E / R envs stacked.
+On a GPU auto keeps one env a process (measured: the comment in auto_envs_per_runner).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ AUTO = "auto"
 def auto_envs_per_runner(total_envs: int, cores: float, on_gpu: bool) -> int:
     """N, the envs of each env runner, for `total_envs` envs on `cores` CPU cores (at least one counted)."""
     if on_gpu:
-        # On CUDA a vector env's stacked epochs replay CUDA graphs of their held stacks, recaptured whenever any
-        # member's structure changes, against one env a process replaying its own: one env per runner until the
-        # device measures the two (docs/design.md, "Many hosts per process", cut 8).
+        # On CUDA one env a process replaying its own graphs is faster: a held stack's graphs are captured again
+        # whenever any member's seeds change, so 4 stacked envs captured in 0.78 of their steps (one alone 0.28) and
+        # their eager steps kept a core busy; --lead at 12 envs an H100 made 421k samples/s as 3 x 4, 536k as 6 x 2,
+        # 934k as 12 x 1 (docs/design.md, "Many hosts per process", the device's measure).
         return 1
     usable = max(1, int(cores + 1e-9))
     runners = max(r for r in range(1, min(total_envs, usable) + 1) if total_envs % r == 0)
